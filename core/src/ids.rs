@@ -1,0 +1,76 @@
+//! Newtypes for every identifier, so a block address can never be passed where a
+//! version is expected.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident($inner:ty), $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(
+            Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+        )]
+        pub struct $name(pub $inner);
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!($prefix, "{}"), self.0)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A host on the fabric: a storage node or a client.
+    NodeId(u32),
+    "n"
+);
+id_type!(
+    /// A block volume.
+    VolumeId(u32),
+    "vol"
+);
+id_type!(
+    /// An extent: a fixed-size slice of a volume, the unit of replication.
+    ExtentId(u64),
+    "ext"
+);
+id_type!(
+    /// Cluster-map epoch of an extent; bumped by every map change of that extent.
+    Epoch(u64),
+    "e"
+);
+id_type!(
+    /// Per-extent write version assigned by the primary, strictly increasing.
+    Version(u64),
+    "v"
+);
+id_type!(
+    /// Logical block address, in units of the volume's block size.
+    Lba(u64),
+    "lba"
+);
+id_type!(
+    /// A client request id, unique per client node; replies echo it.
+    RequestId(u64),
+    "req"
+);
+id_type!(
+    /// A replication operation id, unique per primary node; acks echo it.
+    OpId(u64),
+    "op"
+);
+
+impl Version {
+    /// The version after this one.
+    pub fn next(self) -> Version {
+        Version(self.0 + 1)
+    }
+}
+
+impl Lba {
+    /// This address plus `blocks`.
+    pub fn offset(self, blocks: u64) -> Lba {
+        Lba(self.0 + blocks)
+    }
+}

@@ -1,0 +1,242 @@
+//! The cluster map: nodes, the volume, and extent -> replica set.
+//!
+//! Static in this version: built once from a spec and identical on every node and
+//! client. The control plane (Raft) will own it and bump extent epochs on change.
+
+use crate::error::WeirError;
+use crate::ids::{Epoch, ExtentId, Lba, NodeId, VolumeId};
+
+/// Shape of a volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VolumeSpec {
+    /// Volume id.
+    pub id: VolumeId,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Size in blocks.
+    pub capacity_blocks: u64,
+    /// Extent size in blocks; the unit of replication and placement.
+    pub extent_blocks: u64,
+    /// Largest client request in blocks.
+    pub max_request_blocks: u32,
+}
+
+/// Where one extent lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtentPlacement {
+    /// Replica set, primary first. Distinct nodes.
+    pub replicas: Vec<NodeId>,
+    /// Map epoch of this extent.
+    pub epoch: Epoch,
+}
+
+impl ExtentPlacement {
+    /// The extent's primary.
+    pub fn primary(&self) -> NodeId {
+        self.replicas[0]
+    }
+}
+
+/// A cluster map that cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MapError {
+    /// Fewer nodes than replicas per extent.
+    #[error("{replicas} replicas need at least {replicas} nodes, have {nodes}")]
+    TooFewNodes {
+        /// Replicas requested.
+        replicas: usize,
+        /// Nodes available.
+        nodes: usize,
+    },
+    /// A size is zero or not a sensible multiple.
+    #[error("invalid volume shape: {0}")]
+    BadShape(&'static str),
+}
+
+/// The cluster map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterMap {
+    nodes: Vec<NodeId>,
+    volume: VolumeSpec,
+    extents: Vec<ExtentPlacement>,
+}
+
+impl ClusterMap {
+    /// A static map: extent `i` has its primary on `nodes[i % n]` and its other
+    /// replicas on the following nodes, so primaries spread evenly.
+    pub fn new_static(
+        nodes: Vec<NodeId>,
+        volume: VolumeSpec,
+        replicas: usize,
+    ) -> Result<Self, MapError> {
+        if replicas == 0 || nodes.len() < replicas {
+            return Err(MapError::TooFewNodes {
+                replicas,
+                nodes: nodes.len(),
+            });
+        }
+        if !matches!(volume.block_size, 512 | 4096) {
+            return Err(MapError::BadShape("block size must be 512 or 4096"));
+        }
+        if volume.capacity_blocks == 0 || volume.extent_blocks == 0 {
+            return Err(MapError::BadShape("capacity and extent size must be > 0"));
+        }
+        if volume.max_request_blocks == 0 {
+            return Err(MapError::BadShape("max request must be > 0 blocks"));
+        }
+        let count = volume.capacity_blocks.div_ceil(volume.extent_blocks);
+        let n = nodes.len();
+        let extents = (0..count as usize)
+            .map(|i| ExtentPlacement {
+                replicas: (0..replicas).map(|r| nodes[(i + r) % n]).collect(),
+                epoch: Epoch(1),
+            })
+            .collect();
+        let map = ClusterMap {
+            nodes,
+            volume,
+            extents,
+        };
+        map.self_check();
+        Ok(map)
+    }
+
+    /// Assert the map's invariants: every extent has distinct replicas that are all
+    /// cluster members.
+    pub fn self_check(&self) {
+        for (i, ext) in self.extents.iter().enumerate() {
+            for (a, node) in ext.replicas.iter().enumerate() {
+                assert!(self.nodes.contains(node), "extent {i}: {node} not a member");
+                assert!(
+                    !ext.replicas[a + 1..].contains(node),
+                    "extent {i}: {node} holds two replicas"
+                );
+            }
+        }
+    }
+
+    /// Storage nodes, in id order.
+    pub fn nodes(&self) -> &[NodeId] {
+        &self.nodes
+    }
+
+    /// The volume.
+    pub fn volume(&self) -> &VolumeSpec {
+        &self.volume
+    }
+
+    /// Number of extents.
+    pub fn extent_count(&self) -> u64 {
+        self.extents.len() as u64
+    }
+
+    /// Placement of `extent`. Panics if the extent does not exist: ids come from
+    /// [`ClusterMap::locate`], which checks them.
+    pub fn extent(&self, extent: ExtentId) -> &ExtentPlacement {
+        &self.extents[extent.0 as usize]
+    }
+
+    /// The extent holding `lba`, without bounds checks beyond the volume's.
+    pub fn extent_of(&self, lba: Lba) -> ExtentId {
+        ExtentId(lba.0 / self.volume.extent_blocks)
+    }
+
+    /// First block past the end of `extent`.
+    pub fn extent_end(&self, extent: ExtentId) -> Lba {
+        Lba(((extent.0 + 1) * self.volume.extent_blocks).min(self.volume.capacity_blocks))
+    }
+
+    /// Validate a client request and find its extent: the volume must exist, the
+    /// range must be non-empty, inside the volume, within the request limit, and in
+    /// one extent.
+    pub fn locate(&self, volume: VolumeId, lba: Lba, blocks: u64) -> Result<ExtentId, WeirError> {
+        let v = &self.volume;
+        if volume != v.id {
+            return Err(WeirError::UnknownVolume(volume));
+        }
+        if blocks == 0 || blocks > u64::from(v.max_request_blocks) {
+            return Err(WeirError::BadLength {
+                len: blocks.saturating_mul(u64::from(v.block_size)),
+                block_size: v.block_size,
+                max_bytes: v.max_request_blocks * v.block_size,
+            });
+        }
+        match lba.0.checked_add(blocks) {
+            Some(end) if end <= v.capacity_blocks => {}
+            _ => {
+                return Err(WeirError::OutOfRange {
+                    lba,
+                    blocks,
+                    capacity: v.capacity_blocks,
+                })
+            }
+        }
+        let extent = self.extent_of(lba);
+        if lba.offset(blocks) > self.extent_end(extent) {
+            return Err(WeirError::CrossesExtent);
+        }
+        Ok(extent)
+    }
+
+    /// Check a payload length and turn it into a block count.
+    pub fn blocks_in(&self, len: usize) -> Result<u64, WeirError> {
+        let v = &self.volume;
+        let bs = v.block_size as usize;
+        if len == 0 || len % bs != 0 || len > (v.max_request_blocks as usize) * bs {
+            return Err(WeirError::BadLength {
+                len: len as u64,
+                block_size: v.block_size,
+                max_bytes: v.max_request_blocks * v.block_size,
+            });
+        }
+        Ok((len / bs) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map() -> ClusterMap {
+        let nodes = (1..=4).map(NodeId).collect();
+        let volume = VolumeSpec {
+            id: VolumeId(1),
+            block_size: 4096,
+            capacity_blocks: 1000,
+            extent_blocks: 256,
+            max_request_blocks: 64,
+        };
+        ClusterMap::new_static(nodes, volume, 3).unwrap()
+    }
+
+    #[test]
+    fn primaries_spread_and_replicas_distinct() {
+        let m = map();
+        assert_eq!(m.extent_count(), 4);
+        let primaries: Vec<_> = (0..4).map(|e| m.extent(ExtentId(e)).primary()).collect();
+        assert_eq!(primaries, vec![NodeId(1), NodeId(2), NodeId(3), NodeId(4)]);
+        assert_eq!(m.extent(ExtentId(3)).replicas, vec![NodeId(4), NodeId(1), NodeId(2)]);
+        assert_eq!(m.extent_end(ExtentId(3)), Lba(1000));
+    }
+
+    #[test]
+    fn locate_rejects_bad_requests() {
+        let m = map();
+        assert_eq!(m.locate(VolumeId(1), Lba(255), 1), Ok(ExtentId(0)));
+        assert_eq!(m.locate(VolumeId(1), Lba(255), 2), Err(WeirError::CrossesExtent));
+        assert_eq!(m.locate(VolumeId(2), Lba(0), 1), Err(WeirError::UnknownVolume(VolumeId(2))));
+        assert!(matches!(m.locate(VolumeId(1), Lba(999), 2), Err(WeirError::OutOfRange { .. })));
+        assert!(matches!(m.locate(VolumeId(1), Lba(u64::MAX), 1), Err(WeirError::OutOfRange { .. })));
+        assert!(matches!(m.locate(VolumeId(1), Lba(0), 0), Err(WeirError::BadLength { .. })));
+        assert!(matches!(m.locate(VolumeId(1), Lba(0), 65), Err(WeirError::BadLength { .. })));
+        assert!(m.blocks_in(4095).is_err());
+        assert_eq!(m.blocks_in(8192), Ok(2));
+    }
+
+    #[test]
+    fn too_few_nodes_is_an_error() {
+        let volume = map().volume;
+        let err = ClusterMap::new_static(vec![NodeId(1), NodeId(2)], volume, 3).unwrap_err();
+        assert_eq!(err, MapError::TooFewNodes { replicas: 3, nodes: 2 });
+    }
+}

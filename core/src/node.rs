@@ -1,0 +1,166 @@
+//! The async node driver: runs the replication engine over any `Transport` and
+//! `BlockDevice`.
+//!
+//! One task owns the engine (one thing happens at a time, no locks): it feeds it
+//! frames from the transport and device completions, and carries out its actions.
+//! Each device command runs in a task of its own so the device sees real queue depth.
+
+use crate::buf::BufPool;
+use crate::device::{BlockDevice, DevCommand, DevCompletion};
+use crate::error::WeirError;
+use crate::ids::{Lba, NodeId};
+use crate::map::ClusterMap;
+use crate::replication::{Action, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};
+use crate::transport::{Transport, TransportError};
+use crate::wire::Message;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Why a node could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The volume's block size is not a multiple of the device's.
+    #[error("volume block size {volume} is not a multiple of device block size {device}")]
+    BlockSize {
+        /// Volume block size.
+        volume: u32,
+        /// Device block size.
+        device: u32,
+    },
+    /// The device is smaller than the volume.
+    #[error("device holds {device} bytes, the volume needs {volume}")]
+    TooSmall {
+        /// Device capacity in bytes.
+        device: u64,
+        /// Volume capacity in bytes.
+        volume: u64,
+    },
+    /// The transport failed.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+/// A storage node: replication engine + transport + device.
+pub struct Node<T, D> {
+    transport: Arc<T>,
+    device: Arc<D>,
+    engine: Replicator,
+    pool: BufPool,
+    /// Device blocks per volume block.
+    scale: u64,
+}
+
+impl<T: Transport, D: BlockDevice> Node<T, D> {
+    /// A node with the given adapters. `pool` supplies the buffers device reads
+    /// land in.
+    pub fn new(
+        transport: Arc<T>,
+        device: Arc<D>,
+        map: ClusterMap,
+        config: ReplicationConfig,
+        pool: BufPool,
+    ) -> Result<Self, NodeError> {
+        let geometry = device.geometry();
+        let volume = *map.volume();
+        if volume.block_size % geometry.block_size != 0 {
+            return Err(NodeError::BlockSize {
+                volume: volume.block_size,
+                device: geometry.block_size,
+            });
+        }
+        let volume_bytes = volume.capacity_blocks * u64::from(volume.block_size);
+        let device_bytes = geometry.capacity_blocks * u64::from(geometry.block_size);
+        if device_bytes < volume_bytes {
+            return Err(NodeError::TooSmall {
+                device: device_bytes,
+                volume: volume_bytes,
+            });
+        }
+        let me = transport.local_id();
+        Ok(Node {
+            transport,
+            device,
+            engine: Replicator::new(me, map, config),
+            pool,
+            scale: u64::from(volume.block_size / geometry.block_size),
+        })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.engine.id()
+    }
+
+    /// Serve until the transport closes.
+    pub async fn run(mut self) -> Result<(), NodeError> {
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(IoId, IoResult)>();
+        loop {
+            self.drain_actions(&done_tx).await?;
+            tokio::select! {
+                frame = self.transport.recv() => {
+                    let (from, frame) = frame?;
+                    match Message::decode(&frame) {
+                        Ok(msg) => self.engine.handle_message(from, msg),
+                        Err(e) => tracing::warn!(%from, error = %e, "undecodable frame dropped"),
+                    }
+                }
+                Some((io, result)) = done_rx.recv() => self.engine.handle_io(io, result),
+            }
+        }
+    }
+
+    async fn drain_actions(
+        &mut self,
+        done: &mpsc::UnboundedSender<(IoId, IoResult)>,
+    ) -> Result<(), NodeError> {
+        while let Some(action) = self.engine.poll_action() {
+            match action {
+                Action::Send { to, msg } => match msg.encode() {
+                    Ok(frame) => self.transport.send(to, frame).await?,
+                    Err(e) => tracing::error!(%to, error = %e, "message not encodable; dropped"),
+                },
+                Action::Io { io, cmd } => self.issue(io, cmd, done.clone()),
+            }
+        }
+        Ok(())
+    }
+
+    fn issue(&self, io: IoId, cmd: IoCmd, done: mpsc::UnboundedSender<(IoId, IoResult)>) {
+        let device = self.device.clone();
+        let queues = u64::from(device.geometry().queues.max(1));
+        let queue = (io.0 % queues) as u16;
+        let bs = self.device.geometry().block_size as usize;
+        let scale = self.scale;
+        let cmd = match cmd {
+            IoCmd::Read { lba, blocks } => {
+                let len = (blocks * scale) as usize * bs;
+                match self.pool.alloc(len) {
+                    Ok(buf) => DevCommand::Read {
+                        lba: Lba(lba.0 * scale),
+                        buf,
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no buffer for a read");
+                        let _ = done.send((io, IoResult::Failed(WeirError::Busy)));
+                        return;
+                    }
+                }
+            }
+            IoCmd::Write { lba, data, fua } => DevCommand::Write {
+                lba: Lba(lba.0 * scale),
+                data,
+                fua,
+            },
+            IoCmd::Flush => DevCommand::Flush,
+        };
+        tokio::spawn(async move {
+            let result = match device.submit(queue, cmd).await {
+                Ok(DevCompletion::Read(buf)) => IoResult::Read(buf.freeze()),
+                Ok(DevCompletion::Done) => IoResult::Done,
+                Err(e) => IoResult::Failed(WeirError::Device(e)),
+            };
+            // The node may have stopped; then nobody needs the result.
+            let _ = done.send((io, result));
+        });
+    }
+}

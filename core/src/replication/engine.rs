@@ -1,0 +1,698 @@
+//! The replication state machine of one node.
+//!
+//! Events in: [`Replicator::handle_message`] (a decoded frame from a peer or client)
+//! and [`Replicator::handle_io`] (a device completion). Actions out:
+//! [`Replicator::poll_action`] yields frames to send and device commands to issue. No
+//! I/O, no clock, no tasks: the async [`crate::node::Node`] driver does those.
+//!
+//! Write path at the primary: validate, take the extent's range lock (overlapping
+//! writes queue in arrival order), give the write the extent's next version, write
+//! locally and forward to every other replica in parallel, and acknowledge the client
+//! only when every replica has reported the data on its device. Reads are served by
+//! the primary under a shared range lock, so a read never overtakes an earlier
+//! overlapping write. Flush fans out to every node holding a replica of the volume.
+
+use super::range_lock::{Mode, RangeLock};
+use crate::error::WeirError;
+use crate::ids::{Epoch, ExtentId, Lba, NodeId, OpId, RequestId, Version, VolumeId};
+use crate::map::ClusterMap;
+use crate::wire::Message;
+use bytes::Bytes;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Most client operations a node holds at once (queued or running); more get `Busy`.
+pub const MAX_OPS_IN_FLIGHT: usize = 4096;
+
+/// Identifies one device command issued by the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IoId(pub u64);
+
+/// A device command, in volume blocks; the driver maps it to the device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IoCmd {
+    /// Read `blocks` blocks at `lba`.
+    Read {
+        /// First block.
+        lba: Lba,
+        /// Number of blocks.
+        blocks: u64,
+    },
+    /// Write `data` at `lba`.
+    Write {
+        /// First block.
+        lba: Lba,
+        /// Whole blocks.
+        data: Bytes,
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Flush the device's volatile cache.
+    Flush,
+}
+
+/// Outcome of an [`IoCmd`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IoResult {
+    /// A read's data.
+    Read(Bytes),
+    /// A write or flush finished.
+    Done,
+    /// The command failed: a device error, or no buffer to read into (`Busy`).
+    Failed(WeirError),
+}
+
+/// Something the driver must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send `msg` to `to`.
+    Send {
+        /// Destination.
+        to: NodeId,
+        /// The message.
+        msg: Message,
+    },
+    /// Issue a device command and report it back with [`Replicator::handle_io`].
+    Io {
+        /// Id to report the completion under.
+        io: IoId,
+        /// The command.
+        cmd: IoCmd,
+    },
+}
+
+/// Engine switches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicationConfig {
+    /// TEST ONLY, a deliberate bug: the primary does not forward writes to the last
+    /// replica of each extent and counts it as acknowledged. The simulator's checkers
+    /// must catch this; it exists to prove that they can fail.
+    pub bug_skip_last_replica: bool,
+}
+
+/// A client operation this node coordinates.
+#[derive(Debug)]
+enum Op {
+    Write {
+        client: NodeId,
+        req: RequestId,
+        extent: ExtentId,
+        lba: Lba,
+        data: Bytes,
+        fua: bool,
+        /// Acks still expected (local device included); `None` until started.
+        waiting: Option<usize>,
+        error: Option<WeirError>,
+    },
+    Read {
+        client: NodeId,
+        req: RequestId,
+        extent: ExtentId,
+        lba: Lba,
+        blocks: u64,
+    },
+    Flush {
+        client: NodeId,
+        req: RequestId,
+        waiting: usize,
+        error: Option<WeirError>,
+    },
+}
+
+/// What a device command was for.
+#[derive(Debug)]
+enum IoPurpose {
+    /// The primary's local write or read, or the coordinator's local flush.
+    Op(OpId),
+    /// A replica applying a primary's write.
+    ReplicaWrite { primary: NodeId, op: OpId },
+    /// A replica flushing for a coordinator.
+    ReplicaFlush { coordinator: NodeId, op: OpId },
+    /// A scrub read answered straight to the client.
+    Scrub { client: NodeId, req: RequestId },
+}
+
+/// Per-extent state of the primary.
+#[derive(Debug, Default)]
+struct PrimaryExtent {
+    last_version: Version,
+    lock: RangeLock,
+}
+
+/// The replication engine of one node.
+#[derive(Debug)]
+pub struct Replicator {
+    me: NodeId,
+    map: ClusterMap,
+    config: ReplicationConfig,
+    primary: BTreeMap<ExtentId, PrimaryExtent>,
+    /// Version of the last write applied to each block this node holds a replica of.
+    block_versions: BTreeMap<Lba, Version>,
+    ops: BTreeMap<OpId, Op>,
+    ios: BTreeMap<IoId, IoPurpose>,
+    next_op: u64,
+    next_io: u64,
+    actions: VecDeque<Action>,
+}
+
+impl Replicator {
+    /// The engine of node `me` under `map`.
+    pub fn new(me: NodeId, map: ClusterMap, config: ReplicationConfig) -> Self {
+        Replicator {
+            me,
+            map,
+            config,
+            primary: BTreeMap::new(),
+            block_versions: BTreeMap::new(),
+            ops: BTreeMap::new(),
+            ios: BTreeMap::new(),
+            next_op: 0,
+            next_io: 0,
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.me
+    }
+
+    /// The cluster map this engine runs under.
+    pub fn map(&self) -> &ClusterMap {
+        &self.map
+    }
+
+    /// The next thing the driver must do, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Client operations in flight (queued or running).
+    pub fn ops_in_flight(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Device commands in flight.
+    pub fn ios_in_flight(&self) -> usize {
+        self.ios.len()
+    }
+
+    /// A message arrived from `from`.
+    pub fn handle_message(&mut self, from: NodeId, msg: Message) {
+        match msg {
+            Message::Write {
+                req,
+                volume,
+                epoch,
+                lba,
+                data,
+                fua,
+            } => self.client_write(from, req, volume, epoch, lba, data, fua),
+            Message::Read {
+                req,
+                volume,
+                epoch,
+                lba,
+                blocks,
+            } => self.client_read(from, req, volume, epoch, lba, u64::from(blocks)),
+            Message::Flush { req, volume } => self.client_flush(from, req, volume),
+            Message::ScrubRead {
+                req,
+                volume,
+                lba,
+                blocks,
+            } => self.scrub_read(from, req, volume, lba, u64::from(blocks)),
+            Message::ReplicaWrite {
+                op,
+                extent,
+                epoch,
+                version,
+                lba,
+                data,
+                fua,
+            } => self.replica_write(from, op, extent, epoch, version, lba, data, fua),
+            Message::ReplicaWriteAck { op, result } => self.write_acked(from, op, result),
+            Message::ReplicaFlush { op } => {
+                let io = self.io(IoPurpose::ReplicaFlush {
+                    coordinator: from,
+                    op,
+                });
+                self.actions.push_back(Action::Io {
+                    io,
+                    cmd: IoCmd::Flush,
+                });
+            }
+            Message::ReplicaFlushAck { op, result } => self.flush_acked(op, result),
+            Message::ReadOk { .. }
+            | Message::WriteOk { .. }
+            | Message::FlushOk { .. }
+            | Message::Failed { .. } => {
+                tracing::warn!(%from, "client reply sent to a storage node; dropped");
+            }
+        }
+    }
+
+    /// A device command finished.
+    pub fn handle_io(&mut self, io: IoId, result: IoResult) {
+        let purpose = self
+            .ios
+            .remove(&io)
+            .unwrap_or_else(|| panic!("completion for unknown io {io:?}"));
+        match purpose {
+            IoPurpose::Op(op) => self.local_io_done(op, result),
+            IoPurpose::ReplicaWrite { primary, op } => {
+                let result = io_unit(result);
+                self.send(primary, Message::ReplicaWriteAck { op, result });
+            }
+            IoPurpose::ReplicaFlush { coordinator, op } => {
+                let result = io_unit(result);
+                self.send(coordinator, Message::ReplicaFlushAck { op, result });
+            }
+            IoPurpose::Scrub { client, req } => match result {
+                IoResult::Read(data) => self.send(client, Message::ReadOk { req, data }),
+                IoResult::Failed(e) => self.fail(client, req, e),
+                IoResult::Done => panic!("scrub read completed without data"),
+            },
+        }
+    }
+
+    // ---- client requests at the primary -------------------------------------------
+
+    /// Validate a data-path request aimed at the primary of its extent.
+    fn check_primary(
+        &self,
+        volume: VolumeId,
+        epoch: Epoch,
+        lba: Lba,
+        blocks: u64,
+    ) -> Result<ExtentId, WeirError> {
+        let extent = self.map.locate(volume, lba, blocks)?;
+        let placement = self.map.extent(extent);
+        if placement.primary() != self.me {
+            return Err(WeirError::NotPrimary(self.me));
+        }
+        if epoch != placement.epoch {
+            return Err(WeirError::StaleEpoch {
+                got: epoch,
+                current: placement.epoch,
+            });
+        }
+        if self.ops.len() >= MAX_OPS_IN_FLIGHT {
+            return Err(WeirError::Busy);
+        }
+        Ok(extent)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn client_write(
+        &mut self,
+        client: NodeId,
+        req: RequestId,
+        volume: VolumeId,
+        epoch: Epoch,
+        lba: Lba,
+        data: Bytes,
+        fua: bool,
+    ) {
+        let checked = self
+            .map
+            .blocks_in(data.len())
+            .and_then(|blocks| Ok((blocks, self.check_primary(volume, epoch, lba, blocks)?)));
+        let (blocks, extent) = match checked {
+            Ok(ok) => ok,
+            Err(e) => return self.fail(client, req, e),
+        };
+        let op = self.op_id();
+        self.ops.insert(
+            op,
+            Op::Write {
+                client,
+                req,
+                extent,
+                lba,
+                data,
+                fua,
+                waiting: None,
+                error: None,
+            },
+        );
+        let lock = &mut self.primary.entry(extent).or_default().lock;
+        if lock.acquire(op, lba, lba.offset(blocks), Mode::Exclusive) {
+            self.start(op);
+        }
+    }
+
+    fn client_read(
+        &mut self,
+        client: NodeId,
+        req: RequestId,
+        volume: VolumeId,
+        epoch: Epoch,
+        lba: Lba,
+        blocks: u64,
+    ) {
+        let extent = match self.check_primary(volume, epoch, lba, blocks) {
+            Ok(extent) => extent,
+            Err(e) => return self.fail(client, req, e),
+        };
+        let op = self.op_id();
+        self.ops.insert(
+            op,
+            Op::Read {
+                client,
+                req,
+                extent,
+                lba,
+                blocks,
+            },
+        );
+        let lock = &mut self.primary.entry(extent).or_default().lock;
+        if lock.acquire(op, lba, lba.offset(blocks), Mode::Shared) {
+            self.start(op);
+        }
+    }
+
+    fn client_flush(&mut self, client: NodeId, req: RequestId, volume: VolumeId) {
+        if volume != self.map.volume().id {
+            return self.fail(client, req, WeirError::UnknownVolume(volume));
+        }
+        if self.ops.len() >= MAX_OPS_IN_FLIGHT {
+            return self.fail(client, req, WeirError::Busy);
+        }
+        let op = self.op_id();
+        // Every node holds replicas of the one volume, so a flush reaches them all.
+        let nodes = self.map.nodes().to_vec();
+        self.ops.insert(
+            op,
+            Op::Flush {
+                client,
+                req,
+                waiting: nodes.len(),
+                error: None,
+            },
+        );
+        for node in nodes {
+            if node == self.me {
+                let io = self.io(IoPurpose::Op(op));
+                self.actions.push_back(Action::Io {
+                    io,
+                    cmd: IoCmd::Flush,
+                });
+            } else {
+                self.send(node, Message::ReplicaFlush { op });
+            }
+        }
+    }
+
+    fn scrub_read(
+        &mut self,
+        client: NodeId,
+        req: RequestId,
+        volume: VolumeId,
+        lba: Lba,
+        blocks: u64,
+    ) {
+        let extent = match self.map.locate(volume, lba, blocks) {
+            Ok(extent) => extent,
+            Err(e) => return self.fail(client, req, e),
+        };
+        if !self.map.extent(extent).replicas.contains(&self.me) {
+            return self.fail(client, req, WeirError::NotPrimary(self.me));
+        }
+        let io = self.io(IoPurpose::Scrub { client, req });
+        self.actions.push_back(Action::Io {
+            io,
+            cmd: IoCmd::Read { lba, blocks },
+        });
+    }
+
+    /// `op` holds its range lock: issue its I/O.
+    fn start(&mut self, op: OpId) {
+        match self.ops.get(&op) {
+            Some(Op::Write { .. }) => self.start_write(op),
+            Some(Op::Read { lba, blocks, .. }) => {
+                let cmd = IoCmd::Read {
+                    lba: *lba,
+                    blocks: *blocks,
+                };
+                let io = self.io(IoPurpose::Op(op));
+                self.actions.push_back(Action::Io { io, cmd });
+            }
+            Some(Op::Flush { .. }) | None => panic!("{op} cannot be started"),
+        }
+    }
+
+    fn start_write(&mut self, op: OpId) {
+        let Some(Op::Write {
+            extent,
+            lba,
+            data,
+            fua,
+            waiting,
+            ..
+        }) = self.ops.get_mut(&op)
+        else {
+            panic!("{op} is not a write");
+        };
+        assert!(waiting.is_none(), "{op} started twice");
+        let (extent, lba, data, fua) = (*extent, *lba, data.clone(), *fua);
+        let state = self.primary.get_mut(&extent).expect("locked extent has state");
+        let version = state.last_version.next();
+        state.last_version = version;
+        let placement = self.map.extent(extent).clone();
+        let mut forward: Vec<NodeId> = placement.replicas[1..].to_vec();
+        if self.config.bug_skip_last_replica {
+            forward.pop();
+        }
+        if let Some(Op::Write { waiting, .. }) = self.ops.get_mut(&op) {
+            *waiting = Some(1 + forward.len());
+        }
+        let blocks = (data.len() / self.map.volume().block_size as usize) as u64;
+        if let Err(e) = self.claim_version(lba, blocks, version) {
+            // The primary gives out versions in order under the lock; a regression
+            // here means its own state is corrupt.
+            panic!("primary {} version regression at {lba}: {e}", self.me);
+        }
+        let io = self.io(IoPurpose::Op(op));
+        self.actions.push_back(Action::Io {
+            io,
+            cmd: IoCmd::Write {
+                lba,
+                data: data.clone(),
+                fua,
+            },
+        });
+        for to in forward {
+            let msg = Message::ReplicaWrite {
+                op,
+                extent,
+                epoch: placement.epoch,
+                version,
+                lba,
+                data: data.clone(),
+                fua,
+            };
+            self.send(to, msg);
+        }
+    }
+
+    fn local_io_done(&mut self, op: OpId, result: IoResult) {
+        match self.ops.get(&op) {
+            Some(Op::Write { .. }) => self.write_acked(self.me, op, io_unit(result)),
+            Some(Op::Flush { .. }) => self.flush_acked(op, io_unit(result)),
+            Some(Op::Read { .. }) => {
+                let Some(Op::Read {
+                    client,
+                    req,
+                    extent,
+                    ..
+                }) = self.ops.remove(&op)
+                else {
+                    unreachable!("matched a read above");
+                };
+                match result {
+                    IoResult::Read(data) => self.send(client, Message::ReadOk { req, data }),
+                    IoResult::Failed(e) => self.fail(client, req, e),
+                    IoResult::Done => panic!("read {op} completed without data"),
+                }
+                self.unlock(extent, op);
+            }
+            None => panic!("local completion for unknown {op}"),
+        }
+    }
+
+    /// One replica (or the local device) reported on write `op`.
+    fn write_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
+        let Some(Op::Write { waiting, error, .. }) = self.ops.get_mut(&op) else {
+            tracing::warn!(%from, %op, "ack for an unknown write; dropped");
+            return;
+        };
+        let left = waiting.as_mut().expect("acked write was started");
+        assert!(*left > 0, "{op}: more acks than replicas");
+        *left -= 1;
+        if let Err(e) = result {
+            error.get_or_insert(e);
+        }
+        if *left > 0 {
+            return;
+        }
+        let Some(Op::Write {
+            client,
+            req,
+            extent,
+            error,
+            ..
+        }) = self.ops.remove(&op)
+        else {
+            unreachable!("matched a write above");
+        };
+        match error {
+            None => self.send(client, Message::WriteOk { req }),
+            Some(e) => self.fail(client, req, e),
+        }
+        self.unlock(extent, op);
+    }
+
+    fn flush_acked(&mut self, op: OpId, result: Result<(), WeirError>) {
+        let Some(Op::Flush { waiting, error, .. }) = self.ops.get_mut(&op) else {
+            tracing::warn!(%op, "ack for an unknown flush; dropped");
+            return;
+        };
+        assert!(*waiting > 0, "{op}: more flush acks than nodes");
+        *waiting -= 1;
+        if let Err(e) = result {
+            error.get_or_insert(e);
+        }
+        if *waiting > 0 {
+            return;
+        }
+        let Some(Op::Flush {
+            client, req, error, ..
+        }) = self.ops.remove(&op)
+        else {
+            unreachable!("matched a flush above");
+        };
+        match error {
+            None => self.send(client, Message::FlushOk { req }),
+            Some(e) => self.fail(client, req, e),
+        }
+    }
+
+    fn unlock(&mut self, extent: ExtentId, op: OpId) {
+        let state = self.primary.get_mut(&extent).expect("locked extent has state");
+        let ready = state.lock.release(op);
+        debug_assert!({
+            state.lock.self_check();
+            true
+        });
+        for next in ready {
+            self.start(next);
+        }
+    }
+
+    // ---- replica side --------------------------------------------------------------
+
+    #[allow(clippy::too_many_arguments)]
+    fn replica_write(
+        &mut self,
+        primary: NodeId,
+        op: OpId,
+        extent: ExtentId,
+        epoch: Epoch,
+        version: Version,
+        lba: Lba,
+        data: Bytes,
+        fua: bool,
+    ) {
+        let checked = self.check_replica_write(primary, extent, epoch, lba, &data);
+        let result = checked.and_then(|blocks| self.claim_version(lba, blocks, version));
+        if let Err(e) = result {
+            return self.send(primary, Message::ReplicaWriteAck { op, result: Err(e) });
+        }
+        let io = self.io(IoPurpose::ReplicaWrite { primary, op });
+        self.actions.push_back(Action::Io {
+            io,
+            cmd: IoCmd::Write { lba, data, fua },
+        });
+    }
+
+    fn check_replica_write(
+        &self,
+        primary: NodeId,
+        extent: ExtentId,
+        epoch: Epoch,
+        lba: Lba,
+        data: &Bytes,
+    ) -> Result<u64, WeirError> {
+        let blocks = self.map.blocks_in(data.len())?;
+        let located = self.map.locate(self.map.volume().id, lba, blocks)?;
+        if located != extent {
+            return Err(WeirError::CrossesExtent);
+        }
+        let placement = self.map.extent(extent);
+        if epoch < placement.epoch {
+            return Err(WeirError::StaleEpoch {
+                got: epoch,
+                current: placement.epoch,
+            });
+        }
+        if placement.primary() != primary || !placement.replicas.contains(&self.me) {
+            return Err(WeirError::NotPrimary(primary));
+        }
+        Ok(blocks)
+    }
+
+    /// Record that `version` is written to `[lba, lba + blocks)`, refusing to go
+    /// backwards on any block: the primary orders overlapping writes, so a replica
+    /// that sees an older version over a newer one has been sent messages out of order.
+    fn claim_version(&mut self, lba: Lba, blocks: u64, version: Version) -> Result<(), WeirError> {
+        let end = lba.offset(blocks);
+        if self
+            .block_versions
+            .range(lba..end)
+            .any(|(_, &v)| v >= version)
+        {
+            return Err(WeirError::VersionRegression);
+        }
+        for b in lba.0..end.0 {
+            self.block_versions.insert(Lba(b), version);
+        }
+        Ok(())
+    }
+
+    /// Version of the last write this node applied to `lba`, if any.
+    pub fn block_version(&self, lba: Lba) -> Option<Version> {
+        self.block_versions.get(&lba).copied()
+    }
+
+    // ---- helpers -------------------------------------------------------------------
+
+    fn send(&mut self, to: NodeId, msg: Message) {
+        self.actions.push_back(Action::Send { to, msg });
+    }
+
+    fn fail(&mut self, client: NodeId, req: RequestId, error: WeirError) {
+        self.send(client, Message::Failed { req, error });
+    }
+
+    fn op_id(&mut self) -> OpId {
+        self.next_op += 1;
+        OpId(self.next_op)
+    }
+
+    fn io(&mut self, purpose: IoPurpose) -> IoId {
+        self.next_io += 1;
+        let io = IoId(self.next_io);
+        self.ios.insert(io, purpose);
+        io
+    }
+}
+
+fn io_unit(result: IoResult) -> Result<(), WeirError> {
+    match result {
+        IoResult::Done | IoResult::Read(_) => Ok(()),
+        IoResult::Failed(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests;

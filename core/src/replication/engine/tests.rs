@@ -1,0 +1,348 @@
+//! Engine tests: three engines wired by hand, with a toy network and toy disks whose
+//! every step the test controls.
+
+use super::*;
+use crate::device::DevError;
+use crate::map::VolumeSpec;
+
+const CLIENT: NodeId = NodeId(100);
+const BS: usize = 4096;
+
+struct Cluster {
+    engines: BTreeMap<NodeId, Replicator>,
+    disks: BTreeMap<NodeId, BTreeMap<u64, Vec<u8>>>,
+    /// Device commands issued and not yet completed.
+    ios: Vec<(NodeId, IoId, IoCmd)>,
+    /// Messages in flight: (from, to, message).
+    net: VecDeque<(NodeId, NodeId, Message)>,
+    /// Replies that reached the client.
+    replies: Vec<Message>,
+    /// Every ReplicaWrite delivered, as (replica, lba, version).
+    applied: Vec<(NodeId, Lba, Version)>,
+}
+
+fn cluster(config: ReplicationConfig) -> Cluster {
+    let nodes: Vec<NodeId> = (1..=3).map(NodeId).collect();
+    let volume = VolumeSpec {
+        id: VolumeId(1),
+        block_size: BS as u32,
+        capacity_blocks: 64,
+        extent_blocks: 16,
+        max_request_blocks: 8,
+    };
+    let map = ClusterMap::new_static(nodes.clone(), volume, 3).unwrap();
+    Cluster {
+        engines: nodes
+            .iter()
+            .map(|&n| (n, Replicator::new(n, map.clone(), config)))
+            .collect(),
+        disks: nodes.iter().map(|&n| (n, BTreeMap::new())).collect(),
+        ios: Vec::new(),
+        net: VecDeque::new(),
+        replies: Vec::new(),
+        applied: Vec::new(),
+    }
+}
+
+fn block(tag: u8, blocks: usize) -> Bytes {
+    Bytes::from(vec![tag; BS * blocks])
+}
+
+impl Cluster {
+    fn collect(&mut self) {
+        for (&n, engine) in self.engines.iter_mut() {
+            while let Some(action) = engine.poll_action() {
+                match action {
+                    Action::Send { to, msg } => self.net.push_back((n, to, msg)),
+                    Action::Io { io, cmd } => self.ios.push((n, io, cmd)),
+                }
+            }
+        }
+    }
+
+    fn client_sends(&mut self, to: NodeId, msg: Message) {
+        self.net.push_back((CLIENT, to, msg));
+    }
+
+    /// Deliver every message in flight (and those they cause), but no device I/O.
+    fn deliver(&mut self) {
+        self.collect();
+        while let Some((from, to, msg)) = self.net.pop_front() {
+            if to == CLIENT {
+                self.replies.push(msg);
+                continue;
+            }
+            if let Message::ReplicaWrite { lba, version, .. } = &msg {
+                self.applied.push((to, *lba, *version));
+            }
+            self.engines.get_mut(&to).unwrap().handle_message(from, msg);
+            self.collect();
+        }
+    }
+
+    /// Complete the oldest pending device command on `node`.
+    fn complete_one(&mut self, node: NodeId) -> bool {
+        let Some(at) = self.ios.iter().position(|(n, ..)| *n == node) else {
+            return false;
+        };
+        let (n, io, cmd) = self.ios.remove(at);
+        let disk = self.disks.get_mut(&n).unwrap();
+        let result = match cmd {
+            IoCmd::Write { lba, data, .. } => {
+                for (i, chunk) in data.chunks(BS).enumerate() {
+                    disk.insert(lba.0 + i as u64, chunk.to_vec());
+                }
+                IoResult::Done
+            }
+            IoCmd::Read { lba, blocks } => {
+                let mut out = Vec::new();
+                for b in lba.0..lba.0 + blocks {
+                    out.extend(disk.get(&b).cloned().unwrap_or_else(|| vec![0; BS]));
+                }
+                IoResult::Read(Bytes::from(out))
+            }
+            IoCmd::Flush => IoResult::Done,
+        };
+        self.engines.get_mut(&n).unwrap().handle_io(io, result);
+        self.collect();
+        true
+    }
+
+    /// Run until nothing is left to do.
+    fn settle(&mut self) {
+        loop {
+            self.deliver();
+            let nodes: Vec<NodeId> = self.engines.keys().copied().collect();
+            if !nodes.into_iter().any(|n| self.complete_one(n)) {
+                break;
+            }
+        }
+    }
+
+    fn disk_block(&self, node: NodeId, lba: u64) -> Option<u8> {
+        self.disks[&node].get(&lba).map(|b| b[0])
+    }
+}
+
+fn write(req: u64, lba: u64, data: Bytes) -> Message {
+    Message::Write {
+        req: RequestId(req),
+        volume: VolumeId(1),
+        epoch: Epoch(1),
+        lba: Lba(lba),
+        data,
+        fua: false,
+    }
+}
+
+fn read(req: u64, lba: u64, blocks: u32) -> Message {
+    Message::Read {
+        req: RequestId(req),
+        volume: VolumeId(1),
+        epoch: Epoch(1),
+        lba: Lba(lba),
+        blocks,
+    }
+}
+
+#[test]
+fn write_is_acked_only_after_every_replica_persisted() {
+    let mut c = cluster(ReplicationConfig::default());
+    // Extent 0 (blocks 0..16): primary n1, replicas n2, n3.
+    c.client_sends(NodeId(1), write(1, 3, block(7, 2)));
+    c.deliver();
+    assert!(c.complete_one(NodeId(1)));
+    assert!(c.complete_one(NodeId(2)));
+    c.deliver();
+    assert!(c.replies.is_empty(), "acked before n3 persisted");
+    assert!(c.complete_one(NodeId(3)));
+    c.deliver();
+    assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(1) }]);
+    for n in 1..=3 {
+        assert_eq!(c.disk_block(NodeId(n), 3), Some(7));
+        assert_eq!(c.disk_block(NodeId(n), 4), Some(7));
+        assert_eq!(c.engines[&NodeId(n)].block_version(Lba(4)), Some(Version(1)));
+    }
+    assert!(c.engines.values().all(|e| e.ops_in_flight() == 0));
+}
+
+#[test]
+fn overlapping_writes_reach_replicas_in_version_order() {
+    let mut c = cluster(ReplicationConfig::default());
+    c.client_sends(NodeId(2), write(1, 16, block(1, 4)));
+    c.client_sends(NodeId(2), write(2, 18, block(2, 4)));
+    c.client_sends(NodeId(2), write(3, 30, block(3, 1)));
+    c.deliver();
+    // The overlapping second write waits; the disjoint third runs at once.
+    let forwarded: Vec<_> = c.applied.iter().map(|(_, l, v)| (*l, *v)).collect();
+    assert_eq!(
+        forwarded,
+        vec![
+            (Lba(16), Version(1)),
+            (Lba(16), Version(1)),
+            (Lba(30), Version(2)),
+            (Lba(30), Version(2))
+        ]
+    );
+    c.settle();
+    assert_eq!(c.replies.len(), 3);
+    for n in 1..=3 {
+        let node = NodeId(n);
+        assert_eq!(c.disk_block(node, 17), Some(1));
+        assert_eq!(c.disk_block(node, 18), Some(2), "{node} applied writes out of order");
+        assert_eq!(c.engines[&node].block_version(Lba(18)), Some(Version(3)));
+    }
+}
+
+#[test]
+fn read_waits_for_an_earlier_overlapping_write() {
+    let mut c = cluster(ReplicationConfig::default());
+    c.client_sends(NodeId(1), write(1, 0, block(9, 1)));
+    c.client_sends(NodeId(1), read(2, 0, 2));
+    c.deliver();
+    let reads = c.ios.iter().filter(|(_, _, cmd)| matches!(cmd, IoCmd::Read { .. }));
+    assert_eq!(reads.count(), 0, "read issued while an overlapping write runs");
+    c.settle();
+    let mut expect = vec![9u8; BS];
+    expect.extend(vec![0u8; BS]);
+    assert_eq!(
+        c.replies,
+        vec![
+            Message::WriteOk { req: RequestId(1) },
+            Message::ReadOk {
+                req: RequestId(2),
+                data: Bytes::from(expect)
+            }
+        ]
+    );
+}
+
+#[test]
+fn bad_requests_get_typed_errors() {
+    let mut c = cluster(ReplicationConfig::default());
+    let stale = Message::Write {
+        req: RequestId(5),
+        volume: VolumeId(1),
+        epoch: Epoch(0),
+        lba: Lba(0),
+        data: block(1, 1),
+        fua: false,
+    };
+    let unknown = Message::Read {
+        req: RequestId(6),
+        volume: VolumeId(9),
+        epoch: Epoch(1),
+        lba: Lba(0),
+        blocks: 1,
+    };
+    c.client_sends(NodeId(1), write(1, 16, block(1, 1)));
+    c.client_sends(NodeId(1), read(2, 63, 2));
+    c.client_sends(NodeId(1), write(3, 0, Bytes::from(vec![0u8; 100])));
+    c.client_sends(NodeId(1), read(4, 14, 4));
+    c.client_sends(NodeId(1), stale);
+    c.client_sends(NodeId(1), unknown);
+    c.settle();
+    let errors: Vec<WeirError> = c
+        .replies
+        .iter()
+        .map(|m| match m {
+            Message::Failed { error, .. } => error.clone(),
+            other => panic!("expected an error, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(errors[0], WeirError::NotPrimary(NodeId(1)));
+    assert!(matches!(errors[1], WeirError::OutOfRange { .. }));
+    assert!(matches!(errors[2], WeirError::BadLength { len: 100, .. }));
+    assert_eq!(errors[3], WeirError::CrossesExtent);
+    assert!(matches!(errors[4], WeirError::StaleEpoch { .. }));
+    assert_eq!(errors[5], WeirError::UnknownVolume(VolumeId(9)));
+    assert!(c.ios.is_empty());
+}
+
+#[test]
+fn flush_reaches_every_node() {
+    let mut c = cluster(ReplicationConfig::default());
+    c.client_sends(
+        NodeId(2),
+        Message::Flush {
+            req: RequestId(1),
+            volume: VolumeId(1),
+        },
+    );
+    c.deliver();
+    let mut flushing: Vec<NodeId> = c
+        .ios
+        .iter()
+        .filter(|(_, _, cmd)| *cmd == IoCmd::Flush)
+        .map(|(n, ..)| *n)
+        .collect();
+    flushing.sort();
+    assert_eq!(flushing, vec![NodeId(1), NodeId(2), NodeId(3)]);
+    c.complete_one(NodeId(1));
+    c.complete_one(NodeId(2));
+    c.deliver();
+    assert!(c.replies.is_empty());
+    c.settle();
+    assert_eq!(c.replies, vec![Message::FlushOk { req: RequestId(1) }]);
+}
+
+#[test]
+fn a_replica_device_error_fails_the_write() {
+    let mut c = cluster(ReplicationConfig::default());
+    c.client_sends(NodeId(1), write(1, 0, block(1, 1)));
+    c.deliver();
+    let at = c.ios.iter().position(|(n, ..)| *n == NodeId(3)).unwrap();
+    let (_, io, _) = c.ios.remove(at);
+    let err = IoResult::Failed(WeirError::Device(DevError::Media(Lba(0))));
+    c.engines.get_mut(&NodeId(3)).unwrap().handle_io(io, err);
+    c.settle();
+    assert_eq!(
+        c.replies,
+        vec![Message::Failed {
+            req: RequestId(1),
+            error: WeirError::Device(DevError::Media(Lba(0)))
+        }]
+    );
+}
+
+#[test]
+fn a_replica_rejects_an_older_version_over_a_newer_one() {
+    let mut c = cluster(ReplicationConfig::default());
+    let rw = |version, tag| Message::ReplicaWrite {
+        op: OpId(version),
+        extent: ExtentId(0),
+        epoch: Epoch(1),
+        version: Version(version),
+        lba: Lba(2),
+        data: block(tag, 1),
+        fua: false,
+    };
+    let n2 = c.engines.get_mut(&NodeId(2)).unwrap();
+    n2.handle_message(NodeId(1), rw(5, 1));
+    n2.handle_message(NodeId(1), rw(4, 2));
+    let acks: Vec<_> = std::iter::from_fn(|| n2.poll_action())
+        .filter_map(|a| match a {
+            Action::Send { msg, .. } => Some(msg),
+            Action::Io { .. } => None,
+        })
+        .collect();
+    assert_eq!(
+        acks,
+        vec![Message::ReplicaWriteAck {
+            op: OpId(4),
+            result: Err(WeirError::VersionRegression)
+        }]
+    );
+}
+
+#[test]
+fn the_skip_replica_bug_switch_really_skips() {
+    let mut c = cluster(ReplicationConfig {
+        bug_skip_last_replica: true,
+    });
+    c.client_sends(NodeId(1), write(1, 0, block(4, 1)));
+    c.settle();
+    assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(1) }]);
+    assert_eq!(c.disk_block(NodeId(2), 0), Some(4));
+    assert_eq!(c.disk_block(NodeId(3), 0), None);
+}

@@ -1,0 +1,10 @@
+//! Replication: per-extent primary copy (DESIGN.md section 4.1).
+//!
+//! [`engine::Replicator`] is the sans-IO state machine every node runs, in all its
+//! roles at once: primary for some extents, replica for others, flush coordinator.
+//! [`range_lock::RangeLock`] orders overlapping operations at a primary.
+
+pub mod engine;
+pub mod range_lock;
+
+pub use engine::{Action, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};

@@ -1,0 +1,242 @@
+//! The wire protocol: every message between nodes, and between clients and nodes.
+//!
+//! A frame is an 8-byte header followed by a body:
+//!
+//! ```text
+//! 0      2        3         4            8
+//! | "WR" | version | reserved | body_len LE | body (postcard-encoded Message) |
+//! ```
+//!
+//! Decoding checks the magic, the version, that `body_len` is at most
+//! [`MAX_BODY_BYTES`] and equals the bytes present, and that the body decodes to
+//! exactly one message with nothing left over. Every length inside the body is
+//! checked against the bytes remaining before anything is allocated, so hostile input
+//! costs at most its own size in memory and yields a [`DecodeError`], never a panic.
+//!
+//! Versioning rule: bump [`WIRE_VERSION`] whenever a change alters the bytes of any
+//! existing message (a new field, a reordered or removed variant). Appending a new
+//! variant at the end of [`Message`] does not need a bump: old peers reject it with
+//! [`DecodeError::Body`].
+
+use crate::error::WeirError;
+use crate::ids::{Epoch, ExtentId, Lba, OpId, RequestId, Version, VolumeId};
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+/// The two magic bytes that open every frame.
+pub const MAGIC: [u8; 2] = *b"WR";
+/// Current version of the frame and message encoding.
+pub const WIRE_VERSION: u8 = 1;
+/// Frame header length in bytes.
+pub const HEADER_BYTES: usize = 8;
+/// Largest body accepted: a 1 MiB data payload plus room for the message fields.
+pub const MAX_BODY_BYTES: usize = (1 << 20) + 256;
+
+/// Every message weir sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// Client -> primary: read `blocks` blocks at `lba`.
+    Read {
+        /// Client request id, echoed in the reply.
+        req: RequestId,
+        /// Volume to read.
+        volume: VolumeId,
+        /// Client's map epoch of the extent.
+        epoch: Epoch,
+        /// First block.
+        lba: Lba,
+        /// Number of blocks.
+        blocks: u32,
+    },
+    /// Client -> primary: write `data` at `lba`.
+    Write {
+        /// Client request id, echoed in the reply.
+        req: RequestId,
+        /// Volume to write.
+        volume: VolumeId,
+        /// Client's map epoch of the extent.
+        epoch: Epoch,
+        /// First block.
+        lba: Lba,
+        /// Whole blocks of data.
+        data: Bytes,
+        /// Force unit access on every replica.
+        fua: bool,
+    },
+    /// Client -> any node: flush every replica of the volume.
+    Flush {
+        /// Client request id, echoed in the reply.
+        req: RequestId,
+        /// Volume to flush.
+        volume: VolumeId,
+    },
+    /// Checker -> any replica: read this replica's own copy, bypassing the primary.
+    /// Used to verify that every replica holds every acknowledged write.
+    ScrubRead {
+        /// Client request id, echoed in the reply.
+        req: RequestId,
+        /// Volume to read.
+        volume: VolumeId,
+        /// First block.
+        lba: Lba,
+        /// Number of blocks.
+        blocks: u32,
+    },
+    /// Node -> client: the data read.
+    ReadOk {
+        /// The request answered.
+        req: RequestId,
+        /// The blocks read.
+        data: Bytes,
+    },
+    /// Node -> client: the write is on every in-sync replica.
+    WriteOk {
+        /// The request answered.
+        req: RequestId,
+    },
+    /// Node -> client: every replica has flushed.
+    FlushOk {
+        /// The request answered.
+        req: RequestId,
+    },
+    /// Node -> client: the request failed.
+    Failed {
+        /// The request answered.
+        req: RequestId,
+        /// Why.
+        error: WeirError,
+    },
+    /// Primary -> replica: apply this write.
+    ReplicaWrite {
+        /// Primary's operation id, echoed in the ack.
+        op: OpId,
+        /// Extent written.
+        extent: ExtentId,
+        /// Primary's epoch of the extent.
+        epoch: Epoch,
+        /// Version the primary gave this write.
+        version: Version,
+        /// First block.
+        lba: Lba,
+        /// Whole blocks of data.
+        data: Bytes,
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Replica -> primary: outcome of a `ReplicaWrite`.
+    ReplicaWriteAck {
+        /// The operation acknowledged.
+        op: OpId,
+        /// Ok once the data is on the replica's device.
+        result: Result<(), WeirError>,
+    },
+    /// Coordinator -> replica: flush the device.
+    ReplicaFlush {
+        /// Coordinator's operation id, echoed in the ack.
+        op: OpId,
+    },
+    /// Replica -> coordinator: outcome of a `ReplicaFlush`.
+    ReplicaFlushAck {
+        /// The operation acknowledged.
+        op: OpId,
+        /// Ok once the device flushed.
+        result: Result<(), WeirError>,
+    },
+}
+
+/// Why a frame could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Fewer bytes than a frame header.
+    #[error("frame shorter than its {HEADER_BYTES}-byte header")]
+    Truncated,
+    /// The frame does not start with [`MAGIC`].
+    #[error("bad magic {0:02x?}")]
+    BadMagic([u8; 2]),
+    /// The frame was encoded with another protocol version.
+    #[error("unsupported wire version {0} (this build speaks {WIRE_VERSION})")]
+    Version(u8),
+    /// The header announces a body larger than [`MAX_BODY_BYTES`].
+    #[error("body of {0} bytes exceeds the maximum")]
+    TooLarge(u32),
+    /// The header's body length disagrees with the bytes present.
+    #[error("header says {declared} body bytes, frame has {actual}")]
+    LengthMismatch {
+        /// Body length in the header.
+        declared: u32,
+        /// Body bytes actually present.
+        actual: usize,
+    },
+    /// The body is not a valid message.
+    #[error("malformed body: {0}")]
+    Body(postcard::Error),
+    /// The body decoded but left bytes over.
+    #[error("{0} trailing bytes after the message")]
+    Trailing(usize),
+}
+
+/// Why a message could not be encoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    /// The encoded body would exceed [`MAX_BODY_BYTES`].
+    #[error("message body of {0} bytes exceeds the maximum")]
+    TooLarge(usize),
+    /// Serialization failed.
+    #[error("encoding failed: {0}")]
+    Body(postcard::Error),
+}
+
+impl Message {
+    /// Encode into one frame.
+    pub fn encode(&self) -> Result<Bytes, EncodeError> {
+        let body = postcard::to_allocvec(self).map_err(EncodeError::Body)?;
+        if body.len() > MAX_BODY_BYTES {
+            return Err(EncodeError::TooLarge(body.len()));
+        }
+        let mut frame = BytesMut::with_capacity(HEADER_BYTES + body.len());
+        frame.put_slice(&MAGIC);
+        frame.put_u8(WIRE_VERSION);
+        frame.put_u8(0);
+        frame.put_u32_le(body.len() as u32);
+        frame.put_slice(&body);
+        Ok(frame.freeze())
+    }
+
+    /// Decode one frame.
+    pub fn decode(frame: &[u8]) -> Result<Message, DecodeError> {
+        let Some((header, body)) = frame.split_first_chunk::<HEADER_BYTES>() else {
+            return Err(DecodeError::Truncated);
+        };
+        let declared = Self::body_len(header)?;
+        if declared != body.len() {
+            return Err(DecodeError::LengthMismatch {
+                declared: declared as u32,
+                actual: body.len(),
+            });
+        }
+        let (msg, rest) = postcard::take_from_bytes(body).map_err(DecodeError::Body)?;
+        if !rest.is_empty() {
+            return Err(DecodeError::Trailing(rest.len()));
+        }
+        Ok(msg)
+    }
+
+    /// Length of the frame header's declared body, if `prefix` holds a valid header.
+    /// Stream transports use it to learn how many bytes to read next.
+    pub fn body_len(prefix: &[u8; HEADER_BYTES]) -> Result<usize, DecodeError> {
+        if prefix[..2] != MAGIC {
+            return Err(DecodeError::BadMagic([prefix[0], prefix[1]]));
+        }
+        if prefix[2] != WIRE_VERSION {
+            return Err(DecodeError::Version(prefix[2]));
+        }
+        let declared = u32::from_le_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]);
+        if declared as usize > MAX_BODY_BYTES {
+            return Err(DecodeError::TooLarge(declared));
+        }
+        Ok(declared as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests;
