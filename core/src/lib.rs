@@ -14,6 +14,7 @@ pub mod ids;
 pub mod map;
 pub mod node;
 pub mod replication;
+pub mod time;
 pub mod transport;
 pub mod wire;
 

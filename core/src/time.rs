@@ -1,0 +1,16 @@
+//! Time helpers shared by the simulated device and fabric.
+//!
+//! madsim's `sleep_until` never waits less than 1 ms, but a `Sleep` whose deadline
+//! is reset before its first poll wakes at that exact deadline. Device and fabric
+//! models need microsecond precision, so they sleep through [`sleep_until_exact`].
+//! On real tokio it is an ordinary `sleep_until`.
+
+use tokio::time::Instant;
+
+/// Sleep until `deadline`, with no 1 ms floor under the simulator.
+pub async fn sleep_until_exact(deadline: Instant) {
+    let sleep = tokio::time::sleep_until(deadline);
+    tokio::pin!(sleep);
+    sleep.as_mut().reset(deadline);
+    sleep.await
+}

@@ -1,0 +1,176 @@
+//! weir-nvme-sim: a simulated NVMe SSD that implements weir-core's `BlockDevice`.
+//!
+//! Model: a namespace of 512 B or 4 KiB blocks behind several I/O queues of bounded
+//! depth; a controller with a fixed, serialized cost per command; channels x dies of
+//! flash, each die doing one 4 KiB array read (tR) or program (tPROG) at a time, so
+//! IOPS rise with queue depth until the controller or the dies saturate; read and
+//! program times drawn from a seeded distribution with a read-retry tail; a volatile
+//! DRAM write cache with Flush and FUA semantics; data really stored, sparsely. See
+//! [`timing`] for the resource model and [`config::SsdConfig`] for the defaults and
+//! the datasheet they come from.
+//!
+//! Fault model: `power_loss` drops the volatile cache (unflushed, non-FUA writes
+//! vanish) and fails commands until `power_on`. Media errors, latent sector errors and
+//! GC stalls come with the failover work.
+//!
+//! Time is madsim time under `--cfg madsim` (exact to the nanosecond through
+//! `weir_core::time::sleep_until_exact`); on real tokio the same code runs, with the
+//! timer's resolution.
+
+pub mod config;
+pub mod store;
+pub mod timing;
+
+pub use config::SsdConfig;
+
+use config::UNIT_BYTES;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::sync::Mutex;
+use std::time::Duration;
+use store::Store;
+use timing::Timing;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use weir_core::device::{BlockDevice, DevCommand, DevCompletion, DevError, Geometry};
+use weir_core::ids::Lba;
+use weir_core::time::sleep_until_exact;
+
+struct State {
+    timing: Timing,
+    store: Store,
+    rng: SmallRng,
+    powered: bool,
+}
+
+/// A simulated SSD.
+pub struct SimSsd {
+    config: SsdConfig,
+    geometry: Geometry,
+    state: Mutex<State>,
+    slots: Vec<Semaphore>,
+    epoch: Instant,
+}
+
+impl SimSsd {
+    /// A powered-on, empty SSD; `seed` drives its latency draws.
+    pub fn new(config: SsdConfig, seed: u64) -> Result<Self, String> {
+        config.validate()?;
+        let geometry = Geometry {
+            block_size: config.block_size,
+            capacity_blocks: config.capacity_blocks,
+            max_transfer_blocks: config.max_transfer_bytes / config.block_size,
+            queues: config.queues,
+            queue_depth: config.queue_depth,
+        };
+        let slots = (0..config.queues)
+            .map(|_| Semaphore::new(usize::from(config.queue_depth)))
+            .collect();
+        Ok(SimSsd {
+            state: Mutex::new(State {
+                timing: Timing::new(config.clone()),
+                store: Store::new(config.block_size as usize),
+                rng: SmallRng::seed_from_u64(seed),
+                powered: true,
+            }),
+            config,
+            geometry,
+            slots,
+            epoch: Instant::now(),
+        })
+    }
+
+    /// The model parameters.
+    pub fn config(&self) -> &SsdConfig {
+        &self.config
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Power loss: the volatile cache is lost and commands fail with `Gone` until
+    /// [`SimSsd::power_on`].
+    pub fn power_loss(&self) {
+        let now = self.now_ns();
+        let mut s = self.state.lock().expect("ssd state");
+        s.store.settle(now);
+        s.store.power_loss();
+        s.timing.power_cycle(now);
+        s.powered = false;
+    }
+
+    /// Power restored.
+    pub fn power_on(&self) {
+        self.state.lock().expect("ssd state").powered = true;
+    }
+
+    /// Blocks held in memory: the model's footprint.
+    pub fn blocks_stored(&self) -> usize {
+        self.state.lock().expect("ssd state").store.blocks_stored()
+    }
+
+    /// The 4 KiB flash units a transfer touches.
+    fn units(&self, lba: Lba, blocks: u64) -> Vec<u64> {
+        let bs = u64::from(self.config.block_size);
+        let first = lba.0 * bs / UNIT_BYTES;
+        let last = ((lba.0 + blocks) * bs).div_ceil(UNIT_BYTES);
+        (first..last).collect()
+    }
+
+    fn blocks_of(&self, len: usize) -> Result<u64, DevError> {
+        let bs = self.config.block_size as usize;
+        if len == 0 || len % bs != 0 {
+            return Err(DevError::Misaligned);
+        }
+        Ok((len / bs) as u64)
+    }
+
+    /// Validate `cmd`, apply its effect on the contents and return its completion
+    /// time (ns since the device's epoch).
+    fn schedule(&self, cmd: DevCommand) -> Result<(u64, DevCompletion), DevError> {
+        let now = self.now_ns();
+        let mut guard = self.state.lock().expect("ssd state");
+        let s = &mut *guard;
+        if !s.powered {
+            return Err(DevError::Gone);
+        }
+        s.store.settle(now);
+        match cmd {
+            DevCommand::Read { lba, mut buf } => {
+                let blocks = self.blocks_of(buf.len())?;
+                self.geometry.check_range(lba, blocks)?;
+                s.store.read(lba.0, buf.as_mut());
+                let done = s.timing.read(now, &self.units(lba, blocks), &mut s.rng);
+                Ok((done, DevCompletion::Read(buf)))
+            }
+            DevCommand::Write { lba, data, fua } => {
+                let blocks = self.blocks_of(data.len())?;
+                self.geometry.check_range(lba, blocks)?;
+                let t = s.timing.write(now, &self.units(lba, blocks), fua, &mut s.rng);
+                s.store.write(lba.0, &data, t.durable_ns);
+                Ok((t.complete_ns, DevCompletion::Done))
+            }
+            DevCommand::Flush => Ok((s.timing.flush(now), DevCompletion::Done)),
+            DevCommand::WriteZeroes { lba, blocks } | DevCommand::Deallocate { lba, blocks } => {
+                self.geometry.check_range(lba, blocks)?;
+                s.store.discard(lba.0, blocks);
+                Ok((s.timing.metadata(now), DevCompletion::Done))
+            }
+        }
+    }
+}
+
+impl BlockDevice for SimSsd {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    async fn submit(&self, queue: u16, cmd: DevCommand) -> Result<DevCompletion, DevError> {
+        let slots = self.slots.get(usize::from(queue)).ok_or(DevError::BadQueue)?;
+        let _slot = slots.acquire().await.map_err(|_| DevError::Gone)?;
+        let (done_ns, completion) = self.schedule(cmd)?;
+        sleep_until_exact(self.epoch + Duration::from_nanos(done_ns)).await;
+        Ok(completion)
+    }
+}

@@ -1,0 +1,139 @@
+//! The simulated SSD measured on madsim time against its own model.
+#![cfg(madsim)]
+
+use bytes::Bytes;
+use madsim::rand::{thread_rng, Rng};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use weir_core::device::{BlockDevice, DevCommand, DevCompletion, DevError};
+use weir_core::ids::Lba;
+use weir_core::BufPool;
+use weir_nvme_sim::{SimSsd, SsdConfig};
+
+/// Run `qd` workers of 4 KiB random reads over the first 64 GiB for `span`;
+/// returns (IOPS, mean latency in ns).
+async fn random_reads(ssd: Arc<SimSsd>, qd: usize, span: Duration) -> (f64, f64) {
+    let pool = BufPool::new(64 << 20);
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for w in 0..qd {
+        let (ssd, pool) = (ssd.clone(), pool.clone());
+        workers.push(tokio::spawn(async move {
+            let (mut ops, mut latency_ns) = (0u64, 0u128);
+            while start.elapsed() < span {
+                let lba = Lba(thread_rng().gen_range(0..(64u64 << 30) / 4096));
+                let buf = pool.alloc(4096).unwrap();
+                let t0 = Instant::now();
+                let queue = (w % 8) as u16;
+                match ssd.submit(queue, DevCommand::Read { lba, buf }).await {
+                    Ok(DevCompletion::Read(_)) => {}
+                    other => panic!("read failed: {other:?}"),
+                }
+                latency_ns += t0.elapsed().as_nanos();
+                ops += 1;
+            }
+            (ops, latency_ns)
+        }));
+    }
+    let (mut ops, mut latency_ns) = (0u64, 0u128);
+    for w in workers {
+        let (o, l) = w.await.unwrap();
+        ops += o;
+        latency_ns += l;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    (ops as f64 / secs, latency_ns as f64 / ops as f64)
+}
+
+fn within(measured: f64, model: f64, tolerance: f64) -> bool {
+    (measured - model).abs() <= tolerance * model
+}
+
+#[madsim::test]
+async fn qd1_latency_and_qd128_iops_match_the_model() {
+    let config = SsdConfig::default();
+    let latency_model = config.model_read_latency_qd1_ns() as f64;
+    let iops_model = config.model_read_iops_max();
+    let ssd = Arc::new(SimSsd::new(config, 7).unwrap());
+
+    let (_, latency_qd1) = random_reads(ssd.clone(), 1, Duration::from_millis(100)).await;
+    println!("QD1 mean latency {latency_qd1:.0} ns (model {latency_model:.0} ns)");
+    assert!(
+        within(latency_qd1, latency_model, 0.15),
+        "QD1 latency {latency_qd1:.0} ns vs model {latency_model:.0} ns"
+    );
+
+    let (iops_qd128, _) = random_reads(ssd, 128, Duration::from_millis(50)).await;
+    println!("QD128 {iops_qd128:.0} IOPS (model {iops_model:.0})");
+    assert!(
+        within(iops_qd128, iops_model, 0.15),
+        "QD128 {iops_qd128:.0} IOPS vs model {iops_model:.0}"
+    );
+}
+
+#[madsim::test]
+async fn iops_rise_with_queue_depth_until_they_saturate() {
+    let ssd = Arc::new(SimSsd::new(SsdConfig::default(), 3).unwrap());
+    let mut last = 0.0;
+    let mut curve = Vec::new();
+    for qd in [1, 4, 16, 64] {
+        let (iops, _) = random_reads(ssd.clone(), qd, Duration::from_millis(20)).await;
+        curve.push((qd, iops as u64));
+        assert!(iops > last * 1.5, "IOPS did not rise with queue depth: {curve:?}");
+        last = iops;
+    }
+    let (saturated, _) = random_reads(ssd.clone(), 512, Duration::from_millis(20)).await;
+    curve.push((512, saturated as u64));
+    let cap = ssd.config().model_read_iops_max();
+    assert!(saturated <= cap * 1.01, "beyond the controller cap: {curve:?}");
+    assert!(saturated >= cap * 0.9, "never saturates: {curve:?}");
+}
+
+#[madsim::test]
+async fn flush_and_fua_survive_power_loss_and_the_rest_does_not() {
+    let config = SsdConfig {
+        block_size: 512,
+        ..SsdConfig::default()
+    };
+    let ssd = SimSsd::new(config, 1).unwrap();
+    let write = |lba, byte, fua| DevCommand::Write {
+        lba: Lba(lba),
+        data: Bytes::from(vec![byte; 512]),
+        fua,
+    };
+    ssd.submit(0, write(10, 1, false)).await.unwrap();
+    ssd.submit(0, DevCommand::Flush).await.unwrap();
+    ssd.submit(1, write(11, 2, true)).await.unwrap();
+    let t0 = Instant::now();
+    ssd.submit(1, write(12, 3, false)).await.unwrap();
+    assert!(t0.elapsed() < Duration::from_micros(50), "cached write must be fast");
+    ssd.power_loss();
+    assert_eq!(ssd.submit(0, DevCommand::Flush).await.unwrap_err(), DevError::Gone);
+    ssd.power_on();
+    let pool = BufPool::new(1 << 20);
+    let buf = pool.alloc(3 * 512).unwrap();
+    let DevCompletion::Read(buf) = ssd.submit(0, DevCommand::Read { lba: Lba(10), buf }).await.unwrap() else {
+        panic!("read returned no data");
+    };
+    let data = buf.as_ref();
+    assert!(data[..512].iter().all(|&b| b == 1), "flushed write lost");
+    assert!(data[512..1024].iter().all(|&b| b == 2), "FUA write lost");
+    assert!(data[1024..].iter().all(|&b| b == 0), "unflushed write survived power loss");
+}
+
+#[madsim::test]
+async fn bad_commands_get_typed_errors() {
+    let ssd = SimSsd::new(SsdConfig::default(), 1).unwrap();
+    let cap = ssd.geometry().capacity_blocks;
+    let pool = BufPool::new(4 << 20);
+    let past_end = DevCommand::Read { lba: Lba(cap), buf: pool.alloc(4096).unwrap() };
+    assert_eq!(ssd.submit(0, past_end).await.unwrap_err(), DevError::OutOfRange);
+    let odd = DevCommand::Read { lba: Lba(0), buf: pool.alloc(100).unwrap() };
+    assert_eq!(ssd.submit(0, odd).await.unwrap_err(), DevError::Misaligned);
+    let huge = DevCommand::Read { lba: Lba(0), buf: pool.alloc(2 << 20).unwrap() };
+    assert_eq!(ssd.submit(0, huge).await.unwrap_err(), DevError::TooLarge);
+    assert_eq!(ssd.submit(99, DevCommand::Flush).await.unwrap_err(), DevError::BadQueue);
+    let wrap = DevCommand::Deallocate { lba: Lba(u64::MAX), blocks: 2 };
+    assert_eq!(ssd.submit(0, wrap).await.unwrap_err(), DevError::OutOfRange);
+}
