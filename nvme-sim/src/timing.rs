@@ -9,6 +9,12 @@
 //! DRAM cache and are destaged to their die in the background; the cache has a byte
 //! budget, and a write that finds it full waits until destaging frees room.
 //!
+//! Reads have priority over destaging, as on real controllers (program suspend): a
+//! plane keeps two timelines. A read waits only for earlier reads of its plane; the
+//! array time it takes is added to the plane's program timeline, pushing later
+//! destages back. So a destage backlog slows writes (through the cache budget) but
+//! does not put reads behind milliseconds of programs.
+//!
 //! Inputs take `now_ns`; randomness comes from the caller's seeded RNG.
 
 use crate::config::{SsdConfig, UNIT_BYTES};
@@ -20,7 +26,10 @@ use std::collections::BTreeMap;
 pub struct Timing {
     config: SsdConfig,
     controller_free_ns: u64,
+    /// Per plane: busy with reads until.
     die_free_ns: Vec<u64>,
+    /// Per plane: busy with programs (and the reads that suspended them) until.
+    die_program_free_ns: Vec<u64>,
     channel_free_ns: Vec<u64>,
     host_free_ns: u64,
     /// Cache bytes freed at each destage completion time: (time, seq) -> bytes.
@@ -46,6 +55,7 @@ impl Timing {
         let dies = config.dies() as usize;
         Timing {
             die_free_ns: vec![0; dies],
+            die_program_free_ns: vec![0; dies],
             channel_free_ns: vec![0; config.channels as usize],
             config,
             controller_free_ns: 0,
@@ -109,6 +119,9 @@ impl Timing {
             }
             let array_done = issued.max(self.die_free_ns[die]) + t_r;
             self.die_free_ns[die] = array_done;
+            // The read suspends whatever program runs there: destaging slips by tR.
+            let program = &mut self.die_program_free_ns[die];
+            *program = (*program).max(issued) + t_r;
             let ch = die % self.channel_free_ns.len();
             let bus = SsdConfig::transfer_ns(UNIT_BYTES, self.config.channel_bytes_per_sec);
             let bus_done = array_done.max(self.channel_free_ns[ch]) + bus;
@@ -141,8 +154,8 @@ impl Timing {
         for &unit in units {
             let die = self.die_of(unit);
             let t_prog = self.jittered(self.config.program_ns_per_unit, rng);
-            let done = in_cache.max(self.die_free_ns[die]) + t_prog;
-            self.die_free_ns[die] = done;
+            let done = in_cache.max(self.die_program_free_ns[die]) + t_prog;
+            self.die_program_free_ns[die] = done;
             durable = durable.max(done);
         }
         self.seq += 1;
@@ -172,6 +185,7 @@ impl Timing {
         self.controller_free_ns = now_ns;
         self.host_free_ns = now_ns;
         self.die_free_ns.iter_mut().for_each(|t| *t = now_ns);
+        self.die_program_free_ns.iter_mut().for_each(|t| *t = now_ns);
         self.channel_free_ns.iter_mut().for_each(|t| *t = now_ns);
         self.cache_frees.clear();
         self.cache_used_bytes = 0;
@@ -225,6 +239,17 @@ mod tests {
         let f = t.write(0, &[2], true, &mut rng);
         assert!(f.complete_ns >= 2_800_000);
         assert!(t.flush(10) >= w.durable_ns.max(f.durable_ns));
+    }
+
+    #[test]
+    fn reads_are_not_queued_behind_destaging_but_destaging_yields_to_reads() {
+        let mut t = Timing::new(exact());
+        let mut rng = SmallRng::seed_from_u64(1);
+        let programs = t.write(0, &[7; 8], false, &mut rng);
+        let read = t.read(0, &[7], &mut rng);
+        assert!(read < 100_000, "read waited for programs: {read}");
+        let later = t.write(0, &[7], false, &mut rng);
+        assert!(later.durable_ns >= programs.durable_ns + 2_800_000 + 60_000);
     }
 
     #[test]

@@ -1,0 +1,13 @@
+//! weir-sim: seeded scenarios on the simulated fabric and SSDs.
+//!
+//! A [`scenario::Scenario`] describes the cluster, the fabric and a fio-like
+//! workload. Under `--cfg madsim`, [`runner::run`] plays it for one seed, records a
+//! [`history::History`] of every client operation, checks it with [`checker`] and
+//! measures it into a [`report::Report`]. Same seed, same report, byte for byte.
+
+pub mod checker;
+pub mod history;
+pub mod report;
+#[cfg(madsim)]
+pub mod runner;
+pub mod scenario;

@@ -1,0 +1,212 @@
+//! The run report: throughput, latency percentiles, IOPS stability, fabric counters
+//! and checker verdicts. Every figure is measured in the run; nothing is computed
+//! from a formula. The text depends only on the seed and the scenario.
+
+use crate::checker::Verdict;
+use crate::history::{History, OpKind};
+use crate::scenario::{Pattern, Scenario};
+use hdrhistogram::Histogram;
+use std::fmt;
+
+/// Width of the intervals over which IOPS stability is measured.
+pub const INTERVAL_NS: u64 = 10_000_000;
+
+/// Latency percentiles of one kind of operation, in microseconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Latency {
+    /// Operations measured.
+    pub count: u64,
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+    /// Maximum.
+    pub max_us: f64,
+}
+
+impl Latency {
+    fn measure(history: &History, kind: OpKind) -> Latency {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
+        for op in history.ops.iter().filter(|o| o.kind == kind) {
+            if let Some(done) = op.complete_ns {
+                h.saturating_record((done - op.invoke_ns).max(1));
+            }
+        }
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Latency {
+            count: h.len(),
+            p50_us: us(h.value_at_quantile(0.50)),
+            p99_us: us(h.value_at_quantile(0.99)),
+            p999_us: us(h.value_at_quantile(0.999)),
+            max_us: us(h.max()),
+        }
+    }
+}
+
+/// Fabric counters worth a line in the report.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FabricSummary {
+    /// Wire bytes sent by all NICs.
+    pub nic_bytes: u64,
+    /// Packets sent by all NICs.
+    pub nic_packets: u64,
+    /// Deepest switch egress queue seen, bytes.
+    pub switch_queue_bytes_max: u64,
+}
+
+/// The report of one run.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Seed of the run.
+    pub seed: u64,
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Name of the scenario's source.
+    pub scenario_name: String,
+    /// Read latency.
+    pub read: Latency,
+    /// Write latency.
+    pub write: Latency,
+    /// Operations that failed.
+    pub errors: u64,
+    /// Completed operations per second over the run.
+    pub iops: f64,
+    /// Payload megabytes (10^6) per second over the run.
+    pub mb_per_sec: f64,
+    /// Mean of IOPS over 10 ms intervals.
+    pub interval_iops_mean: f64,
+    /// Standard deviation of IOPS over 10 ms intervals.
+    pub interval_iops_stddev: f64,
+    /// Number of whole 10 ms intervals.
+    pub intervals: usize,
+    /// Fabric counters.
+    pub fabric: FabricSummary,
+    /// Checker verdicts.
+    pub verdicts: Vec<Verdict>,
+}
+
+impl Report {
+    /// Measure `history` of a run of `scenario` with `seed`.
+    pub fn new(
+        seed: u64,
+        scenario: &Scenario,
+        scenario_name: &str,
+        history: &History,
+        fabric: FabricSummary,
+        verdicts: Vec<Verdict>,
+    ) -> Report {
+        let duration_ns = scenario.workload.duration_ms * 1_000_000;
+        let done: Vec<u64> = history.ops.iter().filter_map(|o| o.complete_ns).collect();
+        let errors = history.ops.len() as u64 - done.len() as u64;
+        let bytes: u64 = history
+            .ops
+            .iter()
+            .filter(|o| o.complete_ns.is_some())
+            .map(|o| o.values.len() as u64 * u64::from(scenario.cluster.block_size))
+            .sum();
+        let secs = duration_ns as f64 / 1e9;
+        let intervals = (duration_ns / INTERVAL_NS) as usize;
+        let mut per_interval = vec![0u64; intervals];
+        for t in &done {
+            if let Some(slot) = per_interval.get_mut((t / INTERVAL_NS) as usize) {
+                *slot += 1;
+            }
+        }
+        let rates: Vec<f64> = per_interval
+            .iter()
+            .map(|&n| n as f64 * 1e9 / INTERVAL_NS as f64)
+            .collect();
+        let mean = rates.iter().sum::<f64>() / rates.len().max(1) as f64;
+        let var = rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rates.len().max(1) as f64;
+        Report {
+            seed,
+            scenario: scenario.clone(),
+            scenario_name: scenario_name.to_string(),
+            read: Latency::measure(history, OpKind::Read),
+            write: Latency::measure(history, OpKind::Write),
+            errors,
+            iops: done.len() as f64 / secs,
+            mb_per_sec: bytes as f64 / secs / 1e6,
+            interval_iops_mean: mean,
+            interval_iops_stddev: var.sqrt(),
+            intervals,
+            fabric,
+            verdicts,
+        }
+    }
+
+    /// True if every checker passed and no operation failed.
+    pub fn passed(&self) -> bool {
+        self.errors == 0 && self.verdicts.iter().all(Verdict::passed)
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.scenario;
+        let (c, w) = (&s.cluster, &s.workload);
+        writeln!(f, "weir-sim report: scenario {}, seed {}", self.scenario_name, self.seed)?;
+        writeln!(
+            f,
+            "  cluster   {} nodes, {} replicas, {} GiB volume in {} MiB extents, {} B blocks",
+            c.nodes, c.replicas, c.volume_gib, c.extent_mib, c.block_size
+        )?;
+        writeln!(
+            f,
+            "  fabric    star, {} Gb/s links, {} ns propagation, MTU {}",
+            s.fabric.link_gbps, s.fabric.link_delay_ns, s.fabric.mtu_bytes
+        )?;
+        let pattern = match w.pattern {
+            Pattern::Random => "random",
+            Pattern::Sequential => "sequential",
+        };
+        writeln!(
+            f,
+            "  workload  {} B {pattern}, {}% reads, {} clients x QD{}, {} ms simulated",
+            w.block_size, w.read_percent, w.clients, w.queue_depth, w.duration_ms
+        )?;
+        writeln!(f)?;
+        writeln!(
+            f,
+            "  throughput  {:>10.0} IOPS  {:>9.1} MB/s   (reads {}, writes {}, errors {})",
+            self.iops, self.mb_per_sec, self.read.count, self.write.count, self.errors
+        )?;
+        writeln!(f, "  latency us        P50       P99     P99.9       max")?;
+        for (name, l) in [("read", &self.read), ("write", &self.write)] {
+            writeln!(
+                f,
+                "    {name:<8} {:>10.1} {:>9.1} {:>9.1} {:>9.1}",
+                l.p50_us, l.p99_us, l.p999_us, l.max_us
+            )?;
+        }
+        writeln!(
+            f,
+            "  IOPS per 10 ms  mean {:.0}, stddev {:.0} ({:.1}%) over {} intervals",
+            self.interval_iops_mean,
+            self.interval_iops_stddev,
+            100.0 * self.interval_iops_stddev / self.interval_iops_mean.max(1.0),
+            self.intervals
+        )?;
+        writeln!(
+            f,
+            "  fabric  {} packets, {:.1} MB on the wire, deepest switch queue {} KiB",
+            self.fabric.nic_packets,
+            self.fabric.nic_bytes as f64 / 1e6,
+            self.fabric.switch_queue_bytes_max / 1024
+        )?;
+        writeln!(f)?;
+        writeln!(f, "  checkers")?;
+        for v in &self.verdicts {
+            writeln!(f, "    {}", v.render())?;
+        }
+        let verdict = if self.passed() { "PASS" } else { "FAIL" };
+        writeln!(f, "  verdict {verdict}")?;
+        write!(f, "  replay  cargo xtask sim --seed {}", self.seed)?;
+        if self.scenario_name != "default" {
+            write!(f, " --scenario {}", self.scenario_name)?;
+        }
+        writeln!(f)
+    }
+}

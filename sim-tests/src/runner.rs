@@ -1,0 +1,331 @@
+//! The scenario runner: one seed, one madsim runtime, one run.
+//!
+//! Builds the storage nodes (each with a simulated SSD) and the client hosts on the
+//! simulated fabric, runs the workload for its simulated duration while recording
+//! every operation, then reads every written block back from every replica, checks
+//! the history and measures it.
+
+use crate::checker::{check_linearizable, check_no_lost_writes};
+use crate::history::{decode_block, encode_block, History, OpKind, OpRecord, ReplicaRead, Tag, Value};
+use crate::report::{FabricSummary, Report};
+use crate::scenario::{Pattern, Scenario};
+use bytes::Bytes;
+use madsim::rand::{thread_rng, Rng};
+use madsim::runtime::{Handle, Runtime};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use weir_core::client::Volume;
+use weir_core::map::{ClusterMap, VolumeSpec};
+use weir_core::node::Node;
+use weir_core::replication::ReplicationConfig;
+use weir_core::{BufPool, Lba, NodeId, VolumeId};
+use weir_nvme_sim::{SimSsd, SsdConfig};
+use weir_transport_sim::{Fabric, FabricConfig, SimTransport};
+
+/// Node id of the first client host; storage nodes are 1..=N.
+const FIRST_CLIENT: u32 = 1000;
+/// Node id of the host that reads every replica back after the workload.
+const CHECKER_HOST: u32 = 999;
+/// Concurrent reads of the read-back.
+const READBACK_PARALLEL: usize = 64;
+/// Each node's buffer budget for device reads.
+const NODE_POOL_BYTES: usize = 256 << 20;
+
+/// The outcome of one run.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The report.
+    pub report: Report,
+    /// The full history, for determinism checks and debugging.
+    pub history: History,
+}
+
+/// Run `scenario` with `seed`; `name` names the scenario in the report.
+pub fn run(seed: u64, scenario: &Scenario, name: &str) -> Outcome {
+    let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
+    rt.add_simulator::<Fabric>();
+    // A run that makes no progress ends with a panic naming the seed, never a hang.
+    let limit = Duration::from_millis(scenario.workload.duration_ms) + Duration::from_secs(600);
+    rt.set_time_limit(limit);
+    let scenario = scenario.clone();
+    let name = name.to_string();
+    rt.block_on(async move { run_inner(seed, scenario, name).await })
+}
+
+fn build_map(scenario: &Scenario) -> ClusterMap {
+    let c = &scenario.cluster;
+    let bs = u64::from(c.block_size);
+    let volume = VolumeSpec {
+        id: VolumeId(1),
+        block_size: c.block_size,
+        capacity_blocks: (c.volume_gib << 30) / bs,
+        extent_blocks: (c.extent_mib << 20) / bs,
+        max_request_blocks: (1 << 20) / c.block_size,
+    };
+    let nodes = (1..=c.nodes).map(NodeId).collect();
+    ClusterMap::new_static(nodes, volume, c.replicas as usize).expect("validated scenario")
+}
+
+async fn run_inner(seed: u64, scenario: Scenario, name: String) -> Outcome {
+    let fabric = Fabric::current();
+    let f = &scenario.fabric;
+    fabric
+        .configure(FabricConfig {
+            link_bps: f.link_gbps * 1_000_000_000,
+            link_delay_ns: f.link_delay_ns,
+            mtu_bytes: f.mtu_bytes,
+            ..FabricConfig::default()
+        })
+        .expect("validated scenario");
+    let map = build_map(&scenario);
+    let config = ReplicationConfig {
+        bug_skip_last_replica: scenario.bugs.skip_last_replica,
+    };
+    start_nodes(&fabric, &map, config, &scenario);
+
+    let epoch = Instant::now();
+    let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
+    let mut clients = Vec::new();
+    for c in 0..scenario.workload.clients {
+        let transport = Arc::new(fabric.endpoint(NodeId(FIRST_CLIENT + c)).expect("new host"));
+        let (map, spec) = (map.clone(), scenario.clone());
+        let host = Handle::current().create_node().name(format!("client-{c}")).build();
+        clients.push(host.spawn(async move {
+            run_client(transport, map, spec, c as u16, epoch, deadline).await
+        }));
+    }
+    let mut ops = Vec::new();
+    for client in clients {
+        ops.extend(client.await.expect("client task"));
+    }
+    ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
+
+    let checker = Arc::new(fabric.endpoint(NodeId(CHECKER_HOST)).expect("new host"));
+    let replica_reads = read_back(checker, map.clone(), &ops).await;
+    let history = History { ops, replica_reads };
+    let verdicts = vec![
+        check_linearizable(&history),
+        check_no_lost_writes(&history, scenario.cluster.replicas as usize),
+    ];
+    let fabric_summary = summarize(&fabric);
+    let report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
+    Outcome { report, history }
+}
+
+fn start_nodes(fabric: &Arc<Fabric>, map: &ClusterMap, config: ReplicationConfig, s: &Scenario) {
+    for &id in map.nodes() {
+        let transport = Arc::new(fabric.endpoint(id).expect("new host"));
+        let ssd = SsdConfig {
+            block_size: s.cluster.block_size,
+            ..SsdConfig::default()
+        };
+        let ssd = Arc::new(SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config"));
+        let pool = BufPool::new(NODE_POOL_BYTES);
+        let node = Node::new(transport, ssd, map.clone(), config, pool).expect("node fits");
+        let host = Handle::current().create_node().name(format!("node-{}", id.0)).build();
+        host.spawn(async move {
+            if let Err(e) = node.run().await {
+                tracing::error!(error = %e, "node stopped");
+            }
+        });
+    }
+}
+
+fn summarize(fabric: &Fabric) -> FabricSummary {
+    let mut sum = FabricSummary::default();
+    for (_, nic, switch) in fabric.port_stats() {
+        sum.nic_bytes += nic.bytes;
+        sum.nic_packets += nic.packets;
+        sum.switch_queue_bytes_max = sum.switch_queue_bytes_max.max(switch.queue_bytes_max);
+    }
+    sum
+}
+
+async fn run_client(
+    transport: Arc<SimTransport>,
+    map: ClusterMap,
+    spec: Scenario,
+    client: u16,
+    epoch: Instant,
+    deadline: Instant,
+) -> Vec<OpRecord> {
+    let volume = Volume::open(transport, map);
+    let seq = Arc::new(AtomicU64::new(0));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut workers = Vec::new();
+    for w in 0..spec.workload.queue_depth {
+        let (volume, spec, seq, log) = (volume.clone(), spec.clone(), seq.clone(), log.clone());
+        workers.push(tokio::spawn(async move {
+            let worker = Worker {
+                volume,
+                spec,
+                client,
+                index: w,
+                seq,
+                epoch,
+            };
+            worker.run(deadline, log).await
+        }));
+    }
+    for w in workers {
+        w.await.expect("worker task");
+    }
+    let mut log = log.lock().expect("log lock");
+    std::mem::take(&mut *log)
+}
+
+struct Worker {
+    volume: Arc<Volume<SimTransport>>,
+    spec: Scenario,
+    client: u16,
+    index: u32,
+    seq: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+impl Worker {
+    fn now_ns(&self) -> u64 {
+        (Instant::now() - self.epoch).as_nanos() as u64
+    }
+
+    async fn run(self, deadline: Instant, log: Arc<Mutex<Vec<OpRecord>>>) {
+        let w = &self.spec.workload;
+        let bs = u64::from(self.spec.cluster.block_size);
+        let req_blocks = u64::from(w.block_size) / bs;
+        let capacity = self.volume.map().volume().capacity_blocks;
+        let slots = capacity / req_blocks;
+        // Sequential workers each stream through a region of their own.
+        let workers = u64::from(w.clients * w.queue_depth);
+        let me = u64::from(self.client) * u64::from(w.queue_depth) + u64::from(self.index);
+        let region = (slots / workers).max(1);
+        let mut cursor = 0u64;
+        while Instant::now() < deadline {
+            let slot = match w.pattern {
+                Pattern::Random => thread_rng().gen_range(0..slots),
+                Pattern::Sequential => {
+                    cursor += 1;
+                    (me * region + cursor % region) % slots
+                }
+            };
+            let lba = slot * req_blocks;
+            let is_read = thread_rng().gen_range(0..100) < w.read_percent;
+            let record = if is_read {
+                self.read(lba, req_blocks).await
+            } else {
+                self.write(lba, req_blocks, bs as usize).await
+            };
+            log.lock().expect("log lock").push(record);
+        }
+    }
+
+    async fn read(&self, lba: u64, blocks: u64) -> OpRecord {
+        let invoke_ns = self.now_ns();
+        let result = self.volume.read(Lba(lba), blocks).await;
+        let complete_ns = self.now_ns();
+        let bs = self.volume.block_size();
+        let (values, complete_ns) = match result {
+            Ok(data) => {
+                let values = data
+                    .chunks_exact(bs)
+                    .enumerate()
+                    .map(|(i, b)| decode_block(b, lba + i as u64))
+                    .collect();
+                (values, Some(complete_ns))
+            }
+            Err(e) => {
+                tracing::warn!(lba, error = %e, "read failed");
+                (Vec::new(), None)
+            }
+        };
+        OpRecord {
+            client: self.client,
+            kind: OpKind::Read,
+            lba,
+            values,
+            invoke_ns,
+            complete_ns,
+        }
+    }
+
+    async fn write(&self, lba: u64, blocks: u64, bs: usize) -> OpRecord {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut data = vec![0u8; blocks as usize * bs];
+        let mut values = Vec::with_capacity(blocks as usize);
+        for (i, block) in data.chunks_exact_mut(bs).enumerate() {
+            let tag = Tag::new(self.client, seq, i as u8);
+            encode_block(block, tag, lba + i as u64);
+            values.push(Value::Tag(tag));
+        }
+        let invoke_ns = self.now_ns();
+        let result = self.volume.write(Lba(lba), Bytes::from(data), false).await;
+        let complete_ns = match result {
+            Ok(()) => Some(self.now_ns()),
+            Err(e) => {
+                tracing::warn!(lba, error = %e, "write failed");
+                None
+            }
+        };
+        OpRecord {
+            client: self.client,
+            kind: OpKind::Write,
+            lba,
+            values,
+            invoke_ns,
+            complete_ns,
+        }
+    }
+}
+
+/// Read every written block from every replica that should hold it.
+async fn read_back(transport: Arc<SimTransport>, map: ClusterMap, ops: &[OpRecord]) -> Vec<ReplicaRead> {
+    let written: BTreeSet<u64> = ops
+        .iter()
+        .filter(|o| o.kind == OpKind::Write)
+        .flat_map(|o| o.lba..o.lba + o.values.len() as u64)
+        .collect();
+    let mut work: Vec<(u64, NodeId)> = Vec::new();
+    for &lba in &written {
+        for &node in &map.extent(map.extent_of(Lba(lba))).replicas {
+            work.push((lba, node));
+        }
+    }
+    let host = Handle::current().create_node().name("checker").build();
+    host.spawn(async move {
+        let volume = Volume::open(transport, map);
+        let work = Arc::new(Mutex::new(work.into_iter()));
+        let results = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
+        for _ in 0..READBACK_PARALLEL {
+            let (volume, work, results) = (volume.clone(), work.clone(), results.clone());
+            readers.push(tokio::spawn(async move {
+                loop {
+                    let next = work.lock().expect("work lock").next();
+                    let Some((lba, node)) = next else { break };
+                    let value = match volume.scrub_read(node, Lba(lba), 1).await {
+                        Ok(data) => Some(decode_block(&data, lba)),
+                        Err(e) => {
+                            tracing::warn!(lba, %node, error = %e, "read-back failed");
+                            None
+                        }
+                    };
+                    results.lock().expect("results lock").push(ReplicaRead {
+                        lba,
+                        node: node.0,
+                        value,
+                    });
+                }
+            }));
+        }
+        for r in readers {
+            r.await.expect("reader task");
+        }
+        let mut results = std::mem::take(&mut *results.lock().expect("results lock"));
+        results.sort_by_key(|r| (r.lba, r.node));
+        results
+    })
+    .await
+    .expect("checker task")
+}

@@ -1,0 +1,228 @@
+//! Scenario specs: the cluster, the fabric and a fio-like workload, read from TOML.
+//! Every field has a default; unknown keys are errors, so a typo cannot pass silently.
+
+use serde::Deserialize;
+
+/// The scenario `cargo xtask sim` runs when given none.
+pub const DEFAULT_SCENARIO: &str = include_str!("../scenarios/default.toml");
+
+/// A whole scenario.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scenario {
+    /// The cluster under test.
+    pub cluster: ClusterSpec,
+    /// What the clients do.
+    pub workload: WorkloadSpec,
+    /// The simulated network.
+    pub fabric: FabricSpec,
+    /// Deliberate bugs, to prove the checkers can fail.
+    pub bugs: BugSpec,
+}
+
+/// Cluster shape.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSpec {
+    /// Storage nodes.
+    pub nodes: u32,
+    /// Replicas per extent.
+    pub replicas: u32,
+    /// Volume block size in bytes (512 or 4096).
+    pub block_size: u32,
+    /// Volume size in GiB.
+    pub volume_gib: u64,
+    /// Extent size in MiB.
+    pub extent_mib: u64,
+}
+
+impl Default for ClusterSpec {
+    fn default() -> Self {
+        ClusterSpec {
+            nodes: 3,
+            replicas: 3,
+            block_size: 4096,
+            volume_gib: 4,
+            extent_mib: 64,
+        }
+    }
+}
+
+/// Access pattern.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Pattern {
+    /// Uniformly random, request-aligned offsets.
+    Random,
+    /// Each worker streams through its own region.
+    Sequential,
+}
+
+/// A fio-like workload.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkloadSpec {
+    /// Random or sequential.
+    pub pattern: Pattern,
+    /// Percent of requests that are reads.
+    pub read_percent: u32,
+    /// Bytes per request.
+    pub block_size: u32,
+    /// Outstanding requests per client.
+    pub queue_depth: u32,
+    /// Client hosts.
+    pub clients: u32,
+    /// Simulated run time in milliseconds.
+    pub duration_ms: u64,
+}
+
+impl Default for WorkloadSpec {
+    fn default() -> Self {
+        WorkloadSpec {
+            pattern: Pattern::Random,
+            read_percent: 70,
+            block_size: 4096,
+            queue_depth: 32,
+            clients: 2,
+            duration_ms: 200,
+        }
+    }
+}
+
+/// Fabric parameters.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FabricSpec {
+    /// Link rate, Gb/s.
+    pub link_gbps: u64,
+    /// One-way link propagation delay, ns.
+    pub link_delay_ns: u64,
+    /// Packet payload size.
+    pub mtu_bytes: u32,
+}
+
+impl Default for FabricSpec {
+    fn default() -> Self {
+        FabricSpec {
+            link_gbps: 100,
+            link_delay_ns: 1000,
+            mtu_bytes: 4096,
+        }
+    }
+}
+
+/// Test-only deliberate bugs.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BugSpec {
+    /// Primaries skip forwarding writes to the last replica of each extent.
+    pub skip_last_replica: bool,
+}
+
+/// A scenario that cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The TOML does not parse or has unknown keys.
+    #[error("scenario {source_name}: {error}")]
+    Parse {
+        /// File name or "default".
+        source_name: String,
+        /// What is wrong, with its key and position.
+        error: toml::de::Error,
+    },
+    /// A value is out of range.
+    #[error("scenario {source_name}: `{key}` {why}")]
+    Invalid {
+        /// File name or "default".
+        source_name: String,
+        /// The offending key.
+        key: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+impl Scenario {
+    /// Parse and validate `text`; `source_name` names it in errors.
+    pub fn parse(text: &str, source_name: &str) -> Result<Scenario, ScenarioError> {
+        let scenario: Scenario = toml::from_str(text).map_err(|error| ScenarioError::Parse {
+            source_name: source_name.to_string(),
+            error,
+        })?;
+        scenario.validate().map_err(|(key, why)| ScenarioError::Invalid {
+            source_name: source_name.to_string(),
+            key,
+            why,
+        })?;
+        Ok(scenario)
+    }
+
+    /// The embedded default scenario.
+    pub fn default_scenario() -> Scenario {
+        Scenario::parse(DEFAULT_SCENARIO, "default").expect("the embedded scenario is valid")
+    }
+
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let c = &self.cluster;
+        let w = &self.workload;
+        let bad = |key, why: &str| Err((key, why.to_string()));
+        if c.replicas == 0 || c.replicas > c.nodes {
+            return bad("cluster.replicas", "must be between 1 and cluster.nodes");
+        }
+        if c.nodes > 64 {
+            return bad("cluster.nodes", "must be at most 64");
+        }
+        if !matches!(c.block_size, 512 | 4096) {
+            return bad("cluster.block_size", "must be 512 or 4096");
+        }
+        if c.volume_gib == 0 || c.volume_gib > 1024 {
+            return bad("cluster.volume_gib", "must be between 1 and 1024");
+        }
+        if c.extent_mib == 0 || c.extent_mib * 1024 > c.volume_gib * 1024 * 1024 {
+            return bad("cluster.extent_mib", "must be between 1 and the volume size");
+        }
+        if w.read_percent > 100 {
+            return bad("workload.read_percent", "must be at most 100");
+        }
+        if w.block_size == 0 || w.block_size % c.block_size != 0 || w.block_size > 1 << 20 {
+            return bad(
+                "workload.block_size",
+                "must be a multiple of cluster.block_size, at most 1 MiB",
+            );
+        }
+        if w.queue_depth == 0 || w.queue_depth > 1024 {
+            return bad("workload.queue_depth", "must be between 1 and 1024");
+        }
+        if w.clients == 0 || w.clients > 256 {
+            return bad("workload.clients", "must be between 1 and 256");
+        }
+        if w.duration_ms == 0 || w.duration_ms > 60_000 {
+            return bad("workload.duration_ms", "must be between 1 and 60000");
+        }
+        if self.fabric.link_gbps == 0 || self.fabric.link_gbps > 1600 {
+            return bad("fabric.link_gbps", "must be between 1 and 1600");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_scenario_parses() {
+        let s = Scenario::default_scenario();
+        assert_eq!(s, Scenario::default());
+    }
+
+    #[test]
+    fn bad_scenarios_name_the_key() {
+        let err = Scenario::parse("[workload]\nqueue_dept = 3\n", "x.toml").unwrap_err();
+        assert!(err.to_string().contains("queue_dept"), "{err}");
+        let err = Scenario::parse("[cluster]\nreplicas = 4\n", "x.toml").unwrap_err();
+        assert!(err.to_string().contains("cluster.replicas"), "{err}");
+        let err = Scenario::parse("[workload]\nblock_size = 1000\n", "x.toml").unwrap_err();
+        assert!(err.to_string().contains("workload.block_size"), "{err}");
+    }
+}
