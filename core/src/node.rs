@@ -96,7 +96,11 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(IoId, IoResult)>();
         loop {
             self.drain_actions(&done_tx).await?;
+            // `biased`: device completions first (they free resources), and no draw
+            // from tokio's unseeded thread-local RNG, which would break determinism.
             tokio::select! {
+                biased;
+                Some((io, result)) = done_rx.recv() => self.engine.handle_io(io, result),
                 frame = self.transport.recv() => {
                     let (from, frame) = frame?;
                     match Message::decode(&frame) {
@@ -104,7 +108,6 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         Err(e) => tracing::warn!(%from, error = %e, "undecodable frame dropped"),
                     }
                 }
-                Some((io, result)) = done_rx.recv() => self.engine.handle_io(io, result),
             }
         }
     }

@@ -150,8 +150,8 @@ impl fmt::Display for Report {
         writeln!(f, "weir-sim report: scenario {}, seed {}", self.scenario_name, self.seed)?;
         writeln!(
             f,
-            "  cluster   {} nodes, {} replicas, {} GiB volume in {} MiB extents, {} B blocks",
-            c.nodes, c.replicas, c.volume_gib, c.extent_mib, c.block_size
+            "  cluster   {} nodes, {} replicas, {} MiB volume in {} MiB extents, {} B blocks",
+            c.nodes, c.replicas, c.volume_mib, c.extent_mib, c.block_size
         )?;
         writeln!(
             f,

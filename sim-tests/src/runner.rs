@@ -44,7 +44,20 @@ pub struct Outcome {
 }
 
 /// Run `scenario` with `seed`; `name` names the scenario in the report.
+///
+/// The run gets a thread of its own, so no thread-local state (RNG seeds, hasher
+/// keys) carries over from an earlier run in the same process.
 pub fn run(seed: u64, scenario: &Scenario, name: &str) -> Outcome {
+    let (scenario, name) = (scenario.clone(), name.to_string());
+    std::thread::spawn(move || run_here(seed, &scenario, &name))
+        .join()
+        .unwrap_or_else(|panic| {
+            eprintln!("note: replay with `cargo xtask sim --seed {seed}`");
+            std::panic::resume_unwind(panic)
+        })
+}
+
+fn run_here(seed: u64, scenario: &Scenario, name: &str) -> Outcome {
     let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
     rt.add_simulator::<Fabric>();
     // A run that makes no progress ends with a panic naming the seed, never a hang.
@@ -61,7 +74,7 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
     let volume = VolumeSpec {
         id: VolumeId(1),
         block_size: c.block_size,
-        capacity_blocks: (c.volume_gib << 30) / bs,
+        capacity_blocks: (c.volume_mib << 20) / bs,
         extent_blocks: (c.extent_mib << 20) / bs,
         max_request_blocks: (1 << 20) / c.block_size,
     };

@@ -30,8 +30,8 @@ pub struct ClusterSpec {
     pub replicas: u32,
     /// Volume block size in bytes (512 or 4096).
     pub block_size: u32,
-    /// Volume size in GiB.
-    pub volume_gib: u64,
+    /// Volume size in MiB.
+    pub volume_mib: u64,
     /// Extent size in MiB.
     pub extent_mib: u64,
 }
@@ -42,7 +42,7 @@ impl Default for ClusterSpec {
             nodes: 3,
             replicas: 3,
             block_size: 4096,
-            volume_gib: 4,
+            volume_mib: 4096,
             extent_mib: 64,
         }
     }
@@ -175,19 +175,24 @@ impl Scenario {
         if !matches!(c.block_size, 512 | 4096) {
             return bad("cluster.block_size", "must be 512 or 4096");
         }
-        if c.volume_gib == 0 || c.volume_gib > 1024 {
-            return bad("cluster.volume_gib", "must be between 1 and 1024");
+        if c.volume_mib == 0 || c.volume_mib > 1 << 20 {
+            return bad("cluster.volume_mib", "must be between 1 and 1048576 (1 TiB)");
         }
-        if c.extent_mib == 0 || c.extent_mib * 1024 > c.volume_gib * 1024 * 1024 {
+        if c.extent_mib == 0 || c.extent_mib > c.volume_mib {
             return bad("cluster.extent_mib", "must be between 1 and the volume size");
         }
         if w.read_percent > 100 {
             return bad("workload.read_percent", "must be at most 100");
         }
-        if w.block_size == 0 || w.block_size % c.block_size != 0 || w.block_size > 1 << 20 {
+        // Tags number the blocks of one request in a byte.
+        if w.block_size == 0
+            || w.block_size % c.block_size != 0
+            || w.block_size / c.block_size > 256
+            || u64::from(w.block_size) > c.volume_mib << 20
+        {
             return bad(
                 "workload.block_size",
-                "must be a multiple of cluster.block_size, at most 1 MiB",
+                "must be 1 to 256 times cluster.block_size, and fit in the volume",
             );
         }
         if w.queue_depth == 0 || w.queue_depth > 1024 {

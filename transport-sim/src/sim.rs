@@ -140,7 +140,10 @@ impl Fabric {
             match next {
                 Some(at) => {
                     let deadline = self.epoch + std::time::Duration::from_nanos(at);
+                    // `biased`: tokio's default random branch order would draw from a
+                    // thread-local RNG that madsim does not seed.
                     tokio::select! {
+                        biased;
                         _ = sleep_until_exact(deadline) => {}
                         _ = self.wake.notified() => {}
                     }
