@@ -101,7 +101,7 @@ impl<T: Transport> Volume<T> {
     /// Write `data` (whole blocks) at `lba`.
     pub async fn write(&self, lba: Lba, data: Bytes, fua: bool) -> Result<(), ClientError> {
         let blocks = (data.len() / self.block_size()) as u64;
-        if data.is_empty() || data.len() % self.block_size() != 0 {
+        if data.is_empty() || !data.len().is_multiple_of(self.block_size()) {
             let v = self.map.volume();
             return Err(WeirError::BadLength {
                 len: data.len() as u64,

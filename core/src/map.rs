@@ -182,7 +182,7 @@ impl ClusterMap {
     pub fn blocks_in(&self, len: usize) -> Result<u64, WeirError> {
         let v = &self.volume;
         let bs = v.block_size as usize;
-        if len == 0 || len % bs != 0 || len > (v.max_request_blocks as usize) * bs {
+        if len == 0 || !len.is_multiple_of(bs) || len > (v.max_request_blocks as usize) * bs {
             return Err(WeirError::BadLength {
                 len: len as u64,
                 block_size: v.block_size,
@@ -215,7 +215,10 @@ mod tests {
         assert_eq!(m.extent_count(), 4);
         let primaries: Vec<_> = (0..4).map(|e| m.extent(ExtentId(e)).primary()).collect();
         assert_eq!(primaries, vec![NodeId(1), NodeId(2), NodeId(3), NodeId(4)]);
-        assert_eq!(m.extent(ExtentId(3)).replicas, vec![NodeId(4), NodeId(1), NodeId(2)]);
+        assert_eq!(
+            m.extent(ExtentId(3)).replicas,
+            vec![NodeId(4), NodeId(1), NodeId(2)]
+        );
         assert_eq!(m.extent_end(ExtentId(3)), Lba(1000));
     }
 
@@ -223,12 +226,30 @@ mod tests {
     fn locate_rejects_bad_requests() {
         let m = map();
         assert_eq!(m.locate(VolumeId(1), Lba(255), 1), Ok(ExtentId(0)));
-        assert_eq!(m.locate(VolumeId(1), Lba(255), 2), Err(WeirError::CrossesExtent));
-        assert_eq!(m.locate(VolumeId(2), Lba(0), 1), Err(WeirError::UnknownVolume(VolumeId(2))));
-        assert!(matches!(m.locate(VolumeId(1), Lba(999), 2), Err(WeirError::OutOfRange { .. })));
-        assert!(matches!(m.locate(VolumeId(1), Lba(u64::MAX), 1), Err(WeirError::OutOfRange { .. })));
-        assert!(matches!(m.locate(VolumeId(1), Lba(0), 0), Err(WeirError::BadLength { .. })));
-        assert!(matches!(m.locate(VolumeId(1), Lba(0), 65), Err(WeirError::BadLength { .. })));
+        assert_eq!(
+            m.locate(VolumeId(1), Lba(255), 2),
+            Err(WeirError::CrossesExtent)
+        );
+        assert_eq!(
+            m.locate(VolumeId(2), Lba(0), 1),
+            Err(WeirError::UnknownVolume(VolumeId(2)))
+        );
+        assert!(matches!(
+            m.locate(VolumeId(1), Lba(999), 2),
+            Err(WeirError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            m.locate(VolumeId(1), Lba(u64::MAX), 1),
+            Err(WeirError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            m.locate(VolumeId(1), Lba(0), 0),
+            Err(WeirError::BadLength { .. })
+        ));
+        assert!(matches!(
+            m.locate(VolumeId(1), Lba(0), 65),
+            Err(WeirError::BadLength { .. })
+        ));
         assert!(m.blocks_in(4095).is_err());
         assert_eq!(m.blocks_in(8192), Ok(2));
     }
@@ -237,6 +258,12 @@ mod tests {
     fn too_few_nodes_is_an_error() {
         let volume = map().volume;
         let err = ClusterMap::new_static(vec![NodeId(1), NodeId(2)], volume, 3).unwrap_err();
-        assert_eq!(err, MapError::TooFewNodes { replicas: 3, nodes: 2 });
+        assert_eq!(
+            err,
+            MapError::TooFewNodes {
+                replicas: 3,
+                nodes: 2
+            }
+        );
     }
 }

@@ -62,7 +62,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     ) -> Result<Self, NodeError> {
         let geometry = device.geometry();
         let volume = *map.volume();
-        if volume.block_size % geometry.block_size != 0 {
+        if !volume.block_size.is_multiple_of(geometry.block_size) {
             return Err(NodeError::BlockSize {
                 volume: volume.block_size,
                 device: geometry.block_size,

@@ -99,7 +99,7 @@ impl SsdConfig {
             return fail("queues/queue_depth", "must be > 0");
         }
         if self.max_transfer_bytes < self.block_size
-            || self.max_transfer_bytes % self.block_size != 0
+            || !self.max_transfer_bytes.is_multiple_of(self.block_size)
         {
             return fail("max_transfer_bytes", "must be a multiple of the block size");
         }

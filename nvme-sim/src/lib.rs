@@ -120,7 +120,7 @@ impl SimSsd {
 
     fn blocks_of(&self, len: usize) -> Result<u64, DevError> {
         let bs = self.config.block_size as usize;
-        if len == 0 || len % bs != 0 {
+        if len == 0 || !len.is_multiple_of(bs) {
             return Err(DevError::Misaligned);
         }
         Ok((len / bs) as u64)
@@ -147,7 +147,9 @@ impl SimSsd {
             DevCommand::Write { lba, data, fua } => {
                 let blocks = self.blocks_of(data.len())?;
                 self.geometry.check_range(lba, blocks)?;
-                let t = s.timing.write(now, &self.units(lba, blocks), fua, &mut s.rng);
+                let t = s
+                    .timing
+                    .write(now, &self.units(lba, blocks), fua, &mut s.rng);
                 s.store.write(lba.0, &data, t.durable_ns);
                 Ok((t.complete_ns, DevCompletion::Done))
             }
@@ -167,7 +169,10 @@ impl BlockDevice for SimSsd {
     }
 
     async fn submit(&self, queue: u16, cmd: DevCommand) -> Result<DevCompletion, DevError> {
-        let slots = self.slots.get(usize::from(queue)).ok_or(DevError::BadQueue)?;
+        let slots = self
+            .slots
+            .get(usize::from(queue))
+            .ok_or(DevError::BadQueue)?;
         let _slot = slots.acquire().await.map_err(|_| DevError::Gone)?;
         let (done_ns, completion) = self.schedule(cmd)?;
         sleep_until_exact(self.epoch + Duration::from_nanos(done_ns)).await;

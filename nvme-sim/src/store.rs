@@ -126,7 +126,10 @@ mod tests {
         s.power_loss();
         let mut out = vec![9; 512 * 3];
         s.read(0, &mut out);
-        assert!(out[..512].iter().all(|&b| b == 1), "destaged block survives");
+        assert!(
+            out[..512].iter().all(|&b| b == 1),
+            "destaged block survives"
+        );
         assert!(out[512..].iter().all(|&b| b == 0), "cached blocks are lost");
     }
 

@@ -91,8 +91,7 @@ impl Timing {
 
     fn host_transfer(&mut self, ready_ns: u64, bytes: u64) -> u64 {
         let start = ready_ns.max(self.host_free_ns);
-        self.host_free_ns =
-            start + SsdConfig::transfer_ns(bytes, self.config.host_bytes_per_sec);
+        self.host_free_ns = start + SsdConfig::transfer_ns(bytes, self.config.host_bytes_per_sec);
         self.host_free_ns
     }
 
@@ -133,7 +132,13 @@ impl Timing {
     }
 
     /// A write of the 4 KiB units `units`; FUA writes complete when durable.
-    pub fn write(&mut self, now_ns: u64, units: &[u64], fua: bool, rng: &mut impl Rng) -> WriteTimes {
+    pub fn write(
+        &mut self,
+        now_ns: u64,
+        units: &[u64],
+        fua: bool,
+        rng: &mut impl Rng,
+    ) -> WriteTimes {
         let issued = self.controller(now_ns);
         let bytes = units.len() as u64 * UNIT_BYTES;
         let received = self.host_transfer(issued, bytes);
@@ -185,7 +190,9 @@ impl Timing {
         self.controller_free_ns = now_ns;
         self.host_free_ns = now_ns;
         self.die_free_ns.iter_mut().for_each(|t| *t = now_ns);
-        self.die_program_free_ns.iter_mut().for_each(|t| *t = now_ns);
+        self.die_program_free_ns
+            .iter_mut()
+            .for_each(|t| *t = now_ns);
         self.channel_free_ns.iter_mut().for_each(|t| *t = now_ns);
         self.cache_frees.clear();
         self.cache_used_bytes = 0;
@@ -226,7 +233,11 @@ mod tests {
         let mut t = Timing::new(exact());
         let a = t.read(0, &[7], &mut rng);
         let b = t.read(0, &[other], &mut rng);
-        assert_eq!(b, a + 1_000, "different dies overlap but for the controller");
+        assert_eq!(
+            b,
+            a + 1_000,
+            "different dies overlap but for the controller"
+        );
     }
 
     #[test]

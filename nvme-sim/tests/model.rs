@@ -80,13 +80,19 @@ async fn iops_rise_with_queue_depth_until_they_saturate() {
     for qd in [1, 4, 16, 64] {
         let (iops, _) = random_reads(ssd.clone(), qd, Duration::from_millis(20)).await;
         curve.push((qd, iops as u64));
-        assert!(iops > last * 1.5, "IOPS did not rise with queue depth: {curve:?}");
+        assert!(
+            iops > last * 1.5,
+            "IOPS did not rise with queue depth: {curve:?}"
+        );
         last = iops;
     }
     let (saturated, _) = random_reads(ssd.clone(), 512, Duration::from_millis(20)).await;
     curve.push((512, saturated as u64));
     let cap = ssd.config().model_read_iops_max();
-    assert!(saturated <= cap * 1.01, "beyond the controller cap: {curve:?}");
+    assert!(
+        saturated <= cap * 1.01,
+        "beyond the controller cap: {curve:?}"
+    );
     assert!(saturated >= cap * 0.9, "never saturates: {curve:?}");
 }
 
@@ -107,19 +113,32 @@ async fn flush_and_fua_survive_power_loss_and_the_rest_does_not() {
     ssd.submit(1, write(11, 2, true)).await.unwrap();
     let t0 = Instant::now();
     ssd.submit(1, write(12, 3, false)).await.unwrap();
-    assert!(t0.elapsed() < Duration::from_micros(50), "cached write must be fast");
+    assert!(
+        t0.elapsed() < Duration::from_micros(50),
+        "cached write must be fast"
+    );
     ssd.power_loss();
-    assert_eq!(ssd.submit(0, DevCommand::Flush).await.unwrap_err(), DevError::Gone);
+    assert_eq!(
+        ssd.submit(0, DevCommand::Flush).await.unwrap_err(),
+        DevError::Gone
+    );
     ssd.power_on();
     let pool = BufPool::new(1 << 20);
     let buf = pool.alloc(3 * 512).unwrap();
-    let DevCompletion::Read(buf) = ssd.submit(0, DevCommand::Read { lba: Lba(10), buf }).await.unwrap() else {
+    let DevCompletion::Read(buf) = ssd
+        .submit(0, DevCommand::Read { lba: Lba(10), buf })
+        .await
+        .unwrap()
+    else {
         panic!("read returned no data");
     };
     let data = buf.as_ref();
     assert!(data[..512].iter().all(|&b| b == 1), "flushed write lost");
     assert!(data[512..1024].iter().all(|&b| b == 2), "FUA write lost");
-    assert!(data[1024..].iter().all(|&b| b == 0), "unflushed write survived power loss");
+    assert!(
+        data[1024..].iter().all(|&b| b == 0),
+        "unflushed write survived power loss"
+    );
 }
 
 #[madsim::test]
@@ -127,13 +146,31 @@ async fn bad_commands_get_typed_errors() {
     let ssd = SimSsd::new(SsdConfig::default(), 1).unwrap();
     let cap = ssd.geometry().capacity_blocks;
     let pool = BufPool::new(4 << 20);
-    let past_end = DevCommand::Read { lba: Lba(cap), buf: pool.alloc(4096).unwrap() };
-    assert_eq!(ssd.submit(0, past_end).await.unwrap_err(), DevError::OutOfRange);
-    let odd = DevCommand::Read { lba: Lba(0), buf: pool.alloc(100).unwrap() };
+    let past_end = DevCommand::Read {
+        lba: Lba(cap),
+        buf: pool.alloc(4096).unwrap(),
+    };
+    assert_eq!(
+        ssd.submit(0, past_end).await.unwrap_err(),
+        DevError::OutOfRange
+    );
+    let odd = DevCommand::Read {
+        lba: Lba(0),
+        buf: pool.alloc(100).unwrap(),
+    };
     assert_eq!(ssd.submit(0, odd).await.unwrap_err(), DevError::Misaligned);
-    let huge = DevCommand::Read { lba: Lba(0), buf: pool.alloc(2 << 20).unwrap() };
+    let huge = DevCommand::Read {
+        lba: Lba(0),
+        buf: pool.alloc(2 << 20).unwrap(),
+    };
     assert_eq!(ssd.submit(0, huge).await.unwrap_err(), DevError::TooLarge);
-    assert_eq!(ssd.submit(99, DevCommand::Flush).await.unwrap_err(), DevError::BadQueue);
-    let wrap = DevCommand::Deallocate { lba: Lba(u64::MAX), blocks: 2 };
+    assert_eq!(
+        ssd.submit(99, DevCommand::Flush).await.unwrap_err(),
+        DevError::BadQueue
+    );
+    let wrap = DevCommand::Deallocate {
+        lba: Lba(u64::MAX),
+        blocks: 2,
+    };
     assert_eq!(ssd.submit(0, wrap).await.unwrap_err(), DevError::OutOfRange);
 }

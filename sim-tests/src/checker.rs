@@ -217,7 +217,10 @@ pub fn check_no_lost_writes(history: &History, replicas: usize) -> Verdict {
     let mut violations = Vec::new();
     let mut reads_by_block: BTreeMap<u64, Vec<(u32, Option<Value>)>> = BTreeMap::new();
     for r in &history.replica_reads {
-        reads_by_block.entry(r.lba).or_default().push((r.node, r.value));
+        reads_by_block
+            .entry(r.lba)
+            .or_default()
+            .push((r.node, r.value));
     }
     let mut written = 0usize;
     for (&lba, ops) in &blocks {
@@ -252,7 +255,9 @@ pub fn check_no_lost_writes(history: &History, replicas: usize) -> Verdict {
                 None => violations.push(format!("block {lba}: replica n{node} could not be read")),
                 Some(v) if !allowed(&v) => {
                     let lost = latest.map(|w| {
-                        let Value::Tag(t) = w.value else { unreachable!() };
+                        let Value::Tag(t) = w.value else {
+                            unreachable!()
+                        };
                         describe_write(t, Some(w))
                     });
                     violations.push(format!(
@@ -269,9 +274,14 @@ pub fn check_no_lost_writes(history: &History, replicas: usize) -> Verdict {
             if values.any(|v| v != first) {
                 let all: Vec<String> = copies
                     .iter()
-                    .map(|(n, v)| format!("n{n}: {}", v.map_or("unreadable".into(), |v| v.to_string())))
+                    .map(|(n, v)| {
+                        format!("n{n}: {}", v.map_or("unreadable".into(), |v| v.to_string()))
+                    })
                     .collect();
-                violations.push(format!("block {lba}: replicas diverge ({})", all.join(", ")));
+                violations.push(format!(
+                    "block {lba}: replicas diverge ({})",
+                    all.join(", ")
+                ));
             }
         }
     }
@@ -338,7 +348,11 @@ mod tests {
 
     #[test]
     fn a_stale_read_fails() {
-        let h = hist(vec![w(0, 1, 5, 0, 10), w(0, 2, 5, 11, 20), r(t(0, 1), 5, 21, 22)]);
+        let h = hist(vec![
+            w(0, 1, 5, 0, 10),
+            w(0, 2, 5, 11, 20),
+            r(t(0, 1), 5, 21, 22),
+        ]);
         let v = check_linearizable(&h);
         assert!(!v.passed());
         assert!(v.violations[0].contains("block 5"), "{}", v.render());
@@ -383,10 +397,17 @@ mod tests {
         });
         let v = check_no_lost_writes(&h, 3);
         assert_eq!(v.violations.len(), 2, "{}", v.render());
-        assert!(v.violations[1].contains("replicas diverge"), "{}", v.render());
+        assert!(
+            v.violations[1].contains("replicas diverge"),
+            "{}",
+            v.render()
+        );
         let msg = &v.violations[0];
         assert!(msg.contains("block 7") && msg.contains("n3"), "{msg}");
-        assert!(msg.contains("holds c0#1.0") && msg.contains("c1#1.0"), "{msg}");
+        assert!(
+            msg.contains("holds c0#1.0") && msg.contains("c1#1.0"),
+            "{msg}"
+        );
     }
 
     #[test]

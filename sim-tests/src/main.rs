@@ -31,7 +31,10 @@ fn main() -> ExitCode {
         .init();
     let args = Args::parse();
     let (text, name) = match &args.scenario {
-        None => (weir_sim::scenario::DEFAULT_SCENARIO.to_string(), "default".to_string()),
+        None => (
+            weir_sim::scenario::DEFAULT_SCENARIO.to_string(),
+            "default".to_string(),
+        ),
         Some(path) => match std::fs::read_to_string(path) {
             Ok(text) => (text, path.display().to_string()),
             Err(e) => {
@@ -64,7 +67,10 @@ fn run(args: &Args, scenario: &weir_sim::scenario::Scenario, name: &str) -> Exit
     if args.check_determinism {
         let again = weir_sim::runner::run(args.seed, scenario, name);
         if again.report.to_string() != text || again.history != outcome.history {
-            eprintln!("error: seed {} is not deterministic: two runs differ", args.seed);
+            eprintln!(
+                "error: seed {} is not deterministic: two runs differ",
+                args.seed
+            );
             return ExitCode::FAILURE;
         }
         println!("  determinism  second run identical (report and full history)");

@@ -147,7 +147,11 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.scenario;
         let (c, w) = (&s.cluster, &s.workload);
-        writeln!(f, "weir-sim report: scenario {}, seed {}", self.scenario_name, self.seed)?;
+        writeln!(
+            f,
+            "weir-sim report: scenario {}, seed {}",
+            self.scenario_name, self.seed
+        )?;
         writeln!(
             f,
             "  cluster   {} nodes, {} replicas, {} MiB volume in {} MiB extents, {} B blocks",

@@ -6,7 +6,9 @@
 //! the history and measures it.
 
 use crate::checker::{check_linearizable, check_no_lost_writes};
-use crate::history::{decode_block, encode_block, History, OpKind, OpRecord, ReplicaRead, Tag, Value};
+use crate::history::{
+    decode_block, encode_block, History, OpKind, OpRecord, ReplicaRead, Tag, Value,
+};
 use crate::report::{FabricSummary, Report};
 use crate::scenario::{Pattern, Scenario};
 use bytes::Bytes;
@@ -105,7 +107,10 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String) -> Outcome {
     for c in 0..scenario.workload.clients {
         let transport = Arc::new(fabric.endpoint(NodeId(FIRST_CLIENT + c)).expect("new host"));
         let (map, spec) = (map.clone(), scenario.clone());
-        let host = Handle::current().create_node().name(format!("client-{c}")).build();
+        let host = Handle::current()
+            .create_node()
+            .name(format!("client-{c}"))
+            .build();
         clients.push(host.spawn(async move {
             run_client(transport, map, spec, c as u16, epoch, deadline).await
         }));
@@ -138,7 +143,10 @@ fn start_nodes(fabric: &Arc<Fabric>, map: &ClusterMap, config: ReplicationConfig
         let ssd = Arc::new(SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config"));
         let pool = BufPool::new(NODE_POOL_BYTES);
         let node = Node::new(transport, ssd, map.clone(), config, pool).expect("node fits");
-        let host = Handle::current().create_node().name(format!("node-{}", id.0)).build();
+        let host = Handle::current()
+            .create_node()
+            .name(format!("node-{}", id.0))
+            .build();
         host.spawn(async move {
             if let Err(e) = node.run().await {
                 tracing::error!(error = %e, "node stopped");
@@ -293,7 +301,11 @@ impl Worker {
 }
 
 /// Read every written block from every replica that should hold it.
-async fn read_back(transport: Arc<SimTransport>, map: ClusterMap, ops: &[OpRecord]) -> Vec<ReplicaRead> {
+async fn read_back(
+    transport: Arc<SimTransport>,
+    map: ClusterMap,
+    ops: &[OpRecord],
+) -> Vec<ReplicaRead> {
     let written: BTreeSet<u64> = ops
         .iter()
         .filter(|o| o.kind == OpKind::Write)

@@ -149,11 +149,13 @@ impl Scenario {
             source_name: source_name.to_string(),
             error,
         })?;
-        scenario.validate().map_err(|(key, why)| ScenarioError::Invalid {
-            source_name: source_name.to_string(),
-            key,
-            why,
-        })?;
+        scenario
+            .validate()
+            .map_err(|(key, why)| ScenarioError::Invalid {
+                source_name: source_name.to_string(),
+                key,
+                why,
+            })?;
         Ok(scenario)
     }
 
@@ -176,17 +178,23 @@ impl Scenario {
             return bad("cluster.block_size", "must be 512 or 4096");
         }
         if c.volume_mib == 0 || c.volume_mib > 1 << 20 {
-            return bad("cluster.volume_mib", "must be between 1 and 1048576 (1 TiB)");
+            return bad(
+                "cluster.volume_mib",
+                "must be between 1 and 1048576 (1 TiB)",
+            );
         }
         if c.extent_mib == 0 || c.extent_mib > c.volume_mib {
-            return bad("cluster.extent_mib", "must be between 1 and the volume size");
+            return bad(
+                "cluster.extent_mib",
+                "must be between 1 and the volume size",
+            );
         }
         if w.read_percent > 100 {
             return bad("workload.read_percent", "must be at most 100");
         }
         // Tags number the blocks of one request in a byte.
         if w.block_size == 0
-            || w.block_size % c.block_size != 0
+            || !w.block_size.is_multiple_of(c.block_size)
             || w.block_size / c.block_size > 256
             || u64::from(w.block_size) > c.volume_mib << 20
         {

@@ -35,7 +35,11 @@ fn a_seed_replays_exactly_and_another_seed_differs() {
 fn swarm(seed: u64) -> Scenario {
     let mut s = short(12);
     let pick = |salt: u64, n: u64| (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (salt * 5)) % n;
-    s.workload.pattern = if pick(1, 3) == 0 { Pattern::Sequential } else { Pattern::Random };
+    s.workload.pattern = if pick(1, 3) == 0 {
+        Pattern::Sequential
+    } else {
+        Pattern::Random
+    };
     s.workload.read_percent = [0, 30, 50, 70, 95][pick(2, 5) as usize];
     s.cluster.block_size = if pick(3, 4) == 0 { 512 } else { 4096 };
     s.workload.block_size = [4096, 8192, 65536][pick(4, 3) as usize];
@@ -85,7 +89,10 @@ fn a_hot_small_volume_makes_overlapping_writes_and_still_passes() {
         .windows(2)
         .filter(|p| p[0].0 == p[1].0 && p[1].1 < p[0].2)
         .count();
-    assert!(overlapping > 100, "only {overlapping} overlapping write pairs");
+    assert!(
+        overlapping > 100,
+        "only {overlapping} overlapping write pairs"
+    );
 }
 
 #[test]

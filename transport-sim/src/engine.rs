@@ -167,7 +167,10 @@ impl Engine {
         // Keep NIC ports first and switch ports second: insert the NIC at `n`.
         self.ports.insert(n, Port::default());
         self.ports.push(Port::default());
-        assert!(self.events.is_empty(), "hosts are added before traffic starts");
+        assert!(
+            self.events.is_empty(),
+            "hosts are added before traffic starts"
+        );
         n
     }
 
@@ -355,7 +358,12 @@ mod tests {
         let (a, b) = (e.add_host(), e.add_host());
         let mut d = Vec::new();
         for i in 0..50u8 {
-            e.send(u64::from(i) * 10, a, b, Bytes::from(vec![i; 100 + 97 * i as usize]));
+            e.send(
+                u64::from(i) * 10,
+                a,
+                b,
+                Bytes::from(vec![i; 100 + 97 * i as usize]),
+            );
             d.extend(e.advance(u64::from(i) * 10));
         }
         d.extend(run(&mut e));
@@ -381,7 +389,13 @@ mod tests {
         }
         let t2 = run(&mut both).last().unwrap().at_ns;
         let ratio = t2 as f64 / t1 as f64;
-        assert!((ratio - 2.0).abs() <= 0.1, "ratio {ratio}: {t1} ns alone, {t2} ns shared");
-        assert!(both.port_stats(c).1.queue_bytes_max > 1 << 20, "no queue at the bottleneck");
+        assert!(
+            (ratio - 2.0).abs() <= 0.1,
+            "ratio {ratio}: {t1} ns alone, {t2} ns shared"
+        );
+        assert!(
+            both.port_stats(c).1.queue_bytes_max > 1 << 20,
+            "no queue at the bottleneck"
+        );
     }
 }

@@ -31,7 +31,9 @@ fn fan_in(senders: u32, count: usize, len: usize) -> Duration {
             let node = Handle::current().create_node().build();
             node.spawn(async move {
                 for _ in 0..count {
-                    tx.send(NodeId(0), Bytes::from(vec![7u8; len])).await.unwrap();
+                    tx.send(NodeId(0), Bytes::from(vec![7u8; len]))
+                        .await
+                        .unwrap();
                 }
             });
         }
@@ -49,10 +51,16 @@ fn two_senders_at_line_rate_into_one_receiver_take_twice_as_long() {
     let two = fan_in(2, 16, 1 << 20);
     let ratio = two.as_secs_f64() / one.as_secs_f64();
     println!("1 sender {one:?}, 2 senders {two:?}, ratio {ratio:.3}");
-    assert!((ratio - 2.0).abs() <= 0.1, "ratio {ratio:.3} (want 2 +- 5%)");
+    assert!(
+        (ratio - 2.0).abs() <= 0.1,
+        "ratio {ratio:.3} (want 2 +- 5%)"
+    );
     // And one sender runs at line rate: 16 MiB of payload in about 16 MiB / 100 Gb/s.
     let ideal = (16u64 << 20) as f64 * 8.0 / 100e9;
-    assert!(one.as_secs_f64() < ideal * 1.05, "{one:?} vs ideal {ideal} s");
+    assert!(
+        one.as_secs_f64() < ideal * 1.05,
+        "{one:?} vs ideal {ideal} s"
+    );
 }
 
 #[test]
@@ -60,7 +68,10 @@ fn unknown_peers_and_oversized_frames_are_typed_errors() {
     runtime(1).block_on(async {
         let fabric = Fabric::current();
         let a = fabric.endpoint(NodeId(1)).unwrap();
-        let err = a.send(NodeId(9), Bytes::from_static(b"x")).await.unwrap_err();
+        let err = a
+            .send(NodeId(9), Bytes::from_static(b"x"))
+            .await
+            .unwrap_err();
         assert_eq!(err, TransportError::UnknownPeer(NodeId(9)));
         let huge = Bytes::from(vec![0u8; 2 << 20]);
         let err = a.send(NodeId(1), huge).await.unwrap_err();

@@ -455,7 +455,10 @@ impl Replicator {
         };
         assert!(waiting.is_none(), "{op} started twice");
         let (extent, lba, data, fua) = (*extent, *lba, data.clone(), *fua);
-        let state = self.primary.get_mut(&extent).expect("locked extent has state");
+        let state = self
+            .primary
+            .get_mut(&extent)
+            .expect("locked extent has state");
         let version = state.last_version.next();
         state.last_version = version;
         let placement = self.map.extent(extent).clone();
@@ -578,7 +581,10 @@ impl Replicator {
     }
 
     fn unlock(&mut self, extent: ExtentId, op: OpId) {
-        let state = self.primary.get_mut(&extent).expect("locked extent has state");
+        let state = self
+            .primary
+            .get_mut(&extent)
+            .expect("locked extent has state");
         let ready = state.lock.release(op);
         debug_assert!({
             state.lock.self_check();

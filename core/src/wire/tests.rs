@@ -28,25 +28,31 @@ fn weir_error() -> impl Strategy<Value = WeirError> {
 fn message() -> impl Strategy<Value = Message> {
     let id = any::<u64>();
     prop_oneof![
-        (id, any::<u32>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
-            |(r, v, e, l, b)| Message::Read {
+        (id, any::<u32>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(r, v, e, l, b)| {
+            Message::Read {
                 req: RequestId(r),
                 volume: VolumeId(v),
                 epoch: Epoch(e),
                 lba: Lba(l),
-                blocks: b
+                blocks: b,
             }
-        ),
-        (id, any::<u32>(), any::<u64>(), any::<u64>(), data(), any::<bool>()).prop_map(
-            |(r, v, e, l, data, fua)| Message::Write {
+        }),
+        (
+            id,
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            data(),
+            any::<bool>()
+        )
+            .prop_map(|(r, v, e, l, data, fua)| Message::Write {
                 req: RequestId(r),
                 volume: VolumeId(v),
                 epoch: Epoch(e),
                 lba: Lba(l),
                 data,
                 fua
-            }
-        ),
+            }),
         (id, any::<u32>()).prop_map(|(r, v)| Message::Flush {
             req: RequestId(r),
             volume: VolumeId(v)
@@ -60,7 +66,15 @@ fn message() -> impl Strategy<Value = Message> {
             req: RequestId(r),
             error
         }),
-        (id, any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), data(), any::<bool>())
+        (
+            id,
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            data(),
+            any::<bool>()
+        )
             .prop_map(|(o, x, e, v, l, data, fua)| Message::ReplicaWrite {
                 op: OpId(o),
                 extent: ExtentId(x),
@@ -173,12 +187,24 @@ fn a_huge_length_prefix_inside_the_body_is_an_error() {
 
 #[test]
 fn wrong_version_and_magic_are_typed() {
-    let mut frame = Message::WriteOk { req: RequestId(9) }.encode().unwrap().to_vec();
+    let mut frame = Message::WriteOk { req: RequestId(9) }
+        .encode()
+        .unwrap()
+        .to_vec();
     frame[2] = WIRE_VERSION + 1;
-    assert_eq!(Message::decode(&frame), Err(DecodeError::Version(WIRE_VERSION + 1)));
+    assert_eq!(
+        Message::decode(&frame),
+        Err(DecodeError::Version(WIRE_VERSION + 1))
+    );
     frame[0] = b'X';
-    assert!(matches!(Message::decode(&frame), Err(DecodeError::BadMagic(_))));
-    let mut frame = Message::WriteOk { req: RequestId(9) }.encode().unwrap().to_vec();
+    assert!(matches!(
+        Message::decode(&frame),
+        Err(DecodeError::BadMagic(_))
+    ));
+    let mut frame = Message::WriteOk { req: RequestId(9) }
+        .encode()
+        .unwrap()
+        .to_vec();
     frame.push(0);
     assert!(matches!(
         Message::decode(&frame),

@@ -161,7 +161,10 @@ fn write_is_acked_only_after_every_replica_persisted() {
     for n in 1..=3 {
         assert_eq!(c.disk_block(NodeId(n), 3), Some(7));
         assert_eq!(c.disk_block(NodeId(n), 4), Some(7));
-        assert_eq!(c.engines[&NodeId(n)].block_version(Lba(4)), Some(Version(1)));
+        assert_eq!(
+            c.engines[&NodeId(n)].block_version(Lba(4)),
+            Some(Version(1))
+        );
     }
     assert!(c.engines.values().all(|e| e.ops_in_flight() == 0));
 }
@@ -189,7 +192,11 @@ fn overlapping_writes_reach_replicas_in_version_order() {
     for n in 1..=3 {
         let node = NodeId(n);
         assert_eq!(c.disk_block(node, 17), Some(1));
-        assert_eq!(c.disk_block(node, 18), Some(2), "{node} applied writes out of order");
+        assert_eq!(
+            c.disk_block(node, 18),
+            Some(2),
+            "{node} applied writes out of order"
+        );
         assert_eq!(c.engines[&node].block_version(Lba(18)), Some(Version(3)));
     }
 }
@@ -200,8 +207,15 @@ fn read_waits_for_an_earlier_overlapping_write() {
     c.client_sends(NodeId(1), write(1, 0, block(9, 1)));
     c.client_sends(NodeId(1), read(2, 0, 2));
     c.deliver();
-    let reads = c.ios.iter().filter(|(_, _, cmd)| matches!(cmd, IoCmd::Read { .. }));
-    assert_eq!(reads.count(), 0, "read issued while an overlapping write runs");
+    let reads = c
+        .ios
+        .iter()
+        .filter(|(_, _, cmd)| matches!(cmd, IoCmd::Read { .. }));
+    assert_eq!(
+        reads.count(),
+        0,
+        "read issued while an overlapping write runs"
+    );
     c.settle();
     let mut expect = vec![9u8; BS];
     expect.extend(vec![0u8; BS]);
