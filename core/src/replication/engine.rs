@@ -99,9 +99,9 @@ enum Op {
         lba: Lba,
         data: Bytes,
         fua: bool,
-        /// Acks still expected (local device included); `None` until started.
-        waiting: Option<usize>,
-        error: Option<WeirError>,
+        /// Acks expected from the replicas and the local device; `None` until the
+        /// write holds its range lock and has been sent out.
+        acks: Option<Acks>,
     },
     Read {
         client: NodeId,
@@ -113,9 +113,35 @@ enum Op {
     Flush {
         client: NodeId,
         req: RequestId,
-        waiting: usize,
-        error: Option<WeirError>,
+        acks: Acks,
     },
+}
+
+/// The acknowledgements a fan-out still waits for, and the first error among them.
+#[derive(Debug)]
+struct Acks {
+    waiting: usize,
+    error: Option<WeirError>,
+}
+
+impl Acks {
+    fn new(waiting: usize) -> Self {
+        assert!(waiting > 0, "a fan-out to nobody");
+        Acks {
+            waiting,
+            error: None,
+        }
+    }
+
+    /// Count one acknowledgement; once the last is in, the outcome.
+    fn record(&mut self, op: OpId, result: Result<(), WeirError>) -> Option<Result<(), WeirError>> {
+        assert!(self.waiting > 0, "{op}: more acks than were asked for");
+        self.waiting -= 1;
+        if let Err(e) = result {
+            self.error.get_or_insert(e);
+        }
+        (self.waiting == 0).then(|| self.error.take().map_or(Ok(()), Err))
+    }
 }
 
 /// What a device command was for.
@@ -267,11 +293,7 @@ impl Replicator {
                 let result = io_unit(result);
                 self.send(coordinator, Message::ReplicaFlushAck { op, result });
             }
-            IoPurpose::Scrub { client, req } => match result {
-                IoResult::Read(data) => self.send(client, Message::ReadOk { req, data }),
-                IoResult::Failed(e) => self.fail(client, req, e),
-                IoResult::Done => panic!("scrub read completed without data"),
-            },
+            IoPurpose::Scrub { client, req } => self.reply_read(client, req, result),
         }
     }
 
@@ -331,8 +353,7 @@ impl Replicator {
                 lba,
                 data,
                 fua,
-                waiting: None,
-                error: None,
+                acks: None,
             },
         );
         let lock = &mut self.primary.entry(extent).or_default().lock;
@@ -386,8 +407,7 @@ impl Replicator {
             Op::Flush {
                 client,
                 req,
-                waiting: nodes.len(),
-                error: None,
+                acks: Acks::new(nodes.len()),
             },
         );
         for node in nodes {
@@ -447,13 +467,13 @@ impl Replicator {
             lba,
             data,
             fua,
-            waiting,
+            acks,
             ..
         }) = self.ops.get_mut(&op)
         else {
             panic!("{op} is not a write");
         };
-        assert!(waiting.is_none(), "{op} started twice");
+        assert!(acks.is_none(), "{op} started twice");
         let (extent, lba, data, fua) = (*extent, *lba, data.clone(), *fua);
         let state = self
             .primary
@@ -466,8 +486,8 @@ impl Replicator {
         if self.config.bug_skip_last_replica {
             forward.pop();
         }
-        if let Some(Op::Write { waiting, .. }) = self.ops.get_mut(&op) {
-            *waiting = Some(1 + forward.len());
+        if let Some(Op::Write { acks, .. }) = self.ops.get_mut(&op) {
+            *acks = Some(Acks::new(1 + forward.len()));
         }
         let blocks = (data.len() / self.map.volume().block_size as usize) as u64;
         if let Err(e) = self.claim_version(lba, blocks, version) {
@@ -512,11 +532,7 @@ impl Replicator {
                 else {
                     unreachable!("matched a read above");
                 };
-                match result {
-                    IoResult::Read(data) => self.send(client, Message::ReadOk { req, data }),
-                    IoResult::Failed(e) => self.fail(client, req, e),
-                    IoResult::Done => panic!("read {op} completed without data"),
-                }
+                self.reply_read(client, req, result);
                 self.unlock(extent, op);
             }
             None => panic!("local completion for unknown {op}"),
@@ -525,59 +541,39 @@ impl Replicator {
 
     /// One replica (or the local device) reported on write `op`.
     fn write_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
-        let Some(Op::Write { waiting, error, .. }) = self.ops.get_mut(&op) else {
+        let Some(Op::Write { acks, .. }) = self.ops.get_mut(&op) else {
             tracing::warn!(%from, %op, "ack for an unknown write; dropped");
             return;
         };
-        let left = waiting.as_mut().expect("acked write was started");
-        assert!(*left > 0, "{op}: more acks than replicas");
-        *left -= 1;
-        if let Err(e) = result {
-            error.get_or_insert(e);
-        }
-        if *left > 0 {
+        let acks = acks.as_mut().expect("an acked write was started");
+        let Some(outcome) = acks.record(op, result) else {
             return;
-        }
+        };
         let Some(Op::Write {
             client,
             req,
             extent,
-            error,
             ..
         }) = self.ops.remove(&op)
         else {
             unreachable!("matched a write above");
         };
-        match error {
-            None => self.send(client, Message::WriteOk { req }),
-            Some(e) => self.fail(client, req, e),
-        }
+        self.reply(client, req, outcome.map(|()| Message::WriteOk { req }));
         self.unlock(extent, op);
     }
 
     fn flush_acked(&mut self, op: OpId, result: Result<(), WeirError>) {
-        let Some(Op::Flush { waiting, error, .. }) = self.ops.get_mut(&op) else {
+        let Some(Op::Flush { acks, .. }) = self.ops.get_mut(&op) else {
             tracing::warn!(%op, "ack for an unknown flush; dropped");
             return;
         };
-        assert!(*waiting > 0, "{op}: more flush acks than nodes");
-        *waiting -= 1;
-        if let Err(e) = result {
-            error.get_or_insert(e);
-        }
-        if *waiting > 0 {
+        let Some(outcome) = acks.record(op, result) else {
             return;
-        }
-        let Some(Op::Flush {
-            client, req, error, ..
-        }) = self.ops.remove(&op)
-        else {
+        };
+        let Some(Op::Flush { client, req, .. }) = self.ops.remove(&op) else {
             unreachable!("matched a flush above");
         };
-        match error {
-            None => self.send(client, Message::FlushOk { req }),
-            Some(e) => self.fail(client, req, e),
-        }
+        self.reply(client, req, outcome.map(|()| Message::FlushOk { req }));
     }
 
     fn unlock(&mut self, extent: ExtentId, op: OpId) {
@@ -678,6 +674,21 @@ impl Replicator {
 
     fn fail(&mut self, client: NodeId, req: RequestId, error: WeirError) {
         self.send(client, Message::Failed { req, error });
+    }
+
+    fn reply_read(&mut self, client: NodeId, req: RequestId, result: IoResult) {
+        match result {
+            IoResult::Read(data) => self.send(client, Message::ReadOk { req, data }),
+            IoResult::Failed(e) => self.fail(client, req, e),
+            IoResult::Done => panic!("a read for {client} {req} completed without data"),
+        }
+    }
+
+    fn reply(&mut self, client: NodeId, req: RequestId, outcome: Result<Message, WeirError>) {
+        match outcome {
+            Ok(msg) => self.send(client, msg),
+            Err(error) => self.fail(client, req, error),
+        }
     }
 
     fn op_id(&mut self) -> OpId {
