@@ -8,6 +8,7 @@
 
 pub mod buf;
 pub mod client;
+pub mod congestion;
 pub mod device;
 pub mod error;
 pub mod ids;

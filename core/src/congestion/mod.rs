@@ -1,0 +1,7 @@
+//! Congestion response (DESIGN.md section 4.2).
+//!
+//! [`dcqcn`]: the DCQCN reaction and notification points as pure logic; the
+//! simulated NIC runs them per QP, and on real NICs the same parameters are the ones
+//! pushed to the firmware.
+
+pub mod dcqcn;
