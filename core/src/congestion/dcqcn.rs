@@ -153,7 +153,7 @@ impl DcqcnParams {
     /// Check the parameters; a bad one is named.
     pub fn validate(&self) -> Result<(), String> {
         let bad = |k: &str| Err(format!("dcqcn parameter `{k}` out of range"));
-        if !(self.line_rate_bps > 0.0) {
+        if self.line_rate_bps.is_nan() || self.line_rate_bps <= 0.0 {
             return bad("line_rate_bps");
         }
         if !(0.0..=1.0).contains(&self.g) {
@@ -174,7 +174,10 @@ impl DcqcnParams {
         if !(0.0..1.0).contains(&self.min_decrease_ratio) {
             return bad("min_decrease_ratio");
         }
-        if !(self.min_rate_bps > 0.0 && self.min_rate_bps <= self.line_rate_bps) {
+        if self.min_rate_bps.is_nan()
+            || self.min_rate_bps <= 0.0
+            || self.min_rate_bps > self.line_rate_bps
+        {
             return bad("min_rate_bps");
         }
         if !(10..=30).contains(&self.alpha_to_rate_shift) {
