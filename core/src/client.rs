@@ -35,7 +35,9 @@ pub enum ClientError {
     Closed,
 }
 
-type Waiters = Arc<Mutex<BTreeMap<RequestId, oneshot::Sender<Message>>>>;
+/// Requests waiting for a reply: the node asked, and where the reply goes. `None`
+/// once the reply task has stopped, so later calls fail at once instead of waiting.
+type Waiters = Arc<Mutex<Option<BTreeMap<RequestId, (NodeId, oneshot::Sender<Message>)>>>>;
 
 /// A handle on one volume.
 pub struct Volume<T> {
@@ -48,7 +50,7 @@ pub struct Volume<T> {
 impl<T: Transport> Volume<T> {
     /// Open the map's volume over `transport`. Spawns the reply task.
     pub fn open(transport: Arc<T>, map: ClusterMap) -> Arc<Self> {
-        let waiters: Waiters = Arc::default();
+        let waiters: Waiters = Arc::new(Mutex::new(Some(BTreeMap::new())));
         let volume = Arc::new(Volume {
             transport: transport.clone(),
             map,
@@ -74,16 +76,21 @@ impl<T: Transport> Volume<T> {
                         continue;
                     }
                 };
-                let waiter = waiters.lock().expect("waiters lock").remove(&req);
-                match waiter {
-                    Some(tx) => {
+                let mut guard = waiters.lock().expect("waiters lock");
+                let map = guard.as_mut().expect("open while the task runs");
+                match map.get(&req) {
+                    Some((asked, _)) if *asked == from => {
+                        let (_, tx) = map.remove(&req).expect("present");
                         let _ = tx.send(msg);
+                    }
+                    Some((asked, _)) => {
+                        tracing::warn!(%from, %asked, %req, "reply from a node not asked; dropped")
                     }
                     None => tracing::warn!(%from, %req, "reply to no request; dropped"),
                 }
             }
-            // Dropping the senders wakes every waiter with `Closed`.
-            waiters.lock().expect("waiters lock").clear();
+            // Dropping the senders wakes every waiter with `Closed`; later calls fail.
+            waiters.lock().expect("waiters lock").take();
         });
         volume
     }
@@ -106,7 +113,7 @@ impl<T: Transport> Volume<T> {
             return Err(WeirError::BadLength {
                 len: data.len() as u64,
                 block_size: v.block_size,
-                max_bytes: v.max_request_blocks * v.block_size,
+                max_bytes: v.max_request_bytes(),
             }
             .into());
         }
@@ -235,9 +242,14 @@ impl<T: Transport> Volume<T> {
         let req = RequestId(self.next_req.fetch_add(1, Ordering::Relaxed));
         let frame = make(req).encode()?;
         let (tx, rx) = oneshot::channel();
-        self.waiters.lock().expect("waiters lock").insert(req, tx);
+        match self.waiters.lock().expect("waiters lock").as_mut() {
+            Some(map) => map.insert(req, (to, tx)),
+            None => return Err(ClientError::Closed),
+        };
         if let Err(e) = self.transport.send(to, frame).await {
-            self.waiters.lock().expect("waiters lock").remove(&req);
+            if let Some(map) = self.waiters.lock().expect("waiters lock").as_mut() {
+                map.remove(&req);
+            }
             return Err(e.into());
         }
         match rx.await.map_err(|_| ClientError::Closed)? {

@@ -6,6 +6,10 @@
 use crate::error::WeirError;
 use crate::ids::{Epoch, ExtentId, Lba, NodeId, VolumeId};
 
+/// Largest request a map may allow: one request (and its replication message) must
+/// fit in one wire frame.
+pub const MAX_REQUEST_BYTES: u64 = 1 << 20;
+
 /// Shape of a volume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VolumeSpec {
@@ -19,6 +23,14 @@ pub struct VolumeSpec {
     pub extent_blocks: u64,
     /// Largest client request in blocks.
     pub max_request_blocks: u32,
+}
+
+impl VolumeSpec {
+    /// Largest request in bytes (bounded by [`MAX_REQUEST_BYTES`] in a valid map).
+    pub fn max_request_bytes(&self) -> u32 {
+        (u64::from(self.max_request_blocks) * u64::from(self.block_size)).min(u64::from(u32::MAX))
+            as u32
+    }
 }
 
 /// Where one extent lives.
@@ -81,8 +93,9 @@ impl ClusterMap {
         if volume.capacity_blocks == 0 || volume.extent_blocks == 0 {
             return Err(MapError::BadShape("capacity and extent size must be > 0"));
         }
-        if volume.max_request_blocks == 0 {
-            return Err(MapError::BadShape("max request must be > 0 blocks"));
+        let max_request_bytes = u64::from(volume.max_request_blocks) * u64::from(volume.block_size);
+        if volume.max_request_blocks == 0 || max_request_bytes > MAX_REQUEST_BYTES {
+            return Err(MapError::BadShape("max request must be 1 block to 1 MiB"));
         }
         let count = volume.capacity_blocks.div_ceil(volume.extent_blocks);
         let n = nodes.len();
@@ -158,7 +171,7 @@ impl ClusterMap {
             return Err(WeirError::BadLength {
                 len: blocks.saturating_mul(u64::from(v.block_size)),
                 block_size: v.block_size,
-                max_bytes: v.max_request_blocks * v.block_size,
+                max_bytes: v.max_request_bytes(),
             });
         }
         match lba.0.checked_add(blocks) {
@@ -186,7 +199,7 @@ impl ClusterMap {
             return Err(WeirError::BadLength {
                 len: len as u64,
                 block_size: v.block_size,
-                max_bytes: v.max_request_blocks * v.block_size,
+                max_bytes: v.max_request_bytes(),
             });
         }
         Ok((len / bs) as u64)
@@ -252,6 +265,17 @@ mod tests {
         ));
         assert!(m.blocks_in(4095).is_err());
         assert_eq!(m.blocks_in(8192), Ok(2));
+    }
+
+    #[test]
+    fn requests_larger_than_a_frame_are_refused() {
+        let mut volume = map().volume;
+        volume.max_request_blocks = 1 << 20;
+        let nodes = (1..=3).map(NodeId).collect();
+        assert!(matches!(
+            ClusterMap::new_static(nodes, volume, 3),
+            Err(MapError::BadShape(_))
+        ));
     }
 
     #[test]

@@ -35,6 +35,14 @@ pub enum NodeError {
         /// Volume capacity in bytes.
         volume: u64,
     },
+    /// A request of the volume's largest size does not fit one device command.
+    #[error("volume requests of {request} blocks exceed the device's {device}-block transfers")]
+    TransferTooLarge {
+        /// Largest request, in device blocks.
+        request: u64,
+        /// Device's largest transfer, in blocks.
+        device: u64,
+    },
     /// The transport failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
@@ -76,13 +84,21 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 volume: volume_bytes,
             });
         }
+        let scale = u64::from(volume.block_size / geometry.block_size);
+        let request = u64::from(volume.max_request_blocks) * scale;
+        if request > u64::from(geometry.max_transfer_blocks) {
+            return Err(NodeError::TransferTooLarge {
+                request,
+                device: u64::from(geometry.max_transfer_blocks),
+            });
+        }
         let me = transport.local_id();
         Ok(Node {
             transport,
             device,
             engine: Replicator::new(me, map, config),
             pool,
-            scale: u64::from(volume.block_size / geometry.block_size),
+            scale,
         })
     }
 
@@ -118,10 +134,24 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     ) -> Result<(), NodeError> {
         while let Some(action) = self.engine.poll_action() {
             match action {
-                Action::Send { to, msg } => match msg.encode() {
-                    Ok(frame) => self.transport.send(to, frame).await?,
-                    Err(e) => tracing::error!(%to, error = %e, "message not encodable; dropped"),
-                },
+                Action::Send { to, msg } => {
+                    // The map bounds every request below the frame limit, so an
+                    // encoding failure is a bug: say so loudly, keep serving.
+                    let frame = match msg.encode() {
+                        Ok(frame) => frame,
+                        Err(e) => {
+                            tracing::error!(%to, error = %e, "message not encodable; dropped");
+                            continue;
+                        }
+                    };
+                    // One unreachable peer (a client gone) must not stop the node;
+                    // only a closed transport does.
+                    match self.transport.send(to, frame).await {
+                        Ok(()) => {}
+                        Err(TransportError::Closed) => return Err(TransportError::Closed.into()),
+                        Err(e) => tracing::warn!(%to, error = %e, "send failed; dropped"),
+                    }
+                }
                 Action::Io { io, cmd } => self.issue(io, cmd, done.clone()),
             }
         }

@@ -115,8 +115,9 @@ impl SsdConfig {
         if self.channel_bytes_per_sec == 0 || self.host_bytes_per_sec == 0 {
             return fail("*_bytes_per_sec", "must be > 0");
         }
-        if self.cache_bytes < u64::from(self.max_transfer_bytes) {
-            return fail("cache_bytes", "must hold at least one maximal write");
+        // An unaligned maximal write touches one 4 KiB unit more than its size.
+        if self.cache_bytes < 2 * (u64::from(self.max_transfer_bytes) + UNIT_BYTES) {
+            return fail("cache_bytes", "must hold at least two maximal writes");
         }
         Ok(())
     }

@@ -41,6 +41,8 @@ struct State {
     store: Store,
     rng: SmallRng,
     powered: bool,
+    /// Bumped by every power loss: a command that was in flight across one fails.
+    power_epoch: u64,
 }
 
 /// A simulated SSD.
@@ -72,6 +74,7 @@ impl SimSsd {
                 store: Store::new(config.block_size as usize),
                 rng: SmallRng::seed_from_u64(seed),
                 powered: true,
+                power_epoch: 0,
             }),
             config,
             geometry,
@@ -98,6 +101,7 @@ impl SimSsd {
         s.store.power_loss();
         s.timing.power_cycle(now);
         s.powered = false;
+        s.power_epoch += 1;
     }
 
     /// Power restored.
@@ -128,13 +132,14 @@ impl SimSsd {
 
     /// Validate `cmd`, apply its effect on the contents and return its completion
     /// time (ns since the device's epoch).
-    fn schedule(&self, cmd: DevCommand) -> Result<(u64, DevCompletion), DevError> {
+    fn schedule(&self, cmd: DevCommand) -> Result<(u64, u64, DevCompletion), DevError> {
         let now = self.now_ns();
         let mut guard = self.state.lock().expect("ssd state");
         let s = &mut *guard;
         if !s.powered {
             return Err(DevError::Gone);
         }
+        let epoch = s.power_epoch;
         s.store.settle(now);
         match cmd {
             DevCommand::Read { lba, mut buf } => {
@@ -142,7 +147,7 @@ impl SimSsd {
                 self.geometry.check_range(lba, blocks)?;
                 s.store.read(lba.0, buf.as_mut());
                 let done = s.timing.read(now, &self.units(lba, blocks), &mut s.rng);
-                Ok((done, DevCompletion::Read(buf)))
+                Ok((epoch, done, DevCompletion::Read(buf)))
             }
             DevCommand::Write { lba, data, fua } => {
                 let blocks = self.blocks_of(data.len())?;
@@ -151,13 +156,13 @@ impl SimSsd {
                     .timing
                     .write(now, &self.units(lba, blocks), fua, &mut s.rng);
                 s.store.write(lba.0, &data, t.durable_ns);
-                Ok((t.complete_ns, DevCompletion::Done))
+                Ok((epoch, t.complete_ns, DevCompletion::Done))
             }
-            DevCommand::Flush => Ok((s.timing.flush(now), DevCompletion::Done)),
+            DevCommand::Flush => Ok((epoch, s.timing.flush(now), DevCompletion::Done)),
             DevCommand::WriteZeroes { lba, blocks } | DevCommand::Deallocate { lba, blocks } => {
                 self.geometry.check_range(lba, blocks)?;
                 s.store.discard(lba.0, blocks);
-                Ok((s.timing.metadata(now), DevCompletion::Done))
+                Ok((epoch, s.timing.metadata(now), DevCompletion::Done))
             }
         }
     }
@@ -174,8 +179,12 @@ impl BlockDevice for SimSsd {
             .get(usize::from(queue))
             .ok_or(DevError::BadQueue)?;
         let _slot = slots.acquire().await.map_err(|_| DevError::Gone)?;
-        let (done_ns, completion) = self.schedule(cmd)?;
+        let (power_epoch, done_ns, completion) = self.schedule(cmd)?;
         sleep_until_exact(self.epoch + Duration::from_nanos(done_ns)).await;
+        // Power lost while the command was in flight: it never completed.
+        if self.state.lock().expect("ssd state").power_epoch != power_epoch {
+            return Err(DevError::Gone);
+        }
         Ok(completion)
     }
 }

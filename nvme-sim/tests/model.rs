@@ -142,6 +142,40 @@ async fn flush_and_fua_survive_power_loss_and_the_rest_does_not() {
 }
 
 #[madsim::test]
+async fn a_fua_write_in_flight_at_power_loss_fails() {
+    let ssd = Arc::new(SimSsd::new(SsdConfig::default(), 1).unwrap());
+    let writer = {
+        let ssd = ssd.clone();
+        tokio::spawn(async move {
+            let data = Bytes::from(vec![5u8; 4096]);
+            let cmd = DevCommand::Write {
+                lba: Lba(3),
+                data,
+                fua: true,
+            };
+            ssd.submit(0, cmd).await
+        })
+    };
+    // A FUA write takes a program time (milliseconds); cut power half-way.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    ssd.power_loss();
+    assert_eq!(writer.await.unwrap().unwrap_err(), DevError::Gone);
+    ssd.power_on();
+    let buf = BufPool::new(1 << 20).alloc(4096).unwrap();
+    let DevCompletion::Read(buf) = ssd
+        .submit(0, DevCommand::Read { lba: Lba(3), buf })
+        .await
+        .unwrap()
+    else {
+        panic!("read returned no data");
+    };
+    assert!(
+        buf.as_ref().iter().all(|&b| b == 0),
+        "a write that failed left data"
+    );
+}
+
+#[madsim::test]
 async fn bad_commands_get_typed_errors() {
     let ssd = SimSsd::new(SsdConfig::default(), 1).unwrap();
     let cap = ssd.geometry().capacity_blocks;

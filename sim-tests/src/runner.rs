@@ -100,12 +100,17 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String) -> Outcome {
         bug_skip_last_replica: scenario.bugs.skip_last_replica,
     };
     start_nodes(&fabric, &map, config, &scenario);
+    // Every host attaches before traffic starts.
+    let checker = Arc::new(fabric.endpoint(NodeId(CHECKER_HOST)).expect("new host"));
+    let client_transports: Vec<_> = (0..scenario.workload.clients)
+        .map(|c| Arc::new(fabric.endpoint(NodeId(FIRST_CLIENT + c)).expect("new host")))
+        .collect();
 
     let epoch = Instant::now();
     let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
     let mut clients = Vec::new();
-    for c in 0..scenario.workload.clients {
-        let transport = Arc::new(fabric.endpoint(NodeId(FIRST_CLIENT + c)).expect("new host"));
+    for (c, transport) in client_transports.into_iter().enumerate() {
+        let c = c as u32;
         let (map, spec) = (map.clone(), scenario.clone());
         let host = Handle::current()
             .create_node()
@@ -121,7 +126,6 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String) -> Outcome {
     }
     ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
 
-    let checker = Arc::new(fabric.endpoint(NodeId(CHECKER_HOST)).expect("new host"));
     let replica_reads = read_back(checker, map.clone(), &ops).await;
     let history = History { ops, replica_reads };
     let verdicts = vec![

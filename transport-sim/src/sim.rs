@@ -183,7 +183,9 @@ impl Transport for SimTransport {
                 let mut s = self.fabric.state.lock().expect("fabric state");
                 let dst = *s.hosts.get(&to).ok_or(TransportError::UnknownPeer(to))?;
                 let limit = s.engine.config().nic_queue_bytes_max;
-                if s.engine.nic_queue_bytes(self.idx) + frame.len() as u64 <= limit {
+                // An empty queue takes any frame, so no frame waits for ever.
+                let queued = s.engine.nic_queue_bytes(self.idx);
+                if queued == 0 || queued + frame.len() as u64 <= limit {
                     let now = self.fabric.now_ns();
                     s.engine.send(now, self.idx, dst, frame);
                     self.fabric.wake.notify_one();

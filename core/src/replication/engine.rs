@@ -117,30 +117,40 @@ enum Op {
     },
 }
 
-/// The acknowledgements a fan-out still waits for, and the first error among them.
+/// The acknowledgements a fan-out still waits for, by sender, and the first error
+/// among them. Only a node asked, and only once, can acknowledge: a stray or forged
+/// ack is refused, never counted.
 #[derive(Debug)]
 struct Acks {
-    waiting: usize,
+    waiting: Vec<NodeId>,
     error: Option<WeirError>,
 }
 
 impl Acks {
-    fn new(waiting: usize) -> Self {
-        assert!(waiting > 0, "a fan-out to nobody");
+    fn new(waiting: Vec<NodeId>) -> Self {
+        assert!(!waiting.is_empty(), "a fan-out to nobody");
         Acks {
             waiting,
             error: None,
         }
     }
 
-    /// Count one acknowledgement; once the last is in, the outcome.
-    fn record(&mut self, op: OpId, result: Result<(), WeirError>) -> Option<Result<(), WeirError>> {
-        assert!(self.waiting > 0, "{op}: more acks than were asked for");
-        self.waiting -= 1;
+    /// Count `from`'s acknowledgement. `Err` if `from` was not asked (or already
+    /// answered); `Ok(Some(outcome))` once the last is in.
+    fn record(
+        &mut self,
+        from: NodeId,
+        result: Result<(), WeirError>,
+    ) -> Result<Option<Result<(), WeirError>>, ()> {
+        let at = self.waiting.iter().position(|n| *n == from).ok_or(())?;
+        self.waiting.swap_remove(at);
         if let Err(e) = result {
             self.error.get_or_insert(e);
         }
-        (self.waiting == 0).then(|| self.error.take().map_or(Ok(()), Err))
+        Ok(self
+            .waiting
+            .is_empty()
+            .then(|| self.error.take().map_or(Ok(()), Err)))
     }
 }
 
@@ -258,6 +268,10 @@ impl Replicator {
             } => self.replica_write(from, op, extent, epoch, version, lba, data, fua),
             Message::ReplicaWriteAck { op, result } => self.write_acked(from, op, result),
             Message::ReplicaFlush { op } => {
+                if !self.map.nodes().contains(&from) {
+                    tracing::warn!(%from, "flush request from a non-member; dropped");
+                    return;
+                }
                 let io = self.io(IoPurpose::ReplicaFlush {
                     coordinator: from,
                     op,
@@ -267,7 +281,7 @@ impl Replicator {
                     cmd: IoCmd::Flush,
                 });
             }
-            Message::ReplicaFlushAck { op, result } => self.flush_acked(op, result),
+            Message::ReplicaFlushAck { op, result } => self.flush_acked(from, op, result),
             Message::ReadOk { .. }
             | Message::WriteOk { .. }
             | Message::FlushOk { .. }
@@ -407,7 +421,7 @@ impl Replicator {
             Op::Flush {
                 client,
                 req,
-                acks: Acks::new(nodes.len()),
+                acks: Acks::new(nodes.clone()),
             },
         );
         for node in nodes {
@@ -437,6 +451,9 @@ impl Replicator {
         };
         if !self.map.extent(extent).replicas.contains(&self.me) {
             return self.fail(client, req, WeirError::NotPrimary(self.me));
+        }
+        if self.ios.len() >= MAX_OPS_IN_FLIGHT {
+            return self.fail(client, req, WeirError::Busy);
         }
         let io = self.io(IoPurpose::Scrub { client, req });
         self.actions.push_back(Action::Io {
@@ -487,7 +504,9 @@ impl Replicator {
             forward.pop();
         }
         if let Some(Op::Write { acks, .. }) = self.ops.get_mut(&op) {
-            *acks = Some(Acks::new(1 + forward.len()));
+            let mut expect = forward.clone();
+            expect.push(self.me);
+            *acks = Some(Acks::new(expect));
         }
         let blocks = (data.len() / self.map.volume().block_size as usize) as u64;
         if let Err(e) = self.claim_version(lba, blocks, version) {
@@ -521,7 +540,7 @@ impl Replicator {
     fn local_io_done(&mut self, op: OpId, result: IoResult) {
         match self.ops.get(&op) {
             Some(Op::Write { .. }) => self.write_acked(self.me, op, io_unit(result)),
-            Some(Op::Flush { .. }) => self.flush_acked(op, io_unit(result)),
+            Some(Op::Flush { .. }) => self.flush_acked(self.me, op, io_unit(result)),
             Some(Op::Read { .. }) => {
                 let Some(Op::Read {
                     client,
@@ -541,13 +560,20 @@ impl Replicator {
 
     /// One replica (or the local device) reported on write `op`.
     fn write_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
-        let Some(Op::Write { acks, .. }) = self.ops.get_mut(&op) else {
-            tracing::warn!(%from, %op, "ack for an unknown write; dropped");
+        let Some(Op::Write {
+            acks: Some(acks), ..
+        }) = self.ops.get_mut(&op)
+        else {
+            tracing::warn!(%from, %op, "ack for no running write; dropped");
             return;
         };
-        let acks = acks.as_mut().expect("an acked write was started");
-        let Some(outcome) = acks.record(op, result) else {
-            return;
+        let outcome = match acks.record(from, result) {
+            Ok(Some(outcome)) => outcome,
+            Ok(None) => return,
+            Err(()) => {
+                tracing::warn!(%from, %op, "ack from a node not asked; dropped");
+                return;
+            }
         };
         let Some(Op::Write {
             client,
@@ -562,13 +588,18 @@ impl Replicator {
         self.unlock(extent, op);
     }
 
-    fn flush_acked(&mut self, op: OpId, result: Result<(), WeirError>) {
+    fn flush_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
         let Some(Op::Flush { acks, .. }) = self.ops.get_mut(&op) else {
-            tracing::warn!(%op, "ack for an unknown flush; dropped");
+            tracing::warn!(%from, %op, "ack for no running flush; dropped");
             return;
         };
-        let Some(outcome) = acks.record(op, result) else {
-            return;
+        let outcome = match acks.record(from, result) {
+            Ok(Some(outcome)) => outcome,
+            Ok(None) => return,
+            Err(()) => {
+                tracing::warn!(%from, %op, "flush ack from a node not asked; dropped");
+                return;
+            }
         };
         let Some(Op::Flush { client, req, .. }) = self.ops.remove(&op) else {
             unreachable!("matched a flush above");

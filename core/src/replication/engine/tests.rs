@@ -360,3 +360,46 @@ fn the_skip_replica_bug_switch_really_skips() {
     assert_eq!(c.disk_block(NodeId(2), 0), Some(4));
     assert_eq!(c.disk_block(NodeId(3), 0), None);
 }
+
+#[test]
+fn forged_and_duplicate_acks_are_refused() {
+    let mut c = cluster(ReplicationConfig::default());
+    c.client_sends(NodeId(1), write(1, 0, block(1, 1)));
+    c.client_sends(NodeId(1), write(2, 0, block(2, 1)));
+    c.deliver();
+    let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
+    let ok = |op| Message::ReplicaWriteAck {
+        op: OpId(op),
+        result: Ok(()),
+    };
+    // A client forging acks for the running write, the queued one, and an unknown one.
+    for _ in 0..5 {
+        n1.handle_message(CLIENT, ok(1));
+    }
+    n1.handle_message(CLIENT, ok(2));
+    n1.handle_message(CLIENT, ok(99));
+    // A replica acking twice counts once.
+    n1.handle_message(NodeId(2), ok(1));
+    n1.handle_message(NodeId(2), ok(1));
+    n1.handle_message(
+        CLIENT,
+        Message::ReplicaFlushAck {
+            op: OpId(1),
+            result: Ok(()),
+        },
+    );
+    c.deliver();
+    assert!(
+        c.replies.is_empty(),
+        "a forged ack completed a write: {:?}",
+        c.replies
+    );
+    c.settle();
+    assert_eq!(
+        c.replies,
+        vec![
+            Message::WriteOk { req: RequestId(1) },
+            Message::WriteOk { req: RequestId(2) }
+        ]
+    );
+}
