@@ -54,6 +54,16 @@ pub struct FabricSummary {
     pub nic_packets: u64,
     /// Deepest switch egress queue seen, bytes.
     pub switch_queue_bytes_max: u64,
+    /// Data packets marked ECN CE.
+    pub ecn_marks: u64,
+    /// CNPs received by senders.
+    pub cnps: u64,
+    /// PFC pause frames sent.
+    pub pauses: u64,
+    /// Packets dropped in the network (any reason but receiver discards).
+    pub drops: u64,
+    /// Data packets retransmitted.
+    pub retransmits: u64,
 }
 
 /// The report of one run.
@@ -157,10 +167,17 @@ impl fmt::Display for Report {
             "  cluster   {} nodes, {} replicas, {} MiB volume in {} MiB extents, {} B blocks",
             c.nodes, c.replicas, c.volume_mib, c.extent_mib, c.block_size
         )?;
+        let fs = &s.fabric;
         writeln!(
             f,
-            "  fabric    star, {} Gb/s links, {} ns propagation, MTU {}",
-            s.fabric.link_gbps, s.fabric.link_delay_ns, s.fabric.mtu_bytes
+            "  fabric    RoCE v2 star, {} Gb/s links, {} ns propagation, MTU {}, DCQCN {}, CNP {}{}{}",
+            fs.link_gbps,
+            fs.link_delay_ns,
+            fs.mtu_bytes,
+            fs.dcqcn,
+            fs.cnp,
+            if fs.pfc { ", PFC" } else { ", no PFC" },
+            if fs.bdp_window { ", BDP window" } else { "" }
         )?;
         let pattern = match w.pattern {
             Pattern::Random => "random",
@@ -193,12 +210,18 @@ impl fmt::Display for Report {
             100.0 * self.interval_iops_stddev / self.interval_iops_mean.max(1.0),
             self.intervals
         )?;
+        let fb = &self.fabric;
         writeln!(
             f,
             "  fabric  {} packets, {:.1} MB on the wire, deepest switch queue {} KiB",
-            self.fabric.nic_packets,
-            self.fabric.nic_bytes as f64 / 1e6,
-            self.fabric.switch_queue_bytes_max / 1024
+            fb.nic_packets,
+            fb.nic_bytes as f64 / 1e6,
+            fb.switch_queue_bytes_max / 1024
+        )?;
+        writeln!(
+            f,
+            "          {} ECN marks, {} CNPs, {} PFC pauses, {} drops, {} retransmits",
+            fb.ecn_marks, fb.cnps, fb.pauses, fb.drops, fb.retransmits
         )?;
         writeln!(f)?;
         writeln!(f, "  checkers")?;

@@ -20,11 +20,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use weir_core::client::Volume;
+use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
 use weir_core::map::{ClusterMap, VolumeSpec};
 use weir_core::node::Node;
 use weir_core::replication::ReplicationConfig;
 use weir_core::{BufPool, Lba, NodeId, VolumeId};
 use weir_nvme_sim::{SimSsd, SsdConfig};
+use weir_transport_sim::fabric::config::Topology;
 use weir_transport_sim::{Fabric, FabricConfig, SimTransport};
 
 /// Node id of the first client host; storage nodes are 1..=N.
@@ -70,6 +72,32 @@ fn run_here(seed: u64, scenario: &Scenario, name: &str) -> Outcome {
     rt.block_on(async move { run_inner(seed, scenario, name).await })
 }
 
+/// The fabric of a scenario: a star with a slot for every node, client and the
+/// checker, RoCE v2 with the scenario's DCQCN, CNP and PFC choices.
+fn fabric_config(scenario: &Scenario) -> FabricConfig {
+    let f = &scenario.fabric;
+    let rate_bps = f.link_gbps * 1_000_000_000;
+    let mut config = FabricConfig::at_rate(rate_bps);
+    let hosts = scenario.cluster.nodes + scenario.workload.clients + 1;
+    config.topology = Topology::Star {
+        hosts: hosts as usize,
+    };
+    config.host_link.delay_ns = f.link_delay_ns;
+    config.nic.mtu_bytes = f.mtu_bytes;
+    config.nic.dcqcn = DcqcnParams::preset(&f.dcqcn, rate_bps as f64);
+    config.nic.cnp = match f.cnp.as_str() {
+        "per-packet" => CnpMode::PerPacket { min_gap_ns: 0 },
+        _ => CnpMode::PerQpInterval {
+            interval_ns: 50_000,
+        },
+    };
+    config.nic.bdp_window = f.bdp_window;
+    config.switch.buffer_bytes = f.buffer_mib << 20;
+    config.switch.pfc.enabled = f.pfc;
+    config.seed = thread_rng().gen();
+    config
+}
+
 fn build_map(scenario: &Scenario) -> ClusterMap {
     let c = &scenario.cluster;
     let bs = u64::from(c.block_size);
@@ -86,14 +114,8 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
 
 async fn run_inner(seed: u64, scenario: Scenario, name: String) -> Outcome {
     let fabric = Fabric::current();
-    let f = &scenario.fabric;
     fabric
-        .configure(FabricConfig {
-            link_bps: f.link_gbps * 1_000_000_000,
-            link_delay_ns: f.link_delay_ns,
-            mtu_bytes: f.mtu_bytes,
-            ..FabricConfig::default()
-        })
+        .configure(fabric_config(&scenario))
         .expect("validated scenario");
     let map = build_map(&scenario);
     let config = ReplicationConfig {
@@ -160,7 +182,15 @@ fn start_nodes(fabric: &Arc<Fabric>, map: &ClusterMap, config: ReplicationConfig
 }
 
 fn summarize(fabric: &Fabric) -> FabricSummary {
-    let mut sum = FabricSummary::default();
+    let c = fabric.counters();
+    let mut sum = FabricSummary {
+        ecn_marks: c.ecn_marks,
+        cnps: c.cnps_received,
+        pauses: c.pauses_sent,
+        drops: c.drops_in_network(),
+        retransmits: c.retransmits,
+        ..FabricSummary::default()
+    };
     for (_, nic, switch) in fabric.port_stats() {
         sum.nic_bytes += nic.bytes;
         sum.nic_packets += nic.packets;

@@ -89,7 +89,7 @@ impl Default for WorkloadSpec {
     }
 }
 
-/// Fabric parameters.
+/// Fabric parameters: a star of RoCE v2 hosts on one switch.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct FabricSpec {
@@ -99,6 +99,16 @@ pub struct FabricSpec {
     pub link_delay_ns: u64,
     /// Packet payload size.
     pub mtu_bytes: u32,
+    /// DCQCN reaction-point preset: "hpcc", "paper", "connectx", or "off".
+    pub dcqcn: String,
+    /// CNP generation: "per-qp" (at most one per QP per 50 us) or "per-packet".
+    pub cnp: String,
+    /// Limit each QP's unacknowledged bytes to the path's bandwidth-delay product.
+    pub bdp_window: bool,
+    /// Switch shared buffer, MiB.
+    pub buffer_mib: u64,
+    /// PFC on the data class.
+    pub pfc: bool,
 }
 
 impl Default for FabricSpec {
@@ -107,6 +117,11 @@ impl Default for FabricSpec {
             link_gbps: 100,
             link_delay_ns: 1000,
             mtu_bytes: 4096,
+            dcqcn: "hpcc".into(),
+            cnp: "per-qp".into(),
+            bdp_window: false,
+            buffer_mib: 32,
+            pfc: true,
         }
     }
 }
@@ -212,8 +227,24 @@ impl Scenario {
         if w.duration_ms == 0 || w.duration_ms > 60_000 {
             return bad("workload.duration_ms", "must be between 1 and 60000");
         }
-        if self.fabric.link_gbps == 0 || self.fabric.link_gbps > 1600 {
+        let f = &self.fabric;
+        if f.link_gbps == 0 || f.link_gbps > 1600 {
             return bad("fabric.link_gbps", "must be between 1 and 1600");
+        }
+        if !matches!(f.mtu_bytes, 1024 | 2048 | 4096) {
+            return bad("fabric.mtu_bytes", "must be 1024, 2048 or 4096");
+        }
+        if !matches!(f.dcqcn.as_str(), "hpcc" | "paper" | "connectx" | "off") {
+            return bad(
+                "fabric.dcqcn",
+                "must be \"hpcc\", \"paper\", \"connectx\" or \"off\"",
+            );
+        }
+        if !matches!(f.cnp.as_str(), "per-qp" | "per-packet") {
+            return bad("fabric.cnp", "must be \"per-qp\" or \"per-packet\"");
+        }
+        if f.buffer_mib == 0 || f.buffer_mib > 1024 {
+            return bad("fabric.buffer_mib", "must be between 1 and 1024");
         }
         Ok(())
     }

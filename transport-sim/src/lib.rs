@@ -1,14 +1,15 @@
 //! weir-transport-sim: the simulated data-center fabric.
 //!
-//! [`engine`] is the packet-level model, sans-IO and runtime-free. Under
-//! `--cfg madsim`, [`sim::Fabric`] runs it as a madsim `Simulator` plugin, one driver
-//! task advancing its event queue, and [`sim::SimTransport`] implements weir-core's
-//! `Transport` on it.
+//! [`fabric`] is the packet-level RoCE v2 model (PFC, ECN, DCQCN, go-back-N), sans-IO
+//! and runtime-free. Under `--cfg madsim`, [`sim::Fabric`] runs it as a madsim
+//! `Simulator` plugin, one driver task advancing its event queue, and
+//! [`sim::SimTransport`] implements weir-core's `Transport` on it.
 
-pub mod engine;
+pub mod fabric;
 #[cfg(madsim)]
 pub mod sim;
 
-pub use engine::{FabricConfig, PortStats};
+pub use fabric::config::FabricConfig;
+pub use fabric::telemetry::{Counters, PortStats};
 #[cfg(madsim)]
 pub use sim::{Fabric, SimTransport};

@@ -6,9 +6,13 @@
 //! messages to the receivers' inboxes, and sleeps until the next event time, or until
 //! a sender queues something new. One madsim timer per wake-up, not per packet.
 //!
-//! Fault model: none yet (link faults, loss and PFC storms come with the RoCE model).
+//! Fault model: the engine's (see `crate::fabric::Fault`); scenarios inject them
+//! through [`Fabric::inject`].
 
-use crate::engine::{Engine, FabricConfig, HostIdx};
+use crate::fabric::config::FabricConfig;
+use crate::fabric::telemetry::Counters;
+use crate::fabric::topology::HostIdx;
+use crate::fabric::Engine;
 use bytes::Bytes;
 use madsim::plugin::Simulator;
 use madsim::rand::GlobalRng;
@@ -47,7 +51,7 @@ impl Simulator for Fabric {
     fn new(_rand: &GlobalRng, time: &TimeHandle, _config: &madsim::Config) -> Self {
         Fabric {
             state: Mutex::new(State {
-                engine: Engine::new(FabricConfig::default()),
+                engine: Engine::new(FabricConfig::default()).expect("the default fabric is valid"),
                 hosts: BTreeMap::new(),
                 ids: Vec::new(),
                 inboxes: Vec::new(),
@@ -68,12 +72,12 @@ impl Fabric {
 
     /// Set the fabric parameters. Must come before the first endpoint.
     pub fn configure(&self, config: FabricConfig) -> Result<(), String> {
-        config.validate()?;
+        let engine = Engine::new(config)?;
         let mut s = self.state.lock().expect("fabric state");
         if !s.ids.is_empty() {
             return Err("fabric configured after hosts were added".into());
         }
-        s.engine = Engine::new(config);
+        s.engine = engine;
         Ok(())
     }
 
@@ -89,7 +93,7 @@ impl Fabric {
         if s.hosts.contains_key(&id) {
             return Err(format!("host {id} attached twice"));
         }
-        let idx = s.engine.add_host();
+        let idx = s.engine.add_host()?;
         s.hosts.insert(id, idx);
         s.ids.push(id);
         s.inboxes.push(tx);
@@ -109,6 +113,16 @@ impl Fabric {
         })
     }
 
+    /// The fabric's counters.
+    pub fn counters(&self) -> Counters {
+        self.state
+            .lock()
+            .expect("fabric state")
+            .engine
+            .counters()
+            .clone()
+    }
+
     /// Per-host counters: (NIC, switch port towards the host), by node id.
     pub fn port_stats(&self) -> Vec<(NodeId, crate::PortStats, crate::PortStats)> {
         let s = self.state.lock().expect("fabric state");
@@ -119,6 +133,17 @@ impl Fabric {
                 (id, nic, sw)
             })
             .collect()
+    }
+
+    /// Inject `fault` after `delay` from now.
+    pub fn inject(&self, delay: std::time::Duration, fault: crate::fabric::Fault) {
+        let at = self.now_ns() + delay.as_nanos() as u64;
+        self.state
+            .lock()
+            .expect("fabric state")
+            .engine
+            .inject(at, fault);
+        self.wake.notify_one();
     }
 
     async fn drive(self: Arc<Self>) {
@@ -182,7 +207,7 @@ impl Transport for SimTransport {
             {
                 let mut s = self.fabric.state.lock().expect("fabric state");
                 let dst = *s.hosts.get(&to).ok_or(TransportError::UnknownPeer(to))?;
-                let limit = s.engine.config().nic_queue_bytes_max;
+                let limit = s.engine.config().nic.send_queue_bytes_max;
                 // An empty queue takes any frame, so no frame waits for ever.
                 let queued = s.engine.nic_queue_bytes(self.idx);
                 if queued == 0 || queued + frame.len() as u64 <= limit {

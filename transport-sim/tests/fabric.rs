@@ -21,7 +21,10 @@ fn runtime(seed: u64) -> Runtime {
 fn fan_in(senders: u32, count: usize, len: usize) -> Duration {
     runtime(1).block_on(async move {
         let fabric = Fabric::current();
-        fabric.configure(FabricConfig::default()).unwrap();
+        // The engine's queues alone: no congestion control on top.
+        let mut config = FabricConfig::default();
+        config.nic.dcqcn = None;
+        fabric.configure(config).unwrap();
         let rx = Arc::new(fabric.endpoint(NodeId(0)).unwrap());
         let txs: Vec<_> = (1..=senders)
             .map(|i| Arc::new(fabric.endpoint(NodeId(i)).unwrap()))

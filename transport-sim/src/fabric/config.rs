@@ -1,0 +1,254 @@
+//! Fabric parameters: topology, links, switch buffers (ECN, PFC) and NICs (RC QPs,
+//! DCQCN, CNPs). Every value has a documented default; `validate` names a bad key.
+
+use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
+
+/// How hosts are wired.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Topology {
+    /// Every host port on one switch.
+    Star {
+        /// Host slots.
+        hosts: usize,
+    },
+    /// Two tiers: hosts on leaves, every leaf linked to every spine, ECMP across
+    /// spines by flow hash.
+    LeafSpine {
+        /// Leaf switches.
+        leaves: usize,
+        /// Spine switches.
+        spines: usize,
+        /// Host slots per leaf (filled leaf by leaf).
+        hosts_per_leaf: usize,
+    },
+}
+
+/// One kind of link.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkSpec {
+    /// Rate, bits per second.
+    pub rate_bps: u64,
+    /// One-way propagation delay, ns.
+    pub delay_ns: u64,
+}
+
+/// ECN marking on a switch egress queue, RED-style on its bytes: probability 0
+/// below `kmin`, linear to `pmax` at `kmax`, 1 above. Given for 100 Gb/s ports and
+/// scaled linearly with port speed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EcnSpec {
+    /// Marking starts here (bytes, at 100 Gb/s).
+    pub kmin_bytes_at_100g: u64,
+    /// Marking reaches `pmax` here (bytes, at 100 Gb/s).
+    pub kmax_bytes_at_100g: u64,
+    /// Marking probability at `kmax`.
+    pub pmax: f64,
+}
+
+impl EcnSpec {
+    /// (Kmin, Kmax) in bytes at a port of `rate_bps`.
+    pub fn thresholds(&self, rate_bps: u64) -> (u64, u64) {
+        let scale = |b: u64| (b as u128 * rate_bps as u128 / 100_000_000_000u128) as u64;
+        (
+            scale(self.kmin_bytes_at_100g),
+            scale(self.kmax_bytes_at_100g),
+        )
+    }
+}
+
+/// Priority flow control on the lossless class.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PfcSpec {
+    /// PFC on (RoCE) or off.
+    pub enabled: bool,
+    /// Per ingress queue bytes that never count against the shared buffer.
+    pub reserve_bytes: u64,
+    /// Headroom = this x port rate x propagation delay (+ one MTU frame).
+    pub headroom_rtt_factor: u64,
+    /// XOFF threshold = free shared buffer >> shift at the host-port speed; one less
+    /// per doubling of the port's speed.
+    pub xoff_shift_at_host_speed: u32,
+    /// XON when headroom is empty and shared use + this <= threshold.
+    pub resume_offset_bytes: u64,
+}
+
+/// Switch parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SwitchSpec {
+    /// Shared packet buffer, bytes.
+    pub buffer_bytes: u64,
+    /// Forwarding latency, ns.
+    pub forwarding_ns: u64,
+    /// ECN marking.
+    pub ecn: EcnSpec,
+    /// PFC.
+    pub pfc: PfcSpec,
+}
+
+/// NIC parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NicSpec {
+    /// Payload bytes per packet (RoCE path MTU: 1024 or 4096).
+    pub mtu_bytes: u32,
+    /// DCQCN reaction point on every QP (`None`: send at line rate, PFC only).
+    pub dcqcn: Option<DcqcnParams>,
+    /// How receivers turn ECN marks into CNPs.
+    pub cnp: CnpMode,
+    /// Limit each QP's unacknowledged bytes to the bandwidth-delay product.
+    pub bdp_window: bool,
+    /// Retransmission timeout, ns.
+    pub rto_ns: u64,
+    /// Bytes a host may queue for sending before `send` waits.
+    pub send_queue_bytes_max: u64,
+}
+
+/// The whole fabric.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FabricConfig {
+    /// Wiring.
+    pub topology: Topology,
+    /// Host-to-leaf links.
+    pub host_link: LinkSpec,
+    /// Leaf-to-spine links.
+    pub fabric_link: LinkSpec,
+    /// NIC ports per host (1, or 2 for multipath): in a star both reach the switch;
+    /// in a leaf-spine port k reaches leaf (home + k) mod leaves.
+    pub ports_per_host: usize,
+    /// Wire bytes added to every packet: Ethernet (14 + 4 FCS) + IPv4 (20) + UDP (8)
+    /// + BTH (12) + ICRC (4) + preamble and inter-frame gap (20).
+    pub header_bytes: u32,
+    /// Switches.
+    pub switch: SwitchSpec,
+    /// NICs.
+    pub nic: NicSpec,
+    /// Seed of the fabric's own random draws (ECN marking, loss, ECMP salt).
+    pub seed: u64,
+}
+
+/// Wire size of an ACK, NACK, CNP or PAUSE frame.
+pub const CONTROL_FRAME_BYTES: u32 = 84;
+
+impl Default for FabricConfig {
+    fn default() -> Self {
+        FabricConfig {
+            topology: Topology::Star { hosts: 64 },
+            host_link: LinkSpec {
+                rate_bps: 100_000_000_000,
+                delay_ns: 1_000,
+            },
+            fabric_link: LinkSpec {
+                rate_bps: 400_000_000_000,
+                delay_ns: 1_000,
+            },
+            ports_per_host: 1,
+            header_bytes: 82,
+            switch: SwitchSpec {
+                buffer_bytes: 32 << 20,
+                forwarding_ns: 300,
+                // The HPCC simulator's DCQCN marking at 100 Gb/s.
+                ecn: EcnSpec {
+                    kmin_bytes_at_100g: 100_000,
+                    kmax_bytes_at_100g: 400_000,
+                    pmax: 0.2,
+                },
+                pfc: PfcSpec {
+                    enabled: true,
+                    reserve_bytes: 4096,
+                    headroom_rtt_factor: 3,
+                    xoff_shift_at_host_speed: 3,
+                    resume_offset_bytes: 3072,
+                },
+            },
+            nic: NicSpec {
+                mtu_bytes: 4096,
+                dcqcn: Some(DcqcnParams::hpcc(100e9)),
+                // The paper's notification point: at most one CNP per QP per 50 us.
+                cnp: CnpMode::PerQpInterval {
+                    interval_ns: 50_000,
+                },
+                bdp_window: false,
+                rto_ns: 1_000_000,
+                send_queue_bytes_max: 64 << 20,
+            },
+            seed: 0,
+        }
+    }
+}
+
+impl FabricConfig {
+    /// The default fabric with every host link at `rate_bps` and DCQCN scaled to it.
+    pub fn at_rate(rate_bps: u64) -> Self {
+        let mut c = FabricConfig::default();
+        c.host_link.rate_bps = rate_bps;
+        c.fabric_link.rate_bps = rate_bps * 4;
+        if let Some(d) = &mut c.nic.dcqcn {
+            d.line_rate_bps = rate_bps as f64;
+            d.min_rate_bps = d.min_rate_bps.min(rate_bps as f64);
+        }
+        c
+    }
+
+    /// Check the configuration; a bad one gets a message naming the key.
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |k: &str, why: &str| Err(format!("fabric config `{k}`: {why}"));
+        match self.topology {
+            Topology::Star { hosts } if hosts == 0 || hosts > 4096 => {
+                return bad("topology.hosts", "must be 1..=4096")
+            }
+            Topology::LeafSpine {
+                leaves,
+                spines,
+                hosts_per_leaf,
+            } if leaves == 0
+                || spines == 0
+                || hosts_per_leaf == 0
+                || leaves * hosts_per_leaf > 4096 =>
+            {
+                return bad(
+                    "topology",
+                    "leaves, spines and hosts_per_leaf must be > 0, hosts <= 4096",
+                )
+            }
+            _ => {}
+        }
+        if !matches!(self.ports_per_host, 1 | 2) {
+            return bad("ports_per_host", "must be 1 or 2");
+        }
+        for (k, l) in [
+            ("host_link", self.host_link),
+            ("fabric_link", self.fabric_link),
+        ] {
+            if l.rate_bps == 0 {
+                return bad(k, "rate must be > 0");
+            }
+        }
+        if !matches!(self.nic.mtu_bytes, 256 | 512 | 1024 | 2048 | 4096) {
+            return bad("nic.mtu_bytes", "must be a RoCE MTU (256..4096)");
+        }
+        let e = self.switch.ecn;
+        if e.kmin_bytes_at_100g > e.kmax_bytes_at_100g || !(0.0..=1.0).contains(&e.pmax) {
+            return bad("switch.ecn", "need kmin <= kmax and pmax in [0, 1]");
+        }
+        if self.switch.buffer_bytes < 1 << 20 {
+            return bad("switch.buffer_bytes", "must be at least 1 MiB");
+        }
+        if let Some(d) = &self.nic.dcqcn {
+            d.validate()?;
+            if d.line_rate_bps > self.host_link.rate_bps as f64 {
+                return bad("nic.dcqcn.line_rate_bps", "exceeds the host link rate");
+            }
+        }
+        if self.nic.rto_ns == 0 {
+            return bad("nic.rto_ns", "must be > 0");
+        }
+        if self.nic.send_queue_bytes_max < u64::from(self.nic.mtu_bytes) {
+            return bad("nic.send_queue_bytes_max", "below one MTU");
+        }
+        Ok(())
+    }
+
+    /// Time to put `wire_bytes` on a link of `rate_bps`, ns (rounded up).
+    pub fn serialization_ns(wire_bytes: u64, rate_bps: u64) -> u64 {
+        (wire_bytes as u128 * 8 * 1_000_000_000).div_ceil(rate_bps as u128) as u64
+    }
+}

@@ -1,0 +1,283 @@
+//! Host NIC behaviour of the engine: QP scheduling with DCQCN pacing and windows,
+//! receive processing (ACK, NACK, CNP), timers.
+
+use super::config::FabricConfig;
+use super::nic::{control, data_packet, RecvQp, RxVerdict, SendQp};
+use super::packet::{Kind, Packet};
+use super::telemetry::DropReason;
+use super::topology::{HostIdx, PortId};
+use super::{mix, Delivery, Engine, Event};
+use bytes::Bytes;
+use weir_core::congestion::dcqcn::{NotificationPoint, ReactionPoint};
+
+impl Engine {
+    fn flow_hash(src: HostIdx, dst: HostIdx) -> u64 {
+        mix(((src as u64) << 32) | dst as u64)
+    }
+
+    /// Hops between two hosts (links crossed one way).
+    fn hops(&self, src: HostIdx, dst: HostIdx) -> u64 {
+        match self.config.topology {
+            super::config::Topology::Star { .. } => 2,
+            super::config::Topology::LeafSpine { hosts_per_leaf, .. } => {
+                if src / hosts_per_leaf == dst / hosts_per_leaf {
+                    2
+                } else {
+                    4
+                }
+            }
+        }
+    }
+
+    /// Bandwidth-delay product of the path, bytes: line rate x base round trip
+    /// (propagation both ways plus one full frame's serialization per hop).
+    fn bdp_bytes(&self, src: HostIdx, dst: HostIdx) -> u64 {
+        let link = self.config.host_link;
+        let hops = self.hops(src, dst);
+        let frame = u64::from(self.config.nic.mtu_bytes + self.config.header_bytes);
+        let rtt_ns =
+            2 * hops * link.delay_ns + hops * FabricConfig::serialization_ns(frame, link.rate_bps);
+        (link.rate_bps as u128 * u128::from(rtt_ns) / 8_000_000_000) as u64
+    }
+
+    pub(super) fn host_send(&mut self, src: HostIdx, dst: HostIdx, frame: Bytes) {
+        let ports = &self.wiring.host_ports[src];
+        let port = ports[(Self::flow_hash(src, dst) % ports.len() as u64) as usize];
+        let rp = self.config.nic.dcqcn.clone().map(ReactionPoint::new);
+        let mtu = u64::from(self.config.nic.mtu_bytes);
+        let packets = (frame.len() as u64).div_ceil(mtu).max(1);
+        let len = frame.len() as u64;
+        let now = self.now_ns;
+        let host = &mut self.hosts[src];
+        let qp = host
+            .send
+            .entry(dst)
+            .or_insert_with(|| SendQp::new(dst, port, rp));
+        qp.push(frame, packets, now);
+        host.queued_bytes += len;
+        let port = qp.port;
+        self.try_tx(port);
+    }
+
+    /// The next data packet host `h` may put on `port`: round robin over its QPs on
+    /// that port that have data, window room and pacing credit.
+    pub(super) fn host_next_data(&mut self, h: HostIdx, port: PortId) -> Option<Packet> {
+        let now = self.now_ns;
+        let keys: Vec<HostIdx> = self.hosts[h]
+            .send
+            .iter()
+            .filter(|(_, qp)| qp.port == port && qp.has_data())
+            .map(|(&dst, _)| dst)
+            .collect();
+        if keys.is_empty() {
+            return None;
+        }
+        let wire_frame = u64::from(self.config.nic.mtu_bytes + self.config.header_bytes);
+        let mut earliest: Option<u64> = None;
+        let start = self.ports[port].rr % keys.len();
+        for i in 0..keys.len() {
+            let dst = keys[(start + i) % keys.len()];
+            let window = self.config.nic.bdp_window.then(|| self.bdp_bytes(h, dst));
+            let qp = &self.hosts[h].send[&dst];
+            if let Some(window) = window {
+                if qp.inflight_packets() > 0 && (qp.inflight_packets() + 1) * wire_frame > window {
+                    continue; // Window full: an ACK will reopen it.
+                }
+            }
+            if qp.next_send_ns > now {
+                earliest = Some(earliest.map_or(qp.next_send_ns, |e| e.min(qp.next_send_ns)));
+                continue;
+            }
+            self.ports[port].rr = (start + i + 1) % keys.len();
+            return Some(self.emit(h, dst, port));
+        }
+        if let Some(at) = earliest {
+            if self.ports[port].wake_at.is_none_or(|w| at < w || w < now) {
+                self.ports[port].wake_at = Some(at);
+                self.schedule(at, Event::Wake { port });
+            }
+        }
+        None
+    }
+
+    /// Build and account the next packet of QP `h -> dst`.
+    fn emit(&mut self, h: HostIdx, dst: HostIdx, port: PortId) -> Packet {
+        let now = self.now_ns;
+        let (mtu, header) = (self.config.nic.mtu_bytes, self.config.header_bytes);
+        let rate_line = self.ports[port].info.rate_bps;
+        let rto = self.config.nic.rto_ns;
+        let qp = self.hosts[h].send.get_mut(&dst).expect("chosen QP exists");
+        let psn = qp.nxt;
+        let packet = data_packet(h, qp, psn, mtu, header, Self::flow_hash(h, dst));
+        qp.nxt += 1;
+        if psn < qp.max_sent {
+            self.counters.retransmits += 1;
+        }
+        qp.max_sent = qp.max_sent.max(qp.nxt);
+        let rate = qp.rate_bps(rate_line);
+        qp.next_send_ns = now + FabricConfig::serialization_ns(u64::from(packet.wire_bytes), rate);
+        if let Some(rp) = &mut qp.rp {
+            rp.handle_sent(u64::from(packet.wire_bytes));
+        }
+        if qp.rto_at.is_none() {
+            qp.rto_at = Some(now + rto);
+        }
+        self.arm_qp_timer(h, dst);
+        packet
+    }
+
+    /// Make sure a timer event is queued for the QP's next DCQCN or RTO deadline.
+    fn arm_qp_timer(&mut self, h: HostIdx, dst: HostIdx) {
+        let qp = self.hosts[h].send.get_mut(&dst).expect("QP exists");
+        let rp_next = qp.rp.as_ref().and_then(|rp| rp.next_timeout_ns());
+        let next = match (rp_next, qp.rto_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let Some(next) = next else { return };
+        if qp.timer_event_ns.is_none_or(|t| next < t) {
+            qp.timer_event_ns = Some(next);
+            self.schedule(next, Event::QpTimer { host: h, dst });
+        }
+    }
+
+    pub(super) fn qp_timer(&mut self, h: HostIdx, dst: HostIdx) {
+        let now = self.now_ns;
+        let rto = self.config.nic.rto_ns;
+        let qp = self.hosts[h]
+            .send
+            .get_mut(&dst)
+            .expect("timer of an existing QP");
+        if qp.timer_event_ns == Some(now) {
+            qp.timer_event_ns = None;
+        }
+        if let Some(rp) = &mut qp.rp {
+            rp.handle_timeout(now);
+        }
+        if qp.rto_at.is_some_and(|t| t <= now) {
+            if qp.una < qp.nxt {
+                // No progress for a whole timeout: go back to the oldest unacked PSN.
+                self.counters.timeouts += 1;
+                qp.nxt = qp.una;
+                qp.rto_at = Some(now + rto);
+            } else {
+                qp.rto_at = None;
+            }
+        }
+        let port = qp.port;
+        self.arm_qp_timer(h, dst);
+        self.try_tx(port);
+    }
+
+    pub(super) fn host_arrive(&mut self, h: HostIdx, port: PortId, packet: Packet) {
+        if packet.corrupt {
+            return self.drop_packet(DropReason::Corrupt);
+        }
+        let src = packet.src;
+        match packet.kind {
+            Kind::Pause { on } => self.set_paused(port, on),
+            Kind::Data {
+                psn,
+                msg,
+                msg_sent_ns,
+                ..
+            } => self.receive_data(h, port, src, psn, packet.ce, msg, msg_sent_ns),
+            Kind::Ack { psn } => self.receive_ack(h, src, Some(psn), None),
+            Kind::Nack { psn } => self.receive_ack(h, src, psn.checked_sub(1), Some(psn)),
+            Kind::Cnp => {
+                self.counters.cnps_received += 1;
+                let now = self.now_ns;
+                if let Some(qp) = self.hosts[h].send.get_mut(&src) {
+                    if let Some(rp) = &mut qp.rp {
+                        rp.handle_cnp(now);
+                    }
+                    self.arm_qp_timer(h, src);
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn receive_data(
+        &mut self,
+        h: HostIdx,
+        port: PortId,
+        src: HostIdx,
+        psn: u64,
+        ce: bool,
+        msg: Option<Bytes>,
+        msg_sent_ns: u64,
+    ) {
+        let now = self.now_ns;
+        let cnp_mode = self.config.nic.cnp;
+        let rq = self.hosts[h]
+            .recv
+            .entry(src)
+            .or_insert_with(|| RecvQp::new(NotificationPoint::new(cnp_mode)));
+        let cnp = ce && rq.np.handle_marked(now);
+        let verdict = rq.receive(psn);
+        let expected = rq.expected;
+        let hash = Self::flow_hash(h, src);
+        if cnp {
+            self.counters.cnps_sent += 1;
+            self.enqueue(port, control(h, src, hash, Kind::Cnp));
+        }
+        match verdict {
+            RxVerdict::Accept => {
+                if let Some(frame) = msg {
+                    self.counters.messages += 1;
+                    self.delivered.push(Delivery {
+                        src,
+                        dst: h,
+                        frame,
+                        sent_ns: msg_sent_ns,
+                        at_ns: now,
+                    });
+                }
+                self.enqueue(port, control(h, src, hash, Kind::Ack { psn }));
+            }
+            RxVerdict::Gap { nack } => {
+                self.drop_packet(DropReason::OutOfOrder);
+                if nack {
+                    self.counters.nacks += 1;
+                    self.enqueue(port, control(h, src, hash, Kind::Nack { psn: expected }));
+                }
+            }
+            RxVerdict::Duplicate => {
+                self.drop_packet(DropReason::Duplicate);
+                if let Some(last) = expected.checked_sub(1) {
+                    self.enqueue(port, control(h, src, hash, Kind::Ack { psn: last }));
+                }
+            }
+        }
+    }
+
+    /// ACK (cumulative up to `acked`) or NACK (`rewind_to`) for QP `h -> src`.
+    fn receive_ack(
+        &mut self,
+        h: HostIdx,
+        src: HostIdx,
+        acked: Option<u64>,
+        rewind_to: Option<u64>,
+    ) {
+        let now = self.now_ns;
+        let rto = self.config.nic.rto_ns;
+        let Some(qp) = self.hosts[h].send.get_mut(&src) else {
+            return; // An ACK for a QP never used: stale or bogus.
+        };
+        let freed = acked.map_or(0, |psn| qp.ack(psn));
+        if let Some(psn) = rewind_to {
+            if psn >= qp.una && psn < qp.nxt {
+                qp.nxt = psn; // Go back N.
+            }
+        }
+        qp.rto_at = (qp.una < qp.nxt || qp.has_data()).then_some(now + rto);
+        if qp.una == qp.end_psn {
+            qp.rto_at = None;
+        }
+        let port = qp.port;
+        self.hosts[h].queued_bytes -= freed;
+        self.arm_qp_timer(h, src);
+        self.try_tx(port);
+    }
+}

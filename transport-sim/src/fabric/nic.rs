@@ -1,0 +1,256 @@
+//! The host NIC: RC queue pairs with MTU segmentation, PSNs, cumulative ACKs, NACK
+//! on out-of-order arrival, go-back-N retransmission from the last acknowledged PSN,
+//! a retransmission timeout, DCQCN rate limiting per QP (reaction point) and CNP
+//! generation at the receiver (notification point). One QP per ordered host pair,
+//! pinned to one NIC port by hash.
+
+use super::packet::{Kind, Packet, PRIO_CONTROL, PRIO_DATA};
+use super::topology::{HostIdx, PortId};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use weir_core::congestion::dcqcn::{NotificationPoint, ReactionPoint};
+
+/// A message waiting to be (fully) acknowledged.
+#[derive(Clone, Debug)]
+pub(super) struct OutMsg {
+    pub(super) frame: Bytes,
+    pub(super) first_psn: u64,
+    pub(super) packets: u64,
+    pub(super) sent_ns: u64,
+}
+
+/// The sending side of a QP.
+#[derive(Debug)]
+pub(super) struct SendQp {
+    pub(super) dst: HostIdx,
+    pub(super) port: PortId,
+    pub(super) msgs: VecDeque<OutMsg>,
+    /// First PSN not yet handed to `msgs`.
+    pub(super) end_psn: u64,
+    /// Oldest unacknowledged PSN.
+    pub(super) una: u64,
+    /// Next PSN to transmit (rewinds on NACK or timeout).
+    pub(super) nxt: u64,
+    /// Highest PSN ever transmitted + 1 (to count retransmissions).
+    pub(super) max_sent: u64,
+    pub(super) rp: Option<ReactionPoint>,
+    /// Pacing: the QP may send its next packet at this time.
+    pub(super) next_send_ns: u64,
+    /// Retransmission deadline while data is outstanding.
+    pub(super) rto_at: Option<u64>,
+    /// A timer event is queued for this time (RTO or DCQCN).
+    pub(super) timer_event_ns: Option<u64>,
+    pub(super) queued_bytes: u64,
+}
+
+impl SendQp {
+    pub(super) fn new(dst: HostIdx, port: PortId, rp: Option<ReactionPoint>) -> Self {
+        SendQp {
+            dst,
+            port,
+            msgs: VecDeque::new(),
+            end_psn: 0,
+            una: 0,
+            nxt: 0,
+            max_sent: 0,
+            rp,
+            next_send_ns: 0,
+            rto_at: None,
+            timer_event_ns: None,
+            queued_bytes: 0,
+        }
+    }
+
+    /// Queue a message of `packets` packets.
+    pub(super) fn push(&mut self, frame: Bytes, packets: u64, now_ns: u64) {
+        self.queued_bytes += frame.len() as u64;
+        self.msgs.push_back(OutMsg {
+            frame,
+            first_psn: self.end_psn,
+            packets,
+            sent_ns: now_ns,
+        });
+        self.end_psn += packets;
+    }
+
+    /// True if a packet is waiting to be transmitted.
+    pub(super) fn has_data(&self) -> bool {
+        self.nxt < self.end_psn
+    }
+
+    /// Bytes sent and not yet acknowledged, by packet count x MTU (an upper bound).
+    pub(super) fn inflight_packets(&self) -> u64 {
+        self.nxt - self.una
+    }
+
+    /// The message holding `psn` and the packet's index in it.
+    pub(super) fn locate(&self, psn: u64) -> (&OutMsg, u64) {
+        let i = self
+            .msgs
+            .partition_point(|m| m.first_psn + m.packets <= psn);
+        let m = &self.msgs[i];
+        debug_assert!(psn >= m.first_psn && psn < m.first_psn + m.packets);
+        (m, psn - m.first_psn)
+    }
+
+    /// Cumulative ACK of every PSN <= `psn`: returns bytes of messages completed.
+    pub(super) fn ack(&mut self, psn: u64) -> u64 {
+        if psn < self.una || psn >= self.end_psn {
+            return 0; // Stale or bogus.
+        }
+        self.una = psn + 1;
+        self.nxt = self.nxt.max(self.una);
+        let mut freed = 0;
+        while let Some(m) = self.msgs.front() {
+            if m.first_psn + m.packets > self.una {
+                break;
+            }
+            freed += m.frame.len() as u64;
+            self.msgs.pop_front();
+        }
+        self.queued_bytes -= freed;
+        freed
+    }
+
+    /// Rate the QP may send at, bits per second.
+    pub(super) fn rate_bps(&self, line_rate_bps: u64) -> u64 {
+        match &self.rp {
+            Some(rp) => (rp.rate_bps() as u64).clamp(1, line_rate_bps),
+            None => line_rate_bps,
+        }
+    }
+}
+
+/// The receiving side of a QP.
+#[derive(Debug)]
+pub(super) struct RecvQp {
+    pub(super) expected: u64,
+    pub(super) nacked: bool,
+    pub(super) np: NotificationPoint,
+}
+
+/// What a receiver does with an arriving data packet.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum RxVerdict {
+    /// In order: accept, then acknowledge it.
+    Accept,
+    /// Ahead of a gap: drop; NACK the expected PSN if not done for this gap.
+    Gap { nack: bool },
+    /// Already received: drop, re-acknowledge.
+    Duplicate,
+}
+
+impl RecvQp {
+    pub(super) fn new(np: NotificationPoint) -> Self {
+        RecvQp {
+            expected: 0,
+            nacked: false,
+            np,
+        }
+    }
+
+    pub(super) fn receive(&mut self, psn: u64) -> RxVerdict {
+        use std::cmp::Ordering::*;
+        match psn.cmp(&self.expected) {
+            Equal => {
+                self.expected += 1;
+                self.nacked = false;
+                RxVerdict::Accept
+            }
+            Greater => {
+                let nack = !self.nacked;
+                self.nacked = true;
+                RxVerdict::Gap { nack }
+            }
+            Less => RxVerdict::Duplicate,
+        }
+    }
+}
+
+/// A control frame from `src` to `dst`.
+pub(super) fn control(src: HostIdx, dst: HostIdx, hash: u64, kind: Kind) -> Packet {
+    Packet {
+        src,
+        dst,
+        prio: PRIO_CONTROL,
+        wire_bytes: super::config::CONTROL_FRAME_BYTES,
+        ce: false,
+        corrupt: false,
+        hash,
+        ingress: None,
+        kind,
+    }
+}
+
+/// Data packet `psn` of `qp`, sent by `src`.
+pub(super) fn data_packet(
+    src: HostIdx,
+    qp: &SendQp,
+    psn: u64,
+    mtu: u32,
+    header: u32,
+    hash: u64,
+) -> Packet {
+    let (msg, index) = qp.locate(psn);
+    let len = msg.frame.len() as u64;
+    let payload = (len - (index * u64::from(mtu)).min(len)).min(u64::from(mtu)) as u32;
+    let last = index + 1 == msg.packets;
+    Packet {
+        src,
+        dst: qp.dst,
+        prio: PRIO_DATA,
+        wire_bytes: payload + header,
+        ce: false,
+        corrupt: false,
+        hash,
+        ingress: None,
+        kind: Kind::Data {
+            psn,
+            payload,
+            msg: last.then(|| msg.frame.clone()),
+            msg_sent_ns: msg.sent_ns,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_core::congestion::dcqcn::CnpMode;
+
+    #[test]
+    fn acks_free_whole_messages_and_go_back_n_rewinds() {
+        let mut qp = SendQp::new(1, 0, None);
+        qp.push(Bytes::from(vec![0; 10_000]), 3, 0);
+        qp.push(Bytes::from(vec![0; 100]), 1, 0);
+        assert_eq!(qp.end_psn, 4);
+        qp.nxt = 4;
+        assert_eq!(qp.ack(1), 0, "message 1 is not complete");
+        assert_eq!(qp.ack(2), 10_000);
+        assert_eq!(qp.ack(1), 0, "stale ack");
+        assert_eq!(qp.ack(9), 0, "ack beyond what was sent");
+        assert_eq!(qp.locate(3).1, 0);
+        let p = data_packet(0, &qp, 3, 4096, 82, 7);
+        assert!(matches!(
+            p.kind,
+            Kind::Data {
+                payload: 100,
+                msg: Some(_),
+                ..
+            }
+        ));
+        assert_eq!(qp.ack(3), 100);
+        assert_eq!(qp.queued_bytes, 0);
+    }
+
+    #[test]
+    fn the_receiver_nacks_a_gap_once_and_accepts_in_order() {
+        let mut rx = RecvQp::new(NotificationPoint::new(CnpMode::PerPacket { min_gap_ns: 0 }));
+        assert_eq!(rx.receive(0), RxVerdict::Accept);
+        assert_eq!(rx.receive(2), RxVerdict::Gap { nack: true });
+        assert_eq!(rx.receive(3), RxVerdict::Gap { nack: false });
+        assert_eq!(rx.receive(0), RxVerdict::Duplicate);
+        assert_eq!(rx.receive(1), RxVerdict::Accept);
+        assert_eq!(rx.receive(3), RxVerdict::Gap { nack: true });
+    }
+}

@@ -1,0 +1,75 @@
+//! Packets on the simulated wire.
+
+use super::topology::{HostIdx, PortId};
+use bytes::Bytes;
+
+/// Traffic class of control frames (ACK, NACK, CNP, PAUSE): strict priority, never
+/// paused.
+pub const PRIO_CONTROL: usize = 0;
+/// Traffic class of RoCE data: lossless (PFC) and ECN-capable.
+pub const PRIO_DATA: usize = 1;
+/// Number of traffic classes.
+pub const PRIOS: usize = 2;
+
+/// What a packet is.
+#[derive(Clone, Debug)]
+pub enum Kind {
+    /// A data packet of an RC QP.
+    Data {
+        /// Packet sequence number.
+        psn: u64,
+        /// Payload bytes.
+        payload: u32,
+        /// The whole message, on its last packet only.
+        msg: Option<Bytes>,
+        /// When the message was handed to the sender (for flow completion times).
+        msg_sent_ns: u64,
+    },
+    /// Cumulative acknowledgement of every PSN up to and including `psn`.
+    Ack {
+        /// Highest PSN received in order.
+        psn: u64,
+    },
+    /// Out-of-order arrival: retransmit from `psn` (go-back-N).
+    Nack {
+        /// The PSN the receiver expects.
+        psn: u64,
+    },
+    /// Congestion notification for the QP from `dst` to `src` of this packet.
+    Cnp,
+    /// PFC PAUSE (XOFF when `on`) or resume (XON) of the data class, link-local.
+    Pause {
+        /// XOFF (true) or XON (false).
+        on: bool,
+    },
+}
+
+/// A packet.
+#[derive(Clone, Debug)]
+pub struct Packet {
+    /// Sending host.
+    pub src: HostIdx,
+    /// Receiving host.
+    pub dst: HostIdx,
+    /// Traffic class.
+    pub prio: usize,
+    /// Bytes on the wire (payload + headers).
+    pub wire_bytes: u32,
+    /// ECN Congestion Experienced.
+    pub ce: bool,
+    /// Damaged on a link; the receiving NIC's ICRC check drops it.
+    pub corrupt: bool,
+    /// ECMP flow hash.
+    pub hash: u64,
+    /// At a switch: the ingress port it arrived on (for buffer accounting).
+    pub ingress: Option<PortId>,
+    /// The packet.
+    pub kind: Kind,
+}
+
+impl Packet {
+    /// True for frames that carry data of the lossless class.
+    pub fn is_data(&self) -> bool {
+        matches!(self.kind, Kind::Data { .. })
+    }
+}

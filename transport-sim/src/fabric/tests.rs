@@ -1,0 +1,247 @@
+//! Engine tests, no runtime: the engine is driven directly with explicit time.
+
+use super::config::{FabricConfig, Topology};
+use super::*;
+
+fn no_cc(hosts: usize) -> FabricConfig {
+    let mut c = FabricConfig {
+        topology: Topology::Star { hosts },
+        ..FabricConfig::default()
+    };
+    c.nic.dcqcn = None;
+    c
+}
+
+fn engine(config: FabricConfig) -> Engine {
+    let mut e = Engine::new(config).unwrap();
+    for _ in 0..e.wiring().host_ports.len() {
+        e.add_host().unwrap();
+    }
+    e
+}
+
+#[test]
+fn one_packet_costs_two_serializations_two_propagations_and_the_switch() {
+    let config = no_cc(2);
+    let mut e = engine(config.clone());
+    e.send(0, 0, 1, Bytes::from(vec![0; 1000]));
+    let d = e.run_until_idle(u64::MAX);
+    assert_eq!(d.len(), 1);
+    let ser =
+        FabricConfig::serialization_ns(1000 + u64::from(config.header_bytes), 100_000_000_000);
+    let expect = 2 * ser + 2 * config.host_link.delay_ns + config.switch.forwarding_ns;
+    assert_eq!(d[0].at_ns, expect);
+    assert_eq!(e.counters().messages, 1);
+}
+
+#[test]
+fn messages_between_a_pair_arrive_in_order_and_whole() {
+    let mut e = engine(no_cc(2));
+    let mut d = Vec::new();
+    for i in 0..50u8 {
+        let t = u64::from(i) * 10;
+        d.extend(e.advance(t));
+        e.send(t, 0, 1, Bytes::from(vec![i; 100 + 997 * i as usize]));
+    }
+    d.extend(e.run_until_idle(u64::MAX));
+    let order: Vec<u8> = d.iter().map(|d| d.frame[0]).collect();
+    assert_eq!(order, (0..50).collect::<Vec<_>>());
+    assert!(d
+        .iter()
+        .enumerate()
+        .all(|(i, d)| d.frame.len() == 100 + 997 * i));
+    assert_eq!(e.nic_queue_bytes(0), 0, "every message acknowledged");
+}
+
+#[test]
+fn two_senders_into_one_receiver_take_twice_as_long() {
+    let msg = || Bytes::from(vec![0; 1 << 20]);
+    let mut alone = engine(no_cc(3));
+    for _ in 0..8 {
+        alone.send(0, 0, 2, msg());
+    }
+    let t1 = alone.run_until_idle(u64::MAX).last().unwrap().at_ns;
+    let mut both = engine(no_cc(3));
+    for _ in 0..8 {
+        both.send(0, 0, 2, msg());
+        both.send(0, 1, 2, msg());
+    }
+    let t2 = both.run_until_idle(u64::MAX).last().unwrap().at_ns;
+    let ratio = t2 as f64 / t1 as f64;
+    assert!(
+        (ratio - 2.0).abs() <= 0.1,
+        "ratio {ratio}: {t1} ns alone, {t2} ns shared"
+    );
+    assert_eq!(both.counters().drops_in_network(), 0);
+}
+
+fn star_dcqcn(hosts: usize, seed: u64) -> FabricConfig {
+    FabricConfig {
+        topology: Topology::Star { hosts },
+        seed,
+        ..FabricConfig::default()
+    }
+}
+
+/// Host 0 sends `n` messages of `len` bytes to host 1; returns deliveries.
+fn stream(e: &mut Engine, n: usize, len: usize) -> Vec<Delivery> {
+    for i in 0..n {
+        e.send(0, 0, 1, Bytes::from(vec![i as u8; len]));
+    }
+    e.run_until_idle(u64::MAX)
+}
+
+fn assert_in_order(d: &[Delivery], n: usize, len: usize) {
+    assert_eq!(d.len(), n, "messages lost");
+    for (i, m) in d.iter().enumerate() {
+        assert_eq!(m.frame.len(), len);
+        assert_eq!(m.frame[0], i as u8, "message {i} out of order");
+    }
+}
+
+#[test]
+fn random_loss_is_repaired_by_go_back_n() {
+    let mut e = engine(star_dcqcn(2, 1));
+    let link = e.wiring().ports[e.wiring().host_ports[0][0]].link;
+    e.inject(
+        0,
+        Fault::LinkErrors {
+            link,
+            loss: 0.01,
+            corrupt: 0.0,
+        },
+    );
+    let d = stream(&mut e, 100, 20_000);
+    assert_in_order(&d, 100, 20_000);
+    let c = e.counters();
+    assert!(c.dropped(telemetry::DropReason::LinkLoss) > 0);
+    assert!(c.nacks > 0 && c.retransmits > 0, "{c:?}");
+}
+
+#[test]
+fn corrupted_packets_fail_the_icrc_check_and_are_resent() {
+    let mut e = engine(star_dcqcn(2, 2));
+    let link = e.wiring().ports[e.wiring().host_ports[1][0]].link;
+    e.inject(
+        0,
+        Fault::LinkErrors {
+            link,
+            loss: 0.0,
+            corrupt: 0.02,
+        },
+    );
+    let d = stream(&mut e, 50, 20_000);
+    assert_in_order(&d, 50, 20_000);
+    assert!(e.counters().dropped(telemetry::DropReason::Corrupt) > 0);
+    assert!(e.counters().retransmits > 0);
+}
+
+#[test]
+fn a_link_flap_stalls_then_the_timeout_recovers() {
+    let mut e = engine(star_dcqcn(2, 3));
+    let link = e.wiring().ports[e.wiring().host_ports[1][0]].link;
+    e.inject(20_000, Fault::LinkDown { link });
+    e.inject(520_000, Fault::LinkUp { link });
+    let d = stream(&mut e, 40, 20_000);
+    assert_in_order(&d, 40, 20_000);
+    let c = e.counters();
+    assert!(c.dropped(telemetry::DropReason::LinkDown) > 0);
+    assert!(
+        c.timeouts > 0,
+        "only a timeout can recover a dead link: {c:?}"
+    );
+    assert!(d.last().unwrap().at_ns > 520_000);
+}
+
+#[test]
+fn a_pfc_storm_stops_traffic_to_the_stormer_and_spreads_pauses() {
+    let mut e = engine(star_dcqcn(3, 4));
+    e.inject(0, Fault::PfcStorm { host: 2, on: true });
+    for i in 0..20 {
+        e.send(0, 0, 2, Bytes::from(vec![i; 200_000]));
+    }
+    let d = e.run_until_idle(2_000_000);
+    assert!(d.is_empty(), "a paused receiver got data");
+    let c = e.counters().clone();
+    assert!(c.pauses_received > 0 && c.pauses_sent > 0, "{c:?}");
+    // The switch held the stormer's traffic and paused the sender in turn.
+    let nic0 = e.wiring().host_ports[0][0];
+    assert!(e.all_port_stats()[nic0].2.paused_ns > 0 || e.ports[nic0].paused);
+    e.inject(2_000_000, Fault::PfcStorm { host: 2, on: false });
+    let d = e.run_until_idle(u64::MAX);
+    assert_eq!(d.len(), 20, "traffic did not resume after the storm");
+    assert_eq!(e.counters().drops_in_network(), 0, "PFC lost packets");
+}
+
+#[test]
+fn a_switch_reboot_drops_its_queues_and_traffic_recovers() {
+    let mut e = engine(star_dcqcn(3, 5));
+    e.inject(
+        100_000,
+        Fault::SwitchReboot {
+            switch: 0,
+            down_ns: 50_000,
+        },
+    );
+    for i in 0..30 {
+        e.send(0, 0, 2, Bytes::from(vec![i; 50_000]));
+        e.send(0, 1, 2, Bytes::from(vec![i; 50_000]));
+    }
+    let d = e.run_until_idle(u64::MAX);
+    assert_eq!(d.len(), 60);
+    assert!(e.counters().dropped(telemetry::DropReason::SwitchReboot) > 0);
+    for s in &e.switches {
+        s.mmu.self_check();
+        assert_eq!(
+            s.mmu.used_bytes(),
+            0,
+            "buffer accounting leaked across the reboot"
+        );
+    }
+}
+
+#[test]
+fn leaf_spine_ecmp_spreads_flows_over_every_spine() {
+    let config = FabricConfig {
+        topology: Topology::LeafSpine {
+            leaves: 2,
+            spines: 4,
+            hosts_per_leaf: 16,
+        },
+        ..FabricConfig::default()
+    };
+    let mut e = engine(config);
+    for src in 0..16 {
+        e.send(0, src, 16 + src, Bytes::from(vec![0; 100_000]));
+    }
+    let d = e.run_until_idle(u64::MAX);
+    assert_eq!(d.len(), 16);
+    let used = e
+        .all_port_stats()
+        .into_iter()
+        .filter(|(_, info, stats)| {
+            info.device == topology::Device::Switch(0) && stats.bytes > 50_000
+        })
+        .count();
+    // Leaf 0 sends nothing big to its own hosts; its four uplinks carry the flows.
+    assert_eq!(used, 4, "flows did not spread over the spines");
+}
+
+#[test]
+fn the_seed_decides_everything() {
+    let run = |seed| {
+        let mut e = engine(star_dcqcn(5, seed));
+        for src in 0..4 {
+            for _ in 0..20 {
+                e.send(0, src, 4, Bytes::from(vec![0; 100_000]));
+            }
+        }
+        let d = e.run_until_idle(u64::MAX);
+        (
+            d.iter().map(|d| d.at_ns).collect::<Vec<_>>(),
+            e.counters().clone(),
+        )
+    };
+    assert_eq!(run(1), run(1));
+    assert_ne!(run(1).0, run(2).0, "ECN marking ignored the seed");
+}
