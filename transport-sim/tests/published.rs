@@ -254,3 +254,71 @@ fn congestion_spreads_to_a_victim_through_pauses_and_dcqcn_limits_it() {
         "DCQCN did not reduce the victim's loss"
     );
 }
+
+/// The TCP baseline on the same star.
+fn tcp_star(hosts: usize, algorithm: weir_core::congestion::tcp::Algorithm) -> FabricConfig {
+    FabricConfig {
+        topology: Topology::Star { hosts },
+        seed: 7,
+        ..FabricConfig::tcp(G100, algorithm)
+    }
+}
+
+#[test]
+fn dctcp_two_to_one_fills_the_link_and_holds_the_queue_at_k() {
+    use weir_core::congestion::tcp::Algorithm;
+    let config = tcp_star(3, Algorithm::Dctcp);
+    let (k, _) = config.switch.ecn.thresholds(G100);
+    let frame = u64::from(config.nic.mtu_bytes + config.header_bytes);
+    let (e, d, bottleneck) = two_to_one(config);
+    let (from, to) = (1_000_000, 3_000_000);
+    let a = gbps(delivered_between(&d, 0, from, to), to - from);
+    let b = gbps(delivered_between(&d, 1, from, to), to - from);
+    let q = queue_between(&e, bottleneck, from, to);
+    let mean = q.iter().sum::<u64>() / q.len() as u64;
+    let max = *q.iter().max().unwrap();
+    println!("DCTCP 2:1: {a:.1} + {b:.1} Gb/s, queue mean {mean} B, max {max} B (K {k})");
+    assert!(
+        a + b >= 0.95 * 98.0,
+        "DCTCP left the link idle: {:.1}",
+        a + b
+    );
+    assert!(max <= k + 2 * frame, "DCTCP let the queue pass K: {max}");
+    assert_eq!(e.counters().drops_in_network(), 0);
+}
+
+/// 60 x 500 KB into one receiver on a shallow (4 MB) buffer.
+fn shallow_incast(config: FabricConfig) -> (u64, u64, u64) {
+    let mut config = config;
+    config.switch.buffer_bytes = 4 << 20;
+    let mut e = engine(config);
+    for src in 0..60 {
+        e.send(0, src, 60, Bytes::from(vec![0; 500_000]));
+    }
+    let d = e.run_until_idle(u64::MAX);
+    assert_eq!(d.len(), 60, "every flow completes");
+    let last = d.iter().map(|d| d.at_ns - d.sent_ns).max().unwrap();
+    let c = e.counters();
+    (last, c.drops_in_network(), c.timeouts)
+}
+
+#[test]
+fn on_a_shallow_buffer_tcp_incast_waits_out_the_minimum_rto_and_roce_does_not() {
+    use weir_core::congestion::tcp::Algorithm;
+    let (roce, roce_drops, _) = shallow_incast(star(61));
+    let (reno, reno_drops, reno_timeouts) = shallow_incast(tcp_star(61, Algorithm::Reno));
+    let (dctcp, dctcp_drops, dctcp_timeouts) = shallow_incast(tcp_star(61, Algorithm::Dctcp));
+    println!("shallow incast: RoCE last FCT {roce} ns ({roce_drops} drops)");
+    println!("shallow incast: TCP Reno last FCT {reno} ns ({reno_drops} drops, {reno_timeouts} timeouts)");
+    println!("shallow incast: DCTCP last FCT {dctcp} ns ({dctcp_drops} drops, {dctcp_timeouts} timeouts)");
+    assert_eq!(roce_drops, 0, "PFC lost packets");
+    assert!(roce < 3_000_000, "RoCE far from the 2.4 ms bound: {roce}");
+    assert!(
+        reno_drops > 0 && reno_timeouts > 0,
+        "Reno incast without loss"
+    );
+    assert!(
+        reno >= 200_000_000,
+        "a timeout shorter than the minimum RTO: {reno}"
+    );
+}

@@ -2,6 +2,17 @@
 //! DCQCN, CNPs). Every value has a documented default; `validate` names a bad key.
 
 use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
+use weir_core::congestion::tcp::{Algorithm, TcpParams};
+
+/// TCP mode: the lossy baseline on the same topology.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TcpSpec {
+    /// Congestion control.
+    pub params: TcpParams,
+    /// Drop-tail: an egress queue may hold at most this share of the free buffer
+    /// (the dynamic threshold of shared-buffer switches; 1.0 is common).
+    pub queue_share: f64,
+}
 
 /// How hosts are wired.
 #[derive(Clone, Debug, PartialEq)]
@@ -121,6 +132,8 @@ pub struct FabricConfig {
     pub switch: SwitchSpec,
     /// NICs.
     pub nic: NicSpec,
+    /// `Some`: TCP over lossy queues instead of RoCE (no PFC, no DCQCN).
+    pub tcp: Option<TcpSpec>,
     /// Seed of the fabric's own random draws (ECN marking, loss, ECMP salt).
     pub seed: u64,
 }
@@ -170,6 +183,7 @@ impl Default for FabricConfig {
                 rto_ns: 1_000_000,
                 send_queue_bytes_max: 64 << 20,
             },
+            tcp: None,
             seed: 0,
         }
     }
@@ -185,6 +199,25 @@ impl FabricConfig {
             d.line_rate_bps = rate_bps as f64;
             d.min_rate_bps = d.min_rate_bps.min(rate_bps as f64);
         }
+        c
+    }
+
+    /// The TCP baseline at `rate_bps`: no PFC, no DCQCN, drop-tail queues that mark
+    /// ECN above K = 100 KB at 100 Gb/s (scaled with speed), and `algorithm` with
+    /// Linux defaults (initial window 10, minimum RTO 200 ms).
+    pub fn tcp(rate_bps: u64, algorithm: Algorithm) -> Self {
+        let mut c = FabricConfig::at_rate(rate_bps);
+        c.nic.dcqcn = None;
+        c.switch.pfc.enabled = false;
+        c.switch.ecn = EcnSpec {
+            kmin_bytes_at_100g: 100_000,
+            kmax_bytes_at_100g: 100_000,
+            pmax: 1.0,
+        };
+        c.tcp = Some(TcpSpec {
+            params: TcpParams::linux(algorithm, u64::from(c.nic.mtu_bytes)),
+            queue_share: 1.0,
+        });
         c
     }
 
@@ -236,6 +269,17 @@ impl FabricConfig {
             d.validate()?;
             if d.line_rate_bps > self.host_link.rate_bps as f64 {
                 return bad("nic.dcqcn.line_rate_bps", "exceeds the host link rate");
+            }
+        }
+        if let Some(t) = &self.tcp {
+            if self.nic.dcqcn.is_some() || self.switch.pfc.enabled {
+                return bad("tcp", "TCP mode runs without DCQCN and without PFC");
+            }
+            if t.params.mss != u64::from(self.nic.mtu_bytes) {
+                return bad("tcp.params.mss", "must equal nic.mtu_bytes");
+            }
+            if !(t.queue_share > 0.0 && t.queue_share <= 8.0) {
+                return bad("tcp.queue_share", "must be in (0, 8]");
             }
         }
         if self.nic.rto_ns == 0 {

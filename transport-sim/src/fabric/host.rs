@@ -2,13 +2,14 @@
 //! receive processing (ACK, NACK, CNP), timers.
 
 use super::config::FabricConfig;
-use super::nic::{control, data_packet, RecvQp, RxVerdict, SendQp};
+use super::nic::{control, data_packet, RecvQp, RxVerdict, SendQp, TcpSender};
 use super::packet::{Kind, Packet};
 use super::telemetry::DropReason;
 use super::topology::{HostIdx, PortId};
 use super::{mix, Delivery, Engine, Event};
 use bytes::Bytes;
 use weir_core::congestion::dcqcn::{NotificationPoint, ReactionPoint};
+use weir_core::congestion::tcp::TcpCc;
 
 impl Engine {
     fn flow_hash(src: HostIdx, dst: HostIdx) -> u64 {
@@ -44,6 +45,12 @@ impl Engine {
         let ports = &self.wiring.host_ports[src];
         let port = ports[(Self::flow_hash(src, dst) % ports.len() as u64) as usize];
         let rp = self.config.nic.dcqcn.clone().map(ReactionPoint::new);
+        let tcp = self.config.tcp.map(|t| TcpSender {
+            cc: TcpCc::new(t.params),
+            dupacks: 0,
+            recover: None,
+            rexmit: None,
+        });
         let mtu = u64::from(self.config.nic.mtu_bytes);
         let packets = (frame.len() as u64).div_ceil(mtu).max(1);
         let len = frame.len() as u64;
@@ -52,7 +59,7 @@ impl Engine {
         let qp = host
             .send
             .entry(dst)
-            .or_insert_with(|| SendQp::new(dst, port, rp));
+            .or_insert_with(|| SendQp::new(dst, port, rp, tcp));
         qp.push(frame, packets, now);
         host.queued_bytes += len;
         let port = qp.port;
@@ -66,7 +73,10 @@ impl Engine {
         let keys: Vec<HostIdx> = self.hosts[h]
             .send
             .iter()
-            .filter(|(_, qp)| qp.port == port && qp.has_data())
+            .filter(|(_, qp)| {
+                qp.port == port
+                    && (qp.has_data() || qp.tcp.as_ref().is_some_and(|t| t.rexmit.is_some()))
+            })
             .map(|(&dst, _)| dst)
             .collect();
         if keys.is_empty() {
@@ -79,6 +89,16 @@ impl Engine {
             let dst = keys[(start + i) % keys.len()];
             let window = self.config.nic.bdp_window.then(|| self.bdp_bytes(h, dst));
             let qp = &self.hosts[h].send[&dst];
+            if let Some(tcp) = &qp.tcp {
+                // TCP: a fast retransmit goes first; new data within the window.
+                let room =
+                    (qp.inflight_packets() + 1) * wire_frame <= tcp.cc.cwnd_bytes().max(wire_frame);
+                if tcp.rexmit.is_none() && !room {
+                    continue;
+                }
+                self.ports[port].rr = (start + i + 1) % keys.len();
+                return Some(self.emit(h, dst, port));
+            }
             if let Some(window) = window {
                 if qp.inflight_packets() > 0 && (qp.inflight_packets() + 1) * wire_frame > window {
                     continue; // Window full: an ACK will reopen it.
@@ -107,13 +127,18 @@ impl Engine {
         let rate_line = self.ports[port].info.rate_bps;
         let rto = self.config.nic.rto_ns;
         let qp = self.hosts[h].send.get_mut(&dst).expect("chosen QP exists");
-        let psn = qp.nxt;
+        let rexmit = qp.tcp.as_mut().and_then(|t| t.rexmit.take());
+        let psn = rexmit.unwrap_or(qp.nxt);
         let packet = data_packet(h, qp, psn, mtu, header, Self::flow_hash(h, dst));
-        qp.nxt += 1;
+        if rexmit.is_none() {
+            qp.nxt += 1;
+        }
         if psn < qp.max_sent {
             self.counters.retransmits += 1;
         }
+        qp.record_send(psn, now);
         qp.max_sent = qp.max_sent.max(qp.nxt);
+        let rto = qp.tcp.as_ref().map_or(rto, |t| t.cc.rto_ns());
         let rate = qp.rate_bps(rate_line);
         qp.next_send_ns = now + FabricConfig::serialization_ns(u64::from(packet.wire_bytes), rate);
         if let Some(rp) = &mut qp.rp {
@@ -126,8 +151,12 @@ impl Engine {
         packet
     }
 
+    pub(super) fn flow_hash_of(src: HostIdx, dst: HostIdx) -> u64 {
+        Self::flow_hash(src, dst)
+    }
+
     /// Make sure a timer event is queued for the QP's next DCQCN or RTO deadline.
-    fn arm_qp_timer(&mut self, h: HostIdx, dst: HostIdx) {
+    pub(super) fn arm_qp_timer(&mut self, h: HostIdx, dst: HostIdx) {
         let qp = self.hosts[h].send.get_mut(&dst).expect("QP exists");
         let rp_next = qp.rp.as_ref().and_then(|rp| rp.next_timeout_ns());
         let next = match (rp_next, qp.rto_at) {
@@ -158,6 +187,17 @@ impl Engine {
             if qp.una < qp.nxt {
                 // No progress for a whole timeout: go back to the oldest unacked PSN.
                 self.counters.timeouts += 1;
+                let inflight = (qp.nxt - qp.una) * u64::from(self.config.nic.mtu_bytes);
+                let rto = match &mut qp.tcp {
+                    Some(tcp) => {
+                        tcp.cc.on_timeout(now, inflight);
+                        tcp.rexmit = None;
+                        tcp.dupacks = 0;
+                        tcp.recover = None;
+                        tcp.cc.rto_ns()
+                    }
+                    None => rto,
+                };
                 qp.nxt = qp.una;
                 qp.rto_at = Some(now + rto);
             } else {
@@ -181,13 +221,25 @@ impl Engine {
                 msg,
                 msg_sent_ns,
                 ..
+            } if self.config.tcp.is_some() => {
+                self.receive_tcp_data(h, port, src, psn, packet.ce, msg, msg_sent_ns)
+            }
+            Kind::Data {
+                psn,
+                msg,
+                msg_sent_ns,
+                ..
             } => self.receive_data(h, port, src, psn, packet.ce, msg, msg_sent_ns),
-            Kind::Ack { psn } => self.receive_ack(h, src, Some(psn), None),
+            Kind::Ack { psn, ece } if self.config.tcp.is_some() => {
+                self.receive_tcp_ack(h, src, psn, ece)
+            }
+            Kind::Ack { psn, .. } => self.receive_ack(h, src, Some(psn), None),
             Kind::Nack { psn } => self.receive_ack(h, src, psn.checked_sub(1), Some(psn)),
             Kind::Cnp => {
                 self.counters.cnps_received += 1;
                 let now = self.now_ns;
                 if let Some(qp) = self.hosts[h].send.get_mut(&src) {
+                    qp.signals.cnps += 1;
                     if let Some(rp) = &mut qp.rp {
                         rp.handle_cnp(now);
                     }
@@ -195,6 +247,17 @@ impl Engine {
                 }
             }
         }
+    }
+
+    pub(super) fn deliver(&mut self, src: HostIdx, dst: HostIdx, frame: Bytes, sent_ns: u64) {
+        self.counters.messages += 1;
+        self.delivered.push(Delivery {
+            src,
+            dst,
+            frame,
+            sent_ns,
+            at_ns: self.now_ns,
+        });
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -225,16 +288,9 @@ impl Engine {
         match verdict {
             RxVerdict::Accept => {
                 if let Some(frame) = msg {
-                    self.counters.messages += 1;
-                    self.delivered.push(Delivery {
-                        src,
-                        dst: h,
-                        frame,
-                        sent_ns: msg_sent_ns,
-                        at_ns: now,
-                    });
+                    self.deliver(src, h, frame, msg_sent_ns);
                 }
-                self.enqueue(port, control(h, src, hash, Kind::Ack { psn }));
+                self.enqueue(port, control(h, src, hash, Kind::Ack { psn, ece: false }));
             }
             RxVerdict::Gap { nack } => {
                 self.drop_packet(DropReason::OutOfOrder);
@@ -246,7 +302,11 @@ impl Engine {
             RxVerdict::Duplicate => {
                 self.drop_packet(DropReason::Duplicate);
                 if let Some(last) = expected.checked_sub(1) {
-                    self.enqueue(port, control(h, src, hash, Kind::Ack { psn: last }));
+                    let ack = Kind::Ack {
+                        psn: last,
+                        ece: false,
+                    };
+                    self.enqueue(port, control(h, src, hash, ack));
                 }
             }
         }
@@ -265,7 +325,7 @@ impl Engine {
         let Some(qp) = self.hosts[h].send.get_mut(&src) else {
             return; // An ACK for a QP never used: stale or bogus.
         };
-        let freed = acked.map_or(0, |psn| qp.ack(psn));
+        let freed = acked.map_or(0, |psn| qp.ack(psn, now).0);
         if let Some(psn) = rewind_to {
             if psn >= qp.una && psn < qp.nxt {
                 qp.nxt = psn; // Go back N.

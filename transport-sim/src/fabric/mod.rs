@@ -28,6 +28,7 @@ pub mod topology;
 
 mod host;
 mod switch;
+mod tcp;
 
 use bytes::Bytes;
 use config::FabricConfig;

@@ -7,8 +7,23 @@
 use super::packet::{Kind, Packet, PRIO_CONTROL, PRIO_DATA};
 use super::topology::{HostIdx, PortId};
 use bytes::Bytes;
+use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use weir_core::congestion::dcqcn::{NotificationPoint, ReactionPoint};
+use weir_core::congestion::tcp::TcpCc;
+use weir_core::transport::CongestionSignals;
+
+/// TCP sender state beyond the packet sequence: congestion control, duplicate ACKs,
+/// fast retransmit and recovery.
+#[derive(Debug)]
+pub(super) struct TcpSender {
+    pub(super) cc: TcpCc,
+    pub(super) dupacks: u32,
+    /// In fast recovery until this PSN is acknowledged.
+    pub(super) recover: Option<u64>,
+    /// A single packet to retransmit ahead of new data (fast retransmit).
+    pub(super) rexmit: Option<u64>,
+}
 
 /// A message waiting to be (fully) acknowledged.
 #[derive(Clone, Debug)]
@@ -41,10 +56,22 @@ pub(super) struct SendQp {
     /// A timer event is queued for this time (RTO or DCQCN).
     pub(super) timer_event_ns: Option<u64>,
     pub(super) queued_bytes: u64,
+    /// Send time of every PSN in `[una, max_sent)` and whether it was sent twice
+    /// (no RTT sample from those: Karn's rule).
+    pub(super) sent: VecDeque<(u64, bool)>,
+    /// TCP mode.
+    pub(super) tcp: Option<TcpSender>,
+    /// Congestion signals seen on this QP.
+    pub(super) signals: CongestionSignals,
 }
 
 impl SendQp {
-    pub(super) fn new(dst: HostIdx, port: PortId, rp: Option<ReactionPoint>) -> Self {
+    pub(super) fn new(
+        dst: HostIdx,
+        port: PortId,
+        rp: Option<ReactionPoint>,
+        tcp: Option<TcpSender>,
+    ) -> Self {
         SendQp {
             dst,
             port,
@@ -58,6 +85,21 @@ impl SendQp {
             rto_at: None,
             timer_event_ns: None,
             queued_bytes: 0,
+            sent: VecDeque::new(),
+            tcp,
+            signals: CongestionSignals::default(),
+        }
+    }
+
+    /// Record that `psn` goes on the wire at `now_ns`.
+    pub(super) fn record_send(&mut self, psn: u64, now_ns: u64) {
+        let at = (psn - self.una) as usize;
+        if at < self.sent.len() {
+            self.sent[at] = (now_ns, true);
+            self.signals.retransmits += 1;
+        } else {
+            debug_assert_eq!(at, self.sent.len(), "PSNs are sent in order the first time");
+            self.sent.push_back((now_ns, false));
         }
     }
 
@@ -93,10 +135,22 @@ impl SendQp {
         (m, psn - m.first_psn)
     }
 
-    /// Cumulative ACK of every PSN <= `psn`: returns bytes of messages completed.
-    pub(super) fn ack(&mut self, psn: u64) -> u64 {
-        if psn < self.una || psn >= self.end_psn {
-            return 0; // Stale or bogus.
+    /// Cumulative ACK of every PSN <= `psn` at `now_ns`: returns (bytes of messages
+    /// completed, packets newly acknowledged, an RTT sample if the newest acked
+    /// packet was sent once).
+    pub(super) fn ack(&mut self, psn: u64, now_ns: u64) -> (u64, u64, Option<u64>) {
+        if psn < self.una || psn >= self.end_psn || psn >= self.una + self.sent.len() as u64 {
+            return (0, 0, None); // Stale, bogus, or for a packet never sent.
+        }
+        let newly = psn + 1 - self.una;
+        let mut rtt = None;
+        for _ in 0..newly {
+            if let Some((sent_ns, twice)) = self.sent.pop_front() {
+                rtt = (!twice).then(|| now_ns.saturating_sub(sent_ns));
+            }
+        }
+        if let Some(r) = rtt {
+            self.signals.rtt_ns_last = r;
         }
         self.una = psn + 1;
         self.nxt = self.nxt.max(self.una);
@@ -109,7 +163,7 @@ impl SendQp {
             self.msgs.pop_front();
         }
         self.queued_bytes -= freed;
-        freed
+        (freed, newly, rtt)
     }
 
     /// Rate the QP may send at, bits per second.
@@ -121,12 +175,20 @@ impl SendQp {
     }
 }
 
+/// Most out-of-order packets a TCP receiver holds (its receive window).
+pub(super) const TCP_OOO_PACKETS_MAX: usize = 4096;
+
+/// An out-of-order packet a TCP receiver keeps: the message it ends, if any.
+pub(super) type Held = Option<(Bytes, u64)>;
+
 /// The receiving side of a QP.
 #[derive(Debug)]
 pub(super) struct RecvQp {
     pub(super) expected: u64,
     pub(super) nacked: bool,
     pub(super) np: NotificationPoint,
+    /// TCP only: packets received beyond a gap, by PSN.
+    pub(super) ooo: BTreeMap<u64, Held>,
 }
 
 /// What a receiver does with an arriving data packet.
@@ -146,6 +208,7 @@ impl RecvQp {
             expected: 0,
             nacked: false,
             np,
+            ooo: BTreeMap::new(),
         }
     }
 
@@ -220,15 +283,27 @@ mod tests {
 
     #[test]
     fn acks_free_whole_messages_and_go_back_n_rewinds() {
-        let mut qp = SendQp::new(1, 0, None);
+        let mut qp = SendQp::new(1, 0, None, None);
         qp.push(Bytes::from(vec![0; 10_000]), 3, 0);
         qp.push(Bytes::from(vec![0; 100]), 1, 0);
         assert_eq!(qp.end_psn, 4);
+        for psn in 0..4 {
+            qp.record_send(psn, 10 * psn);
+        }
         qp.nxt = 4;
-        assert_eq!(qp.ack(1), 0, "message 1 is not complete");
-        assert_eq!(qp.ack(2), 10_000);
-        assert_eq!(qp.ack(1), 0, "stale ack");
-        assert_eq!(qp.ack(9), 0, "ack beyond what was sent");
+        assert_eq!(
+            qp.ack(1, 100),
+            (0, 2, Some(90)),
+            "message 1 is not complete"
+        );
+        qp.record_send(2, 150);
+        assert_eq!(
+            qp.ack(2, 200),
+            (10_000, 1, None),
+            "no RTT from a packet sent twice"
+        );
+        assert_eq!(qp.ack(1, 200).0, 0, "stale ack");
+        assert_eq!(qp.ack(9, 200).0, 0, "ack beyond what was sent");
         assert_eq!(qp.locate(3).1, 0);
         let p = data_packet(0, &qp, 3, 4096, 82, 7);
         assert!(matches!(
@@ -239,8 +314,9 @@ mod tests {
                 ..
             }
         ));
-        assert_eq!(qp.ack(3), 100);
+        assert_eq!(qp.ack(3, 300).0, 100);
         assert_eq!(qp.queued_bytes, 0);
+        assert_eq!(qp.signals.retransmits, 1);
     }
 
     #[test]

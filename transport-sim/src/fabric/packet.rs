@@ -29,6 +29,8 @@ pub enum Kind {
     Ack {
         /// Highest PSN received in order.
         psn: u64,
+        /// TCP: the packet that caused this ACK was marked CE (ECN echo).
+        ece: bool,
     },
     /// Out-of-order arrival: retransmit from `psn` (go-back-N).
     Nack {

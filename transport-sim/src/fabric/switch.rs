@@ -59,7 +59,19 @@ impl Engine {
         }
         let q = self.switches[s].local[&port];
         let size = u64::from(packet.wire_bytes);
+        let Some(egress) = self.ecmp(s, &packet) else {
+            return self.drop_packet(DropReason::NoRoute);
+        };
         let lossless = packet.prio == PRIO_DATA && self.config.switch.pfc.enabled;
+        if !lossless && packet.is_data() {
+            // Drop-tail with a dynamic threshold: an egress queue may hold a share
+            // of what is still free.
+            let share = self.config.tcp.map_or(1.0, |t| t.queue_share);
+            let free = self.config.switch.buffer_bytes - self.switches[s].mmu.used_bytes();
+            if self.ports[egress].queue_bytes[PRIO_DATA] + size > (free as f64 * share) as u64 {
+                return self.drop_packet(DropReason::BufferFull);
+            }
+        }
         let mmu = &mut self.switches[s].mmu;
         let admitted = if lossless {
             mmu.admit_lossless(q, size)
@@ -74,10 +86,6 @@ impl Engine {
             self.pfc_check(s, port);
         }
         packet.ingress = Some(port);
-        let Some(egress) = self.ecmp(s, &packet) else {
-            self.switch_release(s, &packet);
-            return self.drop_packet(DropReason::NoRoute);
-        };
         let at = self.now_ns + self.config.switch.forwarding_ns;
         self.schedule(
             at,

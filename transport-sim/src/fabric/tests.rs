@@ -245,3 +245,49 @@ fn the_seed_decides_everything() {
     assert_eq!(run(1), run(1));
     assert_ne!(run(1).0, run(2).0, "ECN marking ignored the seed");
 }
+
+fn tcp(hosts: usize, algorithm: weir_core::congestion::tcp::Algorithm) -> FabricConfig {
+    FabricConfig {
+        topology: Topology::Star { hosts },
+        seed: 9,
+        ..FabricConfig::tcp(100_000_000_000, algorithm)
+    }
+}
+
+#[test]
+fn tcp_delivers_in_order_and_repairs_loss_with_fast_retransmit() {
+    use weir_core::congestion::tcp::Algorithm;
+    let mut e = engine(tcp(2, Algorithm::Reno));
+    let link = e.wiring().ports[e.wiring().host_ports[0][0]].link;
+    e.inject(
+        0,
+        Fault::LinkErrors {
+            link,
+            loss: 0.005,
+            corrupt: 0.0,
+        },
+    );
+    let d = stream(&mut e, 100, 20_000);
+    assert_in_order(&d, 100, 20_000);
+    let c = e.counters();
+    assert!(c.dropped(telemetry::DropReason::LinkLoss) > 0);
+    assert!(c.retransmits > 0);
+    assert_eq!(c.pauses_sent, 0, "TCP mode sent PFC pauses");
+    assert_eq!(c.cnps_sent, 0, "TCP mode sent CNPs");
+}
+
+#[test]
+fn a_tcp_timeout_waits_the_minimum_rto() {
+    use weir_core::congestion::tcp::Algorithm;
+    let mut e = engine(tcp(2, Algorithm::Dctcp));
+    let link = e.wiring().ports[e.wiring().host_ports[1][0]].link;
+    e.inject(20_000, Fault::LinkDown { link });
+    e.inject(100_000, Fault::LinkUp { link });
+    let d = stream(&mut e, 40, 20_000);
+    assert_in_order(&d, 40, 20_000);
+    assert!(e.counters().timeouts > 0);
+    assert!(
+        d.last().unwrap().at_ns > 200_000_000,
+        "recovered before the 200 ms minimum RTO"
+    );
+}
