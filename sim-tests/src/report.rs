@@ -168,17 +168,25 @@ impl fmt::Display for Report {
             c.nodes, c.replicas, c.volume_mib, c.extent_mib, c.block_size
         )?;
         let fs = &s.fabric;
-        writeln!(
-            f,
-            "  fabric    RoCE v2 star, {} Gb/s links, {} ns propagation, MTU {}, DCQCN {}, CNP {}{}{}",
-            fs.link_gbps,
-            fs.link_delay_ns,
-            fs.mtu_bytes,
-            fs.dcqcn,
-            fs.cnp,
-            if fs.pfc { ", PFC" } else { ", no PFC" },
-            if fs.bdp_window { ", BDP window" } else { "" }
-        )?;
+        if fs.transport == "roce" {
+            writeln!(
+                f,
+                "  fabric    RoCE v2 star, {} Gb/s links, {} ns propagation, MTU {}, DCQCN {}, CNP {}{}{}",
+                fs.link_gbps,
+                fs.link_delay_ns,
+                fs.mtu_bytes,
+                fs.dcqcn,
+                fs.cnp,
+                if fs.pfc { ", PFC" } else { ", no PFC" },
+                if fs.bdp_window { ", BDP window" } else { "" }
+            )?;
+        } else {
+            writeln!(
+                f,
+                "  fabric    {} on a lossy star, {} Gb/s links, {} ns propagation, MSS {}, {} MiB buffer",
+                fs.transport, fs.link_gbps, fs.link_delay_ns, fs.mtu_bytes, fs.buffer_mib
+            )?;
+        }
         let pattern = match w.pattern {
             Pattern::Random => "random",
             Pattern::Sequential => "sequential",

@@ -21,6 +21,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use weir_core::client::Volume;
 use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
+use weir_core::congestion::tcp::Algorithm;
 use weir_core::map::{ClusterMap, VolumeSpec};
 use weir_core::node::Node;
 use weir_core::replication::ReplicationConfig;
@@ -77,13 +78,24 @@ fn run_here(seed: u64, scenario: &Scenario, name: &str) -> Outcome {
 fn fabric_config(scenario: &Scenario) -> FabricConfig {
     let f = &scenario.fabric;
     let rate_bps = f.link_gbps * 1_000_000_000;
-    let mut config = FabricConfig::at_rate(rate_bps);
+    let mut config = match f.transport.as_str() {
+        "tcp-reno" => FabricConfig::tcp(rate_bps, Algorithm::Reno),
+        "tcp-dctcp" => FabricConfig::tcp(rate_bps, Algorithm::Dctcp),
+        "tcp-cubic" => FabricConfig::tcp(rate_bps, Algorithm::Cubic),
+        _ => FabricConfig::at_rate(rate_bps),
+    };
     let hosts = scenario.cluster.nodes + scenario.workload.clients + 1;
     config.topology = Topology::Star {
         hosts: hosts as usize,
     };
     config.host_link.delay_ns = f.link_delay_ns;
     config.nic.mtu_bytes = f.mtu_bytes;
+    if let Some(tcp) = &mut config.tcp {
+        tcp.params.mss = u64::from(f.mtu_bytes);
+        config.switch.buffer_bytes = f.buffer_mib << 20;
+        config.seed = thread_rng().gen();
+        return config;
+    }
     config.nic.dcqcn = DcqcnParams::preset(&f.dcqcn, rate_bps as f64);
     config.nic.cnp = match f.cnp.as_str() {
         "per-packet" => CnpMode::PerPacket { min_gap_ns: 0 },

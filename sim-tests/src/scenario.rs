@@ -99,6 +99,9 @@ pub struct FabricSpec {
     pub link_delay_ns: u64,
     /// Packet payload size.
     pub mtu_bytes: u32,
+    /// "roce" (lossless, PFC + DCQCN) or the lossy TCP baseline: "tcp-reno",
+    /// "tcp-dctcp", "tcp-cubic" (no PFC, no DCQCN, ECN at K).
+    pub transport: String,
     /// DCQCN reaction-point preset: "hpcc", "paper", "connectx", or "off".
     pub dcqcn: String,
     /// CNP generation: "per-qp" (at most one per QP per 50 us) or "per-packet".
@@ -117,6 +120,7 @@ impl Default for FabricSpec {
             link_gbps: 100,
             link_delay_ns: 1000,
             mtu_bytes: 4096,
+            transport: "roce".into(),
             dcqcn: "hpcc".into(),
             cnp: "per-qp".into(),
             bdp_window: false,
@@ -233,6 +237,15 @@ impl Scenario {
         }
         if !matches!(f.mtu_bytes, 1024 | 2048 | 4096) {
             return bad("fabric.mtu_bytes", "must be 1024, 2048 or 4096");
+        }
+        if !matches!(
+            f.transport.as_str(),
+            "roce" | "tcp-reno" | "tcp-dctcp" | "tcp-cubic"
+        ) {
+            return bad(
+                "fabric.transport",
+                "must be \"roce\", \"tcp-reno\", \"tcp-dctcp\" or \"tcp-cubic\"",
+            );
         }
         if !matches!(f.dcqcn.as_str(), "hpcc" | "paper" | "connectx" | "off") {
             return bad(

@@ -228,8 +228,11 @@ impl Transport for SimTransport {
         inbox.recv().await.ok_or(TransportError::Closed)
     }
 
-    fn signals(&self, _peer: NodeId) -> CongestionSignals {
-        // This fabric version has no ECN, CNPs or loss, so there is nothing to report.
-        CongestionSignals::default()
+    fn signals(&self, peer: NodeId) -> CongestionSignals {
+        let s = self.fabric.state.lock().expect("fabric state");
+        match s.hosts.get(&peer) {
+            Some(&dst) => s.engine.signals(self.idx, dst),
+            None => CongestionSignals::default(),
+        }
     }
 }

@@ -82,3 +82,41 @@ fn unknown_peers_and_oversized_frames_are_typed_errors() {
         assert!(fabric.endpoint(NodeId(1)).is_err(), "a host attached twice");
     });
 }
+
+#[test]
+fn congestion_signals_reach_the_transport_seam() {
+    runtime(2).block_on(async {
+        let fabric = Fabric::current();
+        fabric.configure(FabricConfig::default()).unwrap();
+        let rx = Arc::new(fabric.endpoint(NodeId(0)).unwrap());
+        let txs: Vec<_> = (1..=4)
+            .map(|i| Arc::new(fabric.endpoint(NodeId(i)).unwrap()))
+            .collect();
+        for tx in &txs {
+            let tx = tx.clone();
+            Handle::current().create_node().build().spawn(async move {
+                for _ in 0..64 {
+                    tx.send(NodeId(0), Bytes::from(vec![1u8; 256 << 10]))
+                        .await
+                        .unwrap();
+                }
+            });
+        }
+        for _ in 0..4 * 64 {
+            rx.recv().await.unwrap();
+        }
+        let s = txs[0].signals(NodeId(0));
+        println!("4:1 signals of one sender: {s:?}");
+        assert!(s.cnps > 0, "a 4:1 fan-in produced no CNPs");
+        assert!(
+            s.rtt_ns_last > 2_000,
+            "RTT below two link delays: {}",
+            s.rtt_ns_last
+        );
+        assert_eq!(
+            txs[0].signals(NodeId(3)),
+            Default::default(),
+            "signals for an unused peer"
+        );
+    });
+}

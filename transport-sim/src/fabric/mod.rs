@@ -264,6 +264,16 @@ impl Engine {
         self.hosts[src].queued_bytes
     }
 
+    /// Congestion signals host `src` has seen on its connection to `dst` (CNPs, ECN
+    /// echoes, retransmits, the last RTT sample); zero if it never sent to `dst`.
+    pub fn signals(&self, src: HostIdx, dst: HostIdx) -> weir_core::transport::CongestionSignals {
+        self.hosts[src]
+            .send
+            .get(&dst)
+            .map(|qp| qp.signals)
+            .unwrap_or_default()
+    }
+
     /// Counters of the whole fabric.
     pub fn counters(&self) -> &Counters {
         &self.counters
