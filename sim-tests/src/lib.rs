@@ -11,3 +11,4 @@ pub mod report;
 #[cfg(madsim)]
 pub mod runner;
 pub mod scenario;
+pub mod telemetry;

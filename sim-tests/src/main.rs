@@ -22,6 +22,12 @@ struct Args {
     /// Override the scenario's simulated duration, in milliseconds.
     #[arg(long)]
     duration_ms: Option<u64>,
+    /// Write fabric telemetry (CSV series, SVG plots of queues and QP rates) here.
+    #[arg(long)]
+    telemetry: Option<PathBuf>,
+    /// Telemetry sampling interval, microseconds.
+    #[arg(long, default_value_t = 10)]
+    sample_us: u64,
 }
 
 fn main() -> ExitCode {
@@ -59,7 +65,13 @@ fn main() -> ExitCode {
 #[cfg(madsim)]
 fn run(args: &Args, scenario: &weir_sim::scenario::Scenario, name: &str) -> ExitCode {
     let wall = std::time::Instant::now();
-    let outcome = weir_sim::runner::run(args.seed, scenario, name);
+    let options = weir_sim::runner::RunOptions {
+        telemetry_interval: args
+            .telemetry
+            .as_ref()
+            .map(|_| std::time::Duration::from_micros(args.sample_us.max(1))),
+    };
+    let outcome = weir_sim::runner::run_with(args.seed, scenario, name, options);
     let text = outcome.report.to_string();
     print!("{text}");
     use std::io::Write as _;
@@ -74,6 +86,15 @@ fn run(args: &Args, scenario: &weir_sim::scenario::Scenario, name: &str) -> Exit
             return ExitCode::FAILURE;
         }
         println!("  determinism  second run identical (report and full history)");
+    }
+    if let (Some(dir), Some(telemetry)) = (&args.telemetry, &outcome.telemetry) {
+        match telemetry.write(dir) {
+            Ok(files) => eprintln!("telemetry: {}", files.join(", ")),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
     }
     eprintln!("(wall clock {:.1} s)", wall.elapsed().as_secs_f64());
     if outcome.report.passed() {

@@ -11,6 +11,7 @@ use crate::history::{
 };
 use crate::report::{FabricSummary, Report};
 use crate::scenario::{Pattern, Scenario};
+use crate::telemetry::{Sample as TelemetrySample, Telemetry};
 use bytes::Bytes;
 use madsim::rand::{thread_rng, Rng};
 use madsim::runtime::{Handle, Runtime};
@@ -46,15 +47,29 @@ pub struct Outcome {
     pub report: Report,
     /// The full history, for determinism checks and debugging.
     pub history: History,
+    /// Fabric telemetry, if it was asked for.
+    pub telemetry: Option<Telemetry>,
+}
+
+/// Options of a run beyond its scenario.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// Sample the fabric at this interval.
+    pub telemetry_interval: Option<Duration>,
 }
 
 /// Run `scenario` with `seed`; `name` names the scenario in the report.
+pub fn run(seed: u64, scenario: &Scenario, name: &str) -> Outcome {
+    run_with(seed, scenario, name, RunOptions::default())
+}
+
+/// Run `scenario` with `seed` and `options`.
 ///
 /// The run gets a thread of its own, so no thread-local state (RNG seeds, hasher
 /// keys) carries over from an earlier run in the same process.
-pub fn run(seed: u64, scenario: &Scenario, name: &str) -> Outcome {
+pub fn run_with(seed: u64, scenario: &Scenario, name: &str, options: RunOptions) -> Outcome {
     let (scenario, name) = (scenario.clone(), name.to_string());
-    std::thread::spawn(move || run_here(seed, &scenario, &name))
+    std::thread::spawn(move || run_here(seed, &scenario, &name, options))
         .join()
         .unwrap_or_else(|panic| {
             eprintln!("note: replay with `cargo xtask sim --seed {seed}`");
@@ -62,7 +77,7 @@ pub fn run(seed: u64, scenario: &Scenario, name: &str) -> Outcome {
         })
 }
 
-fn run_here(seed: u64, scenario: &Scenario, name: &str) -> Outcome {
+fn run_here(seed: u64, scenario: &Scenario, name: &str, options: RunOptions) -> Outcome {
     let mut rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
     rt.add_simulator::<Fabric>();
     // A run that makes no progress ends with a panic naming the seed, never a hang.
@@ -70,7 +85,7 @@ fn run_here(seed: u64, scenario: &Scenario, name: &str) -> Outcome {
     rt.set_time_limit(limit);
     let scenario = scenario.clone();
     let name = name.to_string();
-    rt.block_on(async move { run_inner(seed, scenario, name).await })
+    rt.block_on(async move { run_inner(seed, scenario, name, options).await })
 }
 
 /// The fabric of a scenario: a star with a slot for every node, client and the
@@ -124,7 +139,7 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
     ClusterMap::new_static(nodes, volume, c.replicas as usize).expect("validated scenario")
 }
 
-async fn run_inner(seed: u64, scenario: Scenario, name: String) -> Outcome {
+async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOptions) -> Outcome {
     let fabric = Fabric::current();
     fabric
         .configure(fabric_config(&scenario))
@@ -140,6 +155,9 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String) -> Outcome {
         .map(|c| Arc::new(fabric.endpoint(NodeId(FIRST_CLIENT + c)).expect("new host")))
         .collect();
 
+    if let Some(interval) = options.telemetry_interval {
+        fabric.enable_sampling(interval);
+    }
     let epoch = Instant::now();
     let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
     let mut clients = Vec::new();
@@ -168,7 +186,60 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String) -> Outcome {
     ];
     let fabric_summary = summarize(&fabric);
     let report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
-    Outcome { report, history }
+    let telemetry = options
+        .telemetry_interval
+        .map(|_| collect_telemetry(&fabric));
+    Outcome {
+        report,
+        history,
+        telemetry,
+    }
+}
+
+/// The fabric's samples and counters, with ports and hosts by name.
+fn collect_telemetry(fabric: &Fabric) -> Telemetry {
+    let names = fabric.port_names();
+    let node = |h: usize| {
+        fabric
+            .node_of(h)
+            .map_or(format!("host{h}"), |n| n.to_string())
+    };
+    let samples = fabric
+        .samples()
+        .into_iter()
+        .map(|s| TelemetrySample {
+            time_us: s.at_ns as f64 / 1000.0,
+            ports: s
+                .queue_bytes
+                .iter()
+                .map(|&(p, bytes)| (names[&p].clone(), bytes, s.paused.contains(&p)))
+                .collect(),
+            qps: s
+                .qp_rates
+                .iter()
+                .map(|&(src, dst, rate, alpha)| (node(src), node(dst), rate / 1e9, alpha))
+                .collect(),
+        })
+        .collect();
+    let c = fabric.counters();
+    let mut counters = vec![
+        ("packets".to_string(), c.packets),
+        ("bytes".into(), c.bytes),
+        ("ecn_marks".into(), c.ecn_marks),
+        ("cnps_sent".into(), c.cnps_sent),
+        ("cnps_received".into(), c.cnps_received),
+        ("pauses_sent".into(), c.pauses_sent),
+        ("pauses_received".into(), c.pauses_received),
+        ("resumes_sent".into(), c.resumes_sent),
+        ("nacks".into(), c.nacks),
+        ("retransmits".into(), c.retransmits),
+        ("timeouts".into(), c.timeouts),
+        ("messages".into(), c.messages),
+    ];
+    for (reason, n) in &c.drops {
+        counters.push((format!("drops_{reason:?}"), *n));
+    }
+    Telemetry { samples, counters }
 }
 
 fn start_nodes(fabric: &Arc<Fabric>, map: &ClusterMap, config: ReplicationConfig, s: &Scenario) {

@@ -113,6 +113,50 @@ impl Fabric {
         })
     }
 
+    /// Sample queues, pauses and QP rates every `interval` from now on.
+    pub fn enable_sampling(&self, interval: std::time::Duration) {
+        let mut s = self.state.lock().expect("fabric state");
+        s.engine.enable_sampling(interval.as_nanos() as u64);
+        self.wake.notify_one();
+    }
+
+    /// Samples taken so far (times relative to the fabric's start).
+    pub fn samples(&self) -> Vec<crate::fabric::telemetry::Sample> {
+        self.state
+            .lock()
+            .expect("fabric state")
+            .engine
+            .samples()
+            .to_vec()
+    }
+
+    /// A name for every switch port: "sw0->n3" is switch 0's port towards node 3.
+    pub fn port_names(&self) -> BTreeMap<usize, String> {
+        use crate::fabric::topology::Device;
+        let s = self.state.lock().expect("fabric state");
+        let w = s.engine.wiring();
+        let name = |d: Device| match d {
+            Device::Switch(i) => format!("sw{i}"),
+            Device::Host(h) => s.ids.get(h).map_or(format!("host{h}"), |id| id.to_string()),
+        };
+        w.ports
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| matches!(p.device, Device::Switch(_)))
+            .map(|(i, p)| {
+                (
+                    i,
+                    format!("{}->{}", name(p.device), name(w.ports[p.peer].device)),
+                )
+            })
+            .collect()
+    }
+
+    /// Node id of fabric host `h`, if attached.
+    pub fn node_of(&self, h: HostIdx) -> Option<NodeId> {
+        self.state.lock().expect("fabric state").ids.get(h).copied()
+    }
+
     /// The fabric's counters.
     pub fn counters(&self) -> Counters {
         self.state

@@ -407,9 +407,20 @@ impl Engine {
         if prio == PRIO_DATA {
             p.stats.queue_bytes_max = p.stats.queue_bytes_max.max(p.queue_bytes[prio]);
         }
-        if matches!(packet.kind, packet::Kind::Pause { .. }) {
-            // PAUSE frames go out ahead of everything else queued.
-            p.queues[prio].push_front(packet);
+        if let packet::Kind::Pause { on } = packet.kind {
+            // PAUSE frames go out ahead of everything else queued. Only the newest
+            // state matters: a queued, unsent XOFF (or XON) is overwritten, so an
+            // XON can never overtake the XOFF it follows, or the reverse.
+            let queued = p.queues[prio]
+                .iter_mut()
+                .find(|q| matches!(q.kind, packet::Kind::Pause { .. }));
+            match queued {
+                Some(q) => {
+                    q.kind = packet::Kind::Pause { on };
+                    p.queue_bytes[prio] -= u64::from(packet.wire_bytes);
+                }
+                None => p.queues[prio].push_front(packet),
+            }
         } else {
             p.queues[prio].push_back(packet);
         }
@@ -553,9 +564,13 @@ impl Engine {
         let now = self.now_ns;
         for (h, host) in self.hosts.iter_mut().enumerate() {
             for (&dst, qp) in host.send.iter_mut() {
+                // Only QPs DCQCN is holding below line rate: the rest are at line
+                // rate, and listing them would swamp the series.
                 if let Some(rp) = &mut qp.rp {
                     let rate = rp.rate_bps();
-                    s.qp_rates.push((h, dst, rate, rp.alpha(now)));
+                    if rate < rp.params().line_rate_bps {
+                        s.qp_rates.push((h, dst, rate, rp.alpha(now)));
+                    }
                 }
             }
         }

@@ -291,3 +291,28 @@ fn a_tcp_timeout_waits_the_minimum_rto() {
         "recovered before the 200 ms minimum RTO"
     );
 }
+
+#[test]
+fn a_queued_xon_never_overtakes_its_xoff() {
+    let mut e = engine(star_dcqcn(2, 1));
+    let sw_port = e.wiring().ports[e.wiring().host_ports[0][0]].peer;
+    // Keep the switch port busy so both frames queue behind a packet.
+    e.send(0, 1, 0, Bytes::from(vec![0; 4096]));
+    e.run_until_idle(2_200);
+    e.send_pause(sw_port, true);
+    e.send_pause(sw_port, false);
+    e.send_pause(sw_port, true);
+    let pauses: Vec<bool> = e.ports[sw_port].queues[packet::PRIO_CONTROL]
+        .iter()
+        .filter_map(|p| match p.kind {
+            packet::Kind::Pause { on } => Some(on),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pauses, vec![true], "only the newest state is queued");
+    e.run_until_idle(u64::MAX);
+    assert!(
+        e.ports[e.wiring().host_ports[0][0]].paused,
+        "the host ended in the wrong state"
+    );
+}
