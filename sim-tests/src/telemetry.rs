@@ -13,6 +13,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+/// Points of one series: (time us, value).
+type Points = Vec<(f64, f64)>;
+
 /// Series plotted at most per chart.
 pub const SERIES_PLOTTED_MAX: usize = 8;
 
@@ -123,8 +126,8 @@ impl Telemetry {
     }
 
     /// Queue series of the ports with the largest peak queue.
-    fn queue_series(&self) -> Vec<(String, Vec<(f64, f64)>)> {
-        let mut series: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    fn queue_series(&self) -> Vec<(String, Points)> {
+        let mut series: BTreeMap<&str, Points> = BTreeMap::new();
         for s in &self.samples {
             for (port, bytes, _) in &s.ports {
                 series
@@ -139,8 +142,8 @@ impl Telemetry {
     }
 
     /// Rate series of the QPs throttled the most (lowest minimum rate).
-    fn rate_series(&self) -> Vec<(String, Vec<(f64, f64)>)> {
-        let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    fn rate_series(&self) -> Vec<(String, Points)> {
+        let mut series: BTreeMap<String, Points> = BTreeMap::new();
         for s in &self.samples {
             for (src, dst, rate, _) in &s.qps {
                 series
@@ -149,7 +152,7 @@ impl Telemetry {
                     .push((s.time_us, *rate));
             }
         }
-        let series: BTreeMap<&str, Vec<(f64, f64)>> = series
+        let series: BTreeMap<&str, Points> = series
             .iter()
             .map(|(k, v)| (k.as_str(), v.clone()))
             .collect();
@@ -163,7 +166,7 @@ impl Telemetry {
         path: &Path,
         title: &str,
         y_label: &str,
-        series: Vec<(String, Vec<(f64, f64)>)>,
+        series: Vec<(String, Points)>,
     ) -> Result<(), TelemetryError> {
         let err = |e: &dyn std::fmt::Display| TelemetryError::Plot {
             path: path.display().to_string(),
@@ -211,10 +214,10 @@ impl Telemetry {
 
 /// The `SERIES_PLOTTED_MAX` series with the highest `score`, ties by name.
 fn top(
-    series: BTreeMap<&str, Vec<(f64, f64)>>,
+    series: BTreeMap<&str, Points>,
     score: impl Fn(&[(f64, f64)]) -> f64,
-) -> Vec<(String, Vec<(f64, f64)>)> {
-    let mut all: Vec<(f64, String, Vec<(f64, f64)>)> = series
+) -> Vec<(String, Points)> {
+    let mut all: Vec<(f64, String, Points)> = series
         .into_iter()
         .map(|(name, pts)| (score(&pts), name.to_string(), pts))
         .collect();
