@@ -287,9 +287,10 @@ fn dctcp_two_to_one_fills_the_link_and_holds_the_queue_at_k() {
     assert_eq!(e.counters().drops_in_network(), 0);
 }
 
-/// 60 x 500 KB into one receiver on a shallow (4 MB) buffer.
+/// 60 x 500 KB into one receiver behind a shallow port (4 MiB here: 61 ports of
+/// RoCE headroom need 2.8 MB).
 fn shallow_incast(config: FabricConfig) -> (u64, u64, u64) {
-    let mut config = config;
+    let mut config = shallow(config);
     config.switch.buffer_bytes = 4 << 20;
     let mut e = engine(config);
     for src in 0..60 {
@@ -321,4 +322,83 @@ fn on_a_shallow_buffer_tcp_incast_waits_out_the_minimum_rto_and_roce_does_not() 
         reno >= 200_000_000,
         "a timeout shorter than the minimum RTO: {reno}"
     );
+}
+
+/// A shallow-buffered port: a 2 MiB switch buffer (the least that holds RoCE's PFC
+/// headroom for 33 ports), of which a lossy egress queue may take 1/16 of what is
+/// free (the dynamic threshold of shallow ToR switches).
+fn shallow(mut config: FabricConfig) -> FabricConfig {
+    config.switch.buffer_bytes = 2 << 20;
+    if let Some(tcp) = &mut config.tcp {
+        tcp.queue_share = 1.0 / 16.0;
+    }
+    config
+}
+
+/// `senders` x 64 KB into one receiver behind a shallow port; returns (goodput
+/// Gb/s, drops, timeouts).
+fn shallow_fan_in(config: FabricConfig, senders: usize) -> (f64, u64, u64) {
+    let mut config = shallow(config);
+    config.topology = Topology::Star { hosts: senders + 1 };
+    let mut e = engine(config);
+    for src in 0..senders {
+        e.send(0, src, senders, Bytes::from(vec![0; 64 << 10]));
+    }
+    let d = e.run_until_idle(u64::MAX);
+    assert_eq!(d.len(), senders, "every flow completes");
+    let last = d.iter().map(|d| d.at_ns).max().unwrap();
+    let c = e.counters();
+    (
+        gbps((senders as u64) << 16, last),
+        c.drops_in_network(),
+        c.timeouts,
+    )
+}
+
+#[test]
+fn tcp_incast_collapses_on_a_shallow_port_and_roce_does_not() {
+    use weir_core::congestion::tcp::Algorithm;
+    let (tcp4, drops4, _) = shallow_fan_in(tcp_star(5, Algorithm::Reno), 4);
+    let (tcp32, drops32, timeouts32) = shallow_fan_in(tcp_star(33, Algorithm::Reno), 32);
+    let (roce32, roce_drops, _) = shallow_fan_in(star(33), 32);
+    println!("shallow fan-in, TCP Reno: 4 senders {tcp4:.2} Gb/s ({drops4} drops); 32 senders {tcp32:.3} Gb/s ({drops32} drops, {timeouts32} timeouts)");
+    println!("shallow fan-in, RoCE: 32 senders {roce32:.2} Gb/s ({roce_drops} drops)");
+    assert_eq!(drops4, 0);
+    assert!(
+        drops32 > 0 && timeouts32 > 0,
+        "32:1 TCP incast without loss"
+    );
+    assert!(
+        tcp32 < tcp4 / 10.0,
+        "no goodput collapse: {tcp32:.3} vs {tcp4:.2} Gb/s"
+    );
+    assert_eq!(roce_drops, 0, "RoCE dropped in the same pattern");
+    assert!(roce32 > 50.0, "RoCE goodput {roce32:.2} Gb/s");
+}
+
+#[test]
+fn every_published_scenario_replays_its_counters_exactly() {
+    use weir_core::congestion::tcp::Algorithm;
+    let counters = |config: FabricConfig, flows: &[(usize, usize, usize)]| {
+        let mut e = engine(config);
+        for &(src, dst, n) in flows {
+            for _ in 0..n {
+                e.send(0, src, dst, Bytes::from(vec![0; 64 << 10]));
+            }
+        }
+        e.run_until_idle(u64::MAX);
+        e.counters().clone()
+    };
+    let incast: Vec<(usize, usize, usize)> = (0..60).map(|s| (s, 60, 8)).collect();
+    let cases: Vec<(FabricConfig, Vec<(usize, usize, usize)>)> = vec![
+        (star(3), vec![(0, 2, 100), (1, 2, 100)]),
+        (star(61), incast.clone()),
+        (tcp_star(61, Algorithm::Dctcp), incast),
+    ];
+    for (config, flows) in cases {
+        let a = counters(config.clone(), &flows);
+        let b = counters(config, &flows);
+        assert_eq!(a, b, "same seed, different counters");
+        assert!(a.packets > 0);
+    }
 }

@@ -4,6 +4,8 @@
 //!   (`RUSTFLAGS="--cfg madsim"`, in `target/madsim` so the normal build is never
 //!   invalidated) and run it; ARGS go to `weir-sim` (`--seed N`, `--scenario FILE`,
 //!   `--check-determinism`, `--duration-ms MS`).
+//! - `cargo xtask bench fabric`: the fabric engine's speed (events per second,
+//!   simulated time per wall time) on the 2:1 and 60:1 scenarios.
 //! - `cargo xtask test`: every check: formatting, clippy on both builds, the normal
 //!   `cargo test --workspace`, and the madsim build of the workspace's tests (device
 //!   model, fabric, seeded scenarios, a determinism check and the seed sweep).
@@ -19,9 +21,11 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("sim") => sim(&root, &args[1..]),
         Some("test") => test(&root),
+        Some("bench") => bench(&root, &args[1..]),
         _ => {
             eprintln!("usage: cargo xtask sim [--seed N] [--scenario FILE] [--check-determinism]");
             eprintln!("       cargo xtask test");
+            eprintln!("       cargo xtask bench fabric");
             return ExitCode::from(2);
         }
     };
@@ -73,6 +77,29 @@ fn sim(root: &Path, args: &[String]) -> Result<(), String> {
         Ok(())
     } else {
         Err("weir-sim (a checker failed or the run could not start)".into())
+    }
+}
+
+/// Benchmarks, in release mode, one core.
+fn bench(root: &Path, args: &[String]) -> Result<(), String> {
+    match args.first().map(String::as_str) {
+        Some("fabric") => run(
+            "fabric benchmark",
+            cargo(
+                root,
+                false,
+                &[
+                    "bench",
+                    "-j",
+                    "1",
+                    "-p",
+                    "weir-transport-sim",
+                    "--bench",
+                    "fabric",
+                ],
+            ),
+        ),
+        _ => Err("bench: say which one (available: fabric)".into()),
     }
 }
 

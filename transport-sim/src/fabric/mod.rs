@@ -361,6 +361,7 @@ impl Engine {
             debug_assert!(at >= self.now_ns, "time went backwards");
             self.now_ns = at;
             self.handle(event);
+            self.counters.events += 1;
             processed += 1;
         }
         self.now_ns = self.now_ns.max(now_ns);

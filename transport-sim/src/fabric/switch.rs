@@ -24,13 +24,19 @@ pub(super) fn new_switch(
         let info = wiring.ports[port];
         let bdp = (info.rate_bps as u128 * u128::from(info.delay_ns) / 8_000_000_000) as u64;
         let frame = u64::from(config.nic.mtu_bytes + config.header_bytes + CONTROL_FRAME_BYTES);
-        let headroom = pfc.headroom_rtt_factor * bdp + frame;
+        // Without PFC (TCP mode) nothing is held back for in-flight data.
+        let headroom = if pfc.enabled {
+            pfc.headroom_rtt_factor * bdp + frame
+        } else {
+            0
+        };
         let doublings = (info.rate_bps / wiring.host_rate_bps.max(1)).max(1).ilog2();
         let shift = pfc.xoff_shift_at_host_speed.saturating_sub(doublings);
         local.insert(port, i);
         queues.push((headroom, shift));
     }
-    let reserved: u64 = queues.iter().map(|(h, _)| h + pfc.reserve_bytes).sum();
+    let reserve = if pfc.enabled { pfc.reserve_bytes } else { 0 };
+    let reserved: u64 = queues.iter().map(|(h, _)| h + reserve).sum();
     if reserved >= config.switch.buffer_bytes {
         return Err(format!(
             "fabric config `switch.buffer_bytes`: {} B cannot hold the {} B of headroom and reserve of switch {s}",

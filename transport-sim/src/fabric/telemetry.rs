@@ -53,6 +53,8 @@ pub struct Counters {
     pub timeouts: u64,
     /// Messages delivered.
     pub messages: u64,
+    /// Events the engine processed (the simulator's unit of work).
+    pub events: u64,
     /// Drops by reason.
     pub drops: BTreeMap<DropReason, u64>,
 }
