@@ -379,6 +379,7 @@ fn tcp_incast_collapses_on_a_shallow_port_and_roce_does_not() {
 #[test]
 fn every_published_scenario_replays_its_counters_exactly() {
     use weir_core::congestion::tcp::Algorithm;
+    type Flows = Vec<(usize, usize, usize)>;
     let counters = |config: FabricConfig, flows: &[(usize, usize, usize)]| {
         let mut e = engine(config);
         for &(src, dst, n) in flows {
@@ -389,8 +390,8 @@ fn every_published_scenario_replays_its_counters_exactly() {
         e.run_until_idle(u64::MAX);
         e.counters().clone()
     };
-    let incast: Vec<(usize, usize, usize)> = (0..60).map(|s| (s, 60, 8)).collect();
-    let cases: Vec<(FabricConfig, Vec<(usize, usize, usize)>)> = vec![
+    let incast: Flows = (0..60).map(|s| (s, 60, 8)).collect();
+    let cases: Vec<(FabricConfig, Flows)> = vec![
         (star(3), vec![(0, 2, 100), (1, 2, 100)]),
         (star(61), incast.clone()),
         (tcp_star(61, Algorithm::Dctcp), incast),
