@@ -95,6 +95,8 @@ pub struct Report {
     pub fabric: FabricSummary,
     /// Checker verdicts.
     pub verdicts: Vec<Verdict>,
+    /// Faults injected, described, in time order.
+    pub faults: Vec<String>,
 }
 
 impl Report {
@@ -144,6 +146,7 @@ impl Report {
             intervals,
             fabric,
             verdicts,
+            faults: Vec::new(),
         }
     }
 
@@ -231,6 +234,12 @@ impl fmt::Display for Report {
             "          {} ECN marks, {} CNPs, {} PFC pauses, {} drops, {} retransmits",
             fb.ecn_marks, fb.cnps, fb.pauses, fb.drops, fb.retransmits
         )?;
+        if !self.faults.is_empty() {
+            writeln!(f, "  faults")?;
+            for fault in &self.faults {
+                writeln!(f, "    {fault}")?;
+            }
+        }
         writeln!(f)?;
         writeln!(f, "  checkers")?;
         for v in &self.verdicts {

@@ -158,6 +158,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     if let Some(interval) = options.telemetry_interval {
         fabric.enable_sampling(interval);
     }
+    let faults = schedule_faults(&fabric, &scenario);
     let epoch = Instant::now();
     let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
     let mut clients = Vec::new();
@@ -185,7 +186,8 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         check_no_lost_writes(&history, scenario.cluster.replicas as usize),
     ];
     let fabric_summary = summarize(&fabric);
-    let report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
+    let mut report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
+    report.faults = faults;
     let telemetry = options
         .telemetry_interval
         .map(|_| collect_telemetry(&fabric));
@@ -194,6 +196,55 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         history,
         telemetry,
     }
+}
+
+/// Inject the scenario's fabric faults, drawn from the seed; returns them, described,
+/// in time order. Only links that carry hosts of the run are chosen.
+fn schedule_faults(fabric: &Fabric, scenario: &Scenario) -> Vec<String> {
+    use weir_transport_sim::fabric::Fault;
+    let f = &scenario.faults;
+    let links: Vec<(usize, String)> = fabric
+        .links()
+        .into_iter()
+        .filter(|(_, name)| !name.contains("host"))
+        .collect();
+    let mut described = Vec::new();
+    if f.link_loss > 0.0 || f.link_corrupt > 0.0 {
+        for &(link, _) in &links {
+            let fault = Fault::LinkErrors {
+                link,
+                loss: f.link_loss,
+                corrupt: f.link_corrupt,
+            };
+            fabric.inject(Duration::ZERO, fault);
+        }
+        described.push((
+            0,
+            format!(
+                "every link: loss {}, corruption {} per packet",
+                f.link_loss, f.link_corrupt
+            ),
+        ));
+    }
+    let duration_us = scenario.workload.duration_ms * 1000;
+    for _ in 0..f.link_flaps {
+        let (link, name) = links[thread_rng().gen_range(0..links.len())].clone();
+        let at_us = thread_rng().gen_range(0..duration_us.max(1));
+        let down_us = thread_rng()
+            .gen_range(f.flap_down_us / 10..=f.flap_down_us)
+            .max(1);
+        fabric.inject(Duration::from_micros(at_us), Fault::LinkDown { link });
+        fabric.inject(
+            Duration::from_micros(at_us + down_us),
+            Fault::LinkUp { link },
+        );
+        described.push((
+            at_us,
+            format!("{at_us} us: link {name} down for {down_us} us"),
+        ));
+    }
+    described.sort();
+    described.into_iter().map(|(_, d)| d).collect()
 }
 
 /// The fabric's samples and counters, with ports and hosts by name.

@@ -16,8 +16,37 @@ pub struct Scenario {
     pub workload: WorkloadSpec,
     /// The simulated network.
     pub fabric: FabricSpec,
+    /// Faults injected into the fabric, drawn from the seed.
+    pub faults: FaultSpec,
     /// Deliberate bugs, to prove the checkers can fail.
     pub bugs: BugSpec,
+}
+
+/// Fabric faults of a run. Times and links are drawn from the run's seed.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultSpec {
+    /// Per-packet loss probability on every link.
+    pub link_loss: f64,
+    /// Per-packet corruption probability on every link (the receiver's ICRC check
+    /// drops what is damaged).
+    pub link_corrupt: f64,
+    /// Links taken down at random times during the workload, each for a random
+    /// 10%..100% of `flap_down_us`.
+    pub link_flaps: u32,
+    /// Longest link outage, microseconds.
+    pub flap_down_us: u64,
+}
+
+impl Default for FaultSpec {
+    fn default() -> Self {
+        FaultSpec {
+            link_loss: 0.0,
+            link_corrupt: 0.0,
+            link_flaps: 0,
+            flap_down_us: 500,
+        }
+    }
 }
 
 /// Cluster shape.
@@ -255,6 +284,16 @@ impl Scenario {
         }
         if !matches!(f.cnp.as_str(), "per-qp" | "per-packet") {
             return bad("fabric.cnp", "must be \"per-qp\" or \"per-packet\"");
+        }
+        let x = &self.faults;
+        if !(0.0..0.5).contains(&x.link_loss) || !(0.0..0.5).contains(&x.link_corrupt) {
+            return bad("faults.link_loss/link_corrupt", "must be in [0, 0.5)");
+        }
+        if x.link_flaps > 10_000 {
+            return bad("faults.link_flaps", "must be at most 10000");
+        }
+        if x.link_flaps > 0 && x.flap_down_us == 0 {
+            return bad("faults.flap_down_us", "must be > 0 when links flap");
         }
         if f.buffer_mib == 0 || f.buffer_mib > 1024 {
             return bad("fabric.buffer_mib", "must be between 1 and 1024");

@@ -31,7 +31,8 @@ fn a_seed_replays_exactly_and_another_seed_differs() {
 
 /// The scenario of sweep seed `seed`: each seed draws its own mix (a small swarm),
 /// so the sweep covers random and sequential, small and large requests, 512 B and
-/// 4 KiB blocks, read-heavy and write-heavy mixes, shallow and deep queues.
+/// 4 KiB blocks, read-heavy and write-heavy mixes, shallow and deep queues, clean and
+/// faulty fabrics, RoCE and TCP.
 fn swarm(seed: u64) -> Scenario {
     let mut s = short(12);
     let pick = |salt: u64, n: u64| (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (salt * 5)) % n;
@@ -49,20 +50,38 @@ fn swarm(seed: u64) -> Scenario {
     // Small extents, so requests and extents interleave across every node.
     s.cluster.volume_mib = 1024;
     s.cluster.extent_mib = [1, 4, 64][pick(8, 3) as usize];
+    // A third of the seeds run on a faulty fabric: random loss and corruption, and
+    // links going down and up.
+    if pick(9, 3) == 0 {
+        s.faults.link_loss = 0.002;
+        s.faults.link_corrupt = 0.001;
+        s.faults.link_flaps = 3;
+    }
+    // A quarter run on the lossy TCP baseline instead of RoCE.
+    if pick(10, 4) == 0 {
+        s.fabric.transport = "tcp-dctcp".into();
+    }
     s
 }
 
 #[test]
 fn a_sweep_of_24_seeds_passes_every_checker() {
     let mut failed = Vec::new();
+    let (mut faulty, mut tcp) = (0, 0);
     for seed in 1..=24 {
         let s = swarm(seed);
+        faulty += usize::from(s.faults.link_flaps > 0);
+        tcp += usize::from(s.fabric.transport != "roce");
         let outcome = run(seed, &s, "swarm");
         if !outcome.report.passed() {
             failed.push(format!("seed {seed}: {:?}\n{}", s, outcome.report));
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
+    assert!(
+        faulty > 0 && tcp > 0,
+        "the swarm never drew faults ({faulty}) or TCP ({tcp})"
+    );
 }
 
 #[test]

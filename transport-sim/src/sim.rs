@@ -152,6 +152,26 @@ impl Fabric {
             .collect()
     }
 
+    /// Links of the fabric, as (link index, name) with the name of the switch end,
+    /// e.g. "sw0->n3".
+    pub fn links(&self) -> Vec<(usize, String)> {
+        let names = self.port_names();
+        let s = self.state.lock().expect("fabric state");
+        let w = s.engine.wiring();
+        w.links
+            .iter()
+            .enumerate()
+            .map(|(i, &(a, b))| {
+                let name = names
+                    .get(&b)
+                    .or(names.get(&a))
+                    .cloned()
+                    .unwrap_or(format!("link{i}"));
+                (i, name)
+            })
+            .collect()
+    }
+
     /// Node id of fabric host `h`, if attached.
     pub fn node_of(&self, h: HostIdx) -> Option<NodeId> {
         self.state.lock().expect("fabric state").ids.get(h).copied()
