@@ -68,6 +68,13 @@ impl Version {
     }
 }
 
+impl Epoch {
+    /// The epoch after this one.
+    pub fn next(self) -> Epoch {
+        Epoch(self.0 + 1)
+    }
+}
+
 impl Lba {
     /// This address plus `blocks`.
     pub fn offset(self, blocks: u64) -> Lba {

@@ -9,6 +9,7 @@
 pub mod buf;
 pub mod client;
 pub mod congestion;
+pub mod control;
 pub mod device;
 pub mod error;
 pub mod ids;

@@ -1,0 +1,426 @@
+//! The control plane's state machine: the cluster map as a deterministic function of
+//! a log of commands (DESIGN.md section 4.1). Raft replicates the commands; every
+//! node applies them in log order and reaches the same map.
+//!
+//! Per extent: a replica set (primary first when it is in sync), the in-sync subset,
+//! the replicas rebuilding, and an epoch that every change bumps. Invariants, checked
+//! by [`ClusterState::self_check`] after every command:
+//! - the primary is in sync, and every in-sync or rebuilding node is a replica;
+//! - a node is never both in sync and rebuilding;
+//! - epochs only grow; a command that names an older epoch is refused;
+//! - a down node is in no in-sync set.
+//!
+//! Failover picks the new primary from the in-sync set only, so it holds every
+//! acknowledged write (a write is acknowledged only once every in-sync replica has
+//! it). A new primary may serve only after `serve_after_ns`, the moment the old
+//! primary's lease has surely run out.
+
+use crate::ids::{Epoch, ExtentId, NodeId, VolumeId};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A node as the control plane sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeStatus {
+    /// Heartbeating.
+    Up,
+    /// Silent past the lease timeout, or removed.
+    Down,
+}
+
+/// One extent's placement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtentState {
+    /// Every node holding (or rebuilding) a replica, in placement order.
+    pub replicas: Vec<NodeId>,
+    /// The primary: serves reads and orders writes.
+    pub primary: NodeId,
+    /// Replicas holding every acknowledged write.
+    pub in_sync: BTreeSet<NodeId>,
+    /// Replicas catching up; they receive new writes but are not counted on.
+    pub rebuilding: BTreeSet<NodeId>,
+    /// Bumped by every change of this extent.
+    pub epoch: Epoch,
+    /// The primary may not serve before this time (ns, control-plane clock): the
+    /// previous primary's lease has run out by then.
+    pub serve_after_ns: u64,
+}
+
+/// A command of the control-plane log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A node joins the cluster.
+    AddNode {
+        /// The node.
+        node: NodeId,
+    },
+    /// A volume is created with `extents` extents of `replicas` replicas each,
+    /// placed round robin over the up nodes (primaries spread).
+    CreateVolume {
+        /// Volume id.
+        volume: VolumeId,
+        /// Number of extents.
+        extents: u64,
+        /// Replicas per extent.
+        replicas: u8,
+    },
+    /// A node stopped heartbeating at `silent_since_ns`; its lease expires at
+    /// `lease_expires_ns`. It leaves every in-sync set; extents it was primary of
+    /// fail over to an in-sync replica, which may serve after the lease expiry.
+    NodeDown {
+        /// The node.
+        node: NodeId,
+        /// Control-plane time its lease runs out.
+        lease_expires_ns: u64,
+    },
+    /// A node that was down is back: its replicas start rebuilding.
+    NodeUp {
+        /// The node.
+        node: NodeId,
+    },
+    /// The primary of `extent` at `epoch` asks to drop a replica that did not
+    /// acknowledge a write in time, so it can acknowledge without it.
+    DropReplica {
+        /// The extent.
+        extent: ExtentId,
+        /// The epoch the primary is at.
+        epoch: Epoch,
+        /// The silent replica.
+        node: NodeId,
+    },
+    /// A rebuilding replica has caught up at `epoch`: it joins the in-sync set.
+    RebuildDone {
+        /// The extent.
+        extent: ExtentId,
+        /// The epoch the rebuild finished in.
+        epoch: Epoch,
+        /// The replica.
+        node: NodeId,
+    },
+}
+
+/// Why a command was refused (it changes nothing).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum Refusal {
+    /// The node is already a member.
+    #[error("{0} is already a member")]
+    KnownNode(NodeId),
+    /// No such node.
+    #[error("{0} is not a member")]
+    UnknownNode(NodeId),
+    /// The volume exists.
+    #[error("{0} already exists")]
+    KnownVolume(VolumeId),
+    /// Not enough up nodes for the replica count.
+    #[error("{replicas} replicas need {replicas} up nodes, {up} are up")]
+    TooFewNodes {
+        /// Replicas asked for.
+        replicas: u8,
+        /// Nodes up.
+        up: usize,
+    },
+    /// No such extent.
+    #[error("{0} does not exist")]
+    UnknownExtent(ExtentId),
+    /// The command names an older epoch than the extent's.
+    #[error("stale epoch {got}, extent is at {current}")]
+    StaleEpoch {
+        /// Epoch named.
+        got: Epoch,
+        /// Current epoch.
+        current: Epoch,
+    },
+    /// The command does not apply to the node's current role.
+    #[error("{node} is not {role} of {extent}")]
+    WrongRole {
+        /// The node.
+        node: NodeId,
+        /// The role it should have had.
+        role: &'static str,
+        /// The extent.
+        extent: ExtentId,
+    },
+    /// Dropping this replica would leave the extent with no in-sync replica.
+    #[error("{0} would lose its last in-sync replica")]
+    LastReplica(ExtentId),
+    /// The node's status already is what the command asks.
+    #[error("{0} is already in that state")]
+    NoChange(NodeId),
+}
+
+/// What a command changed, for the log and the report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// A membership or volume change.
+    Membership,
+    /// Extents whose primary moved: (extent, old primary, new primary, new epoch).
+    Failover(Vec<(ExtentId, NodeId, NodeId, Epoch)>),
+    /// Extents whose replica sets changed without a new primary.
+    Replicas(Vec<(ExtentId, Epoch)>),
+    /// A node went down and every one of an extent's in-sync replicas is gone: the
+    /// extent is unavailable until one comes back (never silently served stale).
+    Unavailable(Vec<ExtentId>),
+}
+
+/// The cluster map as the control plane's state machine.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterState {
+    /// Members and their status.
+    pub nodes: BTreeMap<NodeId, NodeStatus>,
+    /// Volumes: first extent id and extent count.
+    pub volumes: BTreeMap<VolumeId, (ExtentId, u64)>,
+    /// Every extent, by id.
+    pub extents: BTreeMap<ExtentId, ExtentState>,
+    /// Log index of the last command applied (refused ones included).
+    pub applied: u64,
+}
+
+impl ClusterState {
+    /// Apply one command. A refused command changes nothing but `applied`.
+    pub fn apply(&mut self, cmd: &Command) -> Result<Vec<Change>, Refusal> {
+        self.applied += 1;
+        let result = match cmd {
+            Command::AddNode { node } => self.add_node(*node),
+            Command::CreateVolume {
+                volume,
+                extents,
+                replicas,
+            } => self.create_volume(*volume, *extents, *replicas),
+            Command::NodeDown {
+                node,
+                lease_expires_ns,
+            } => self.node_down(*node, *lease_expires_ns),
+            Command::NodeUp { node } => self.node_up(*node),
+            Command::DropReplica {
+                extent,
+                epoch,
+                node,
+            } => self.drop_replica(*extent, *epoch, *node),
+            Command::RebuildDone {
+                extent,
+                epoch,
+                node,
+            } => self.rebuild_done(*extent, *epoch, *node),
+        };
+        self.self_check();
+        result
+    }
+
+    fn add_node(&mut self, node: NodeId) -> Result<Vec<Change>, Refusal> {
+        if self.nodes.contains_key(&node) {
+            return Err(Refusal::KnownNode(node));
+        }
+        self.nodes.insert(node, NodeStatus::Up);
+        Ok(vec![Change::Membership])
+    }
+
+    fn create_volume(
+        &mut self,
+        volume: VolumeId,
+        extents: u64,
+        replicas: u8,
+    ) -> Result<Vec<Change>, Refusal> {
+        if self.volumes.contains_key(&volume) {
+            return Err(Refusal::KnownVolume(volume));
+        }
+        let up: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|(_, s)| **s == NodeStatus::Up)
+            .map(|(&n, _)| n)
+            .collect();
+        if replicas == 0 || up.len() < usize::from(replicas) {
+            return Err(Refusal::TooFewNodes {
+                replicas,
+                up: up.len(),
+            });
+        }
+        let first = self.extents.keys().next_back().map_or(0, |e| e.0 + 1);
+        for i in 0..extents {
+            let replicas: Vec<NodeId> = (0..u64::from(replicas))
+                .map(|r| up[((i + r) % up.len() as u64) as usize])
+                .collect();
+            let state = ExtentState {
+                primary: replicas[0],
+                in_sync: replicas.iter().copied().collect(),
+                replicas,
+                rebuilding: BTreeSet::new(),
+                epoch: Epoch(1),
+                serve_after_ns: 0,
+            };
+            self.extents.insert(ExtentId(first + i), state);
+        }
+        self.volumes.insert(volume, (ExtentId(first), extents));
+        Ok(vec![Change::Membership])
+    }
+
+    fn node_down(&mut self, node: NodeId, lease_expires_ns: u64) -> Result<Vec<Change>, Refusal> {
+        match self.nodes.get(&node) {
+            None => return Err(Refusal::UnknownNode(node)),
+            Some(NodeStatus::Down) => return Err(Refusal::NoChange(node)),
+            Some(NodeStatus::Up) => {}
+        }
+        self.nodes.insert(node, NodeStatus::Down);
+        let (mut failovers, mut changed, mut unavailable) = (Vec::new(), Vec::new(), Vec::new());
+        for (&id, ext) in self.extents.iter_mut() {
+            let was_in_sync = ext.in_sync.remove(&node);
+            let was_rebuilding = ext.rebuilding.remove(&node);
+            if !was_in_sync && !was_rebuilding {
+                continue;
+            }
+            ext.epoch = ext.epoch.next();
+            if ext.primary != node {
+                changed.push((id, ext.epoch));
+                continue;
+            }
+            // The new primary: the first in-sync replica in placement order, so the
+            // choice is deterministic and spreads like the placement does.
+            match ext.replicas.iter().find(|r| ext.in_sync.contains(r)) {
+                Some(&next) => {
+                    ext.primary = next;
+                    ext.serve_after_ns = ext.serve_after_ns.max(lease_expires_ns);
+                    failovers.push((id, node, next, ext.epoch));
+                }
+                None => unavailable.push(id),
+            }
+        }
+        let mut out = vec![];
+        if !failovers.is_empty() {
+            out.push(Change::Failover(failovers));
+        }
+        if !changed.is_empty() {
+            out.push(Change::Replicas(changed));
+        }
+        if !unavailable.is_empty() {
+            out.push(Change::Unavailable(unavailable));
+        }
+        Ok(out)
+    }
+
+    fn node_up(&mut self, node: NodeId) -> Result<Vec<Change>, Refusal> {
+        match self.nodes.get(&node) {
+            None => return Err(Refusal::UnknownNode(node)),
+            Some(NodeStatus::Up) => return Err(Refusal::NoChange(node)),
+            Some(NodeStatus::Down) => {}
+        }
+        self.nodes.insert(node, NodeStatus::Up);
+        let mut changed = Vec::new();
+        let mut failovers = Vec::new();
+        for (&id, ext) in self.extents.iter_mut() {
+            if !ext.replicas.contains(&node) {
+                continue;
+            }
+            ext.epoch = ext.epoch.next();
+            if ext.in_sync.is_empty() {
+                // Every in-sync copy was lost; the returning node held the last
+                // acknowledged state when it went down only if it was the last one
+                // in sync, which the log records as the primary it had.
+                if ext.primary == node {
+                    ext.in_sync.insert(node);
+                    failovers.push((id, node, node, ext.epoch));
+                    continue;
+                }
+            }
+            ext.rebuilding.insert(node);
+            changed.push((id, ext.epoch));
+        }
+        let mut out = Vec::new();
+        if !failovers.is_empty() {
+            out.push(Change::Failover(failovers));
+        }
+        if !changed.is_empty() {
+            out.push(Change::Replicas(changed));
+        }
+        Ok(out)
+    }
+
+    fn extent_at(&mut self, extent: ExtentId, epoch: Epoch) -> Result<&mut ExtentState, Refusal> {
+        let ext = self
+            .extents
+            .get_mut(&extent)
+            .ok_or(Refusal::UnknownExtent(extent))?;
+        if epoch != ext.epoch {
+            return Err(Refusal::StaleEpoch {
+                got: epoch,
+                current: ext.epoch,
+            });
+        }
+        Ok(ext)
+    }
+
+    fn drop_replica(
+        &mut self,
+        extent: ExtentId,
+        epoch: Epoch,
+        node: NodeId,
+    ) -> Result<Vec<Change>, Refusal> {
+        let ext = self.extent_at(extent, epoch)?;
+        if node == ext.primary || !ext.in_sync.contains(&node) {
+            return Err(Refusal::WrongRole {
+                node,
+                role: "an in-sync secondary",
+                extent,
+            });
+        }
+        if ext.in_sync.len() == 1 {
+            return Err(Refusal::LastReplica(extent));
+        }
+        ext.in_sync.remove(&node);
+        ext.rebuilding.insert(node);
+        ext.epoch = ext.epoch.next();
+        Ok(vec![Change::Replicas(vec![(extent, ext.epoch)])])
+    }
+
+    fn rebuild_done(
+        &mut self,
+        extent: ExtentId,
+        epoch: Epoch,
+        node: NodeId,
+    ) -> Result<Vec<Change>, Refusal> {
+        let up = self.nodes.get(&node) == Some(&NodeStatus::Up);
+        let ext = self.extent_at(extent, epoch)?;
+        // A rebuild copies from the primary: with no in-sync replica there was no
+        // source, so it cannot have finished.
+        if !ext.rebuilding.contains(&node) || !up || ext.in_sync.is_empty() {
+            return Err(Refusal::WrongRole {
+                node,
+                role: "a rebuilding replica",
+                extent,
+            });
+        }
+        ext.rebuilding.remove(&node);
+        ext.in_sync.insert(node);
+        ext.epoch = ext.epoch.next();
+        Ok(vec![Change::Replicas(vec![(extent, ext.epoch)])])
+    }
+
+    /// Assert the invariants listed in the module documentation.
+    pub fn self_check(&self) {
+        for (id, ext) in &self.extents {
+            if !ext.in_sync.is_empty() {
+                assert!(
+                    ext.in_sync.contains(&ext.primary),
+                    "{id}: primary {} not in sync",
+                    ext.primary
+                );
+            }
+            for n in ext.in_sync.iter().chain(&ext.rebuilding) {
+                assert!(ext.replicas.contains(n), "{id}: {n} is no replica");
+            }
+            assert!(
+                ext.in_sync.is_disjoint(&ext.rebuilding),
+                "{id}: in sync and rebuilding"
+            );
+            for n in &ext.in_sync {
+                assert_eq!(
+                    self.nodes.get(n),
+                    Some(&NodeStatus::Up),
+                    "{id}: down node {n} in sync"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
