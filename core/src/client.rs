@@ -121,7 +121,7 @@ impl<T: Transport> Volume<T> {
             let from = ((start.0 - lba.0) as usize) * self.block_size();
             let chunk = data.slice(from..from + count as usize * self.block_size());
             let extent = self.map.extent(self.map.extent_of(start));
-            let (to, epoch) = (extent.primary(), extent.epoch);
+            let (to, epoch) = (extent.primary, extent.epoch);
             let reply = self
                 .call(to, |req| Message::Write {
                     req,
@@ -145,7 +145,7 @@ impl<T: Transport> Volume<T> {
         let mut out = BytesMut::new();
         for (start, count) in self.split(lba, blocks)? {
             let extent = self.map.extent(self.map.extent_of(start));
-            let (to, epoch) = (extent.primary(), extent.epoch);
+            let (to, epoch) = (extent.primary, extent.epoch);
             let reply = self
                 .call(to, |req| Message::Read {
                     req,

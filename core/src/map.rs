@@ -1,10 +1,13 @@
-//! The cluster map: nodes, the volume, and extent -> replica set.
+//! The cluster map as the data path sees it: the volume's shape plus the control
+//! plane's state (nodes, extent -> replica set, primary, in-sync set, epoch).
 //!
-//! Static in this version: built once from a spec and identical on every node and
-//! client. The control plane (Raft) will own it and bump extent epochs on change.
+//! The state is [`crate::control::ClusterState`], built by applying control-plane
+//! commands; every node and client holds a copy and replaces it when the control
+//! plane publishes a newer one ([`ClusterMap::with_state`]).
 
+use crate::control::state::{ClusterState, Command, ExtentState};
 use crate::error::WeirError;
-use crate::ids::{Epoch, ExtentId, Lba, NodeId, VolumeId};
+use crate::ids::{ExtentId, Lba, NodeId, VolumeId};
 
 /// Largest request a map may allow: one request (and its replication message) must
 /// fit in one wire frame.
@@ -33,22 +36,6 @@ impl VolumeSpec {
     }
 }
 
-/// Where one extent lives.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExtentPlacement {
-    /// Replica set, primary first. Distinct nodes.
-    pub replicas: Vec<NodeId>,
-    /// Map epoch of this extent.
-    pub epoch: Epoch,
-}
-
-impl ExtentPlacement {
-    /// The extent's primary.
-    pub fn primary(&self) -> NodeId {
-        self.replicas[0]
-    }
-}
-
 /// A cluster map that cannot be built.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MapError {
@@ -70,7 +57,7 @@ pub enum MapError {
 pub struct ClusterMap {
     nodes: Vec<NodeId>,
     volume: VolumeSpec,
-    extents: Vec<ExtentPlacement>,
+    state: ClusterState,
 }
 
 impl ClusterMap {
@@ -98,34 +85,55 @@ impl ClusterMap {
             return Err(MapError::BadShape("max request must be 1 block to 1 MiB"));
         }
         let count = volume.capacity_blocks.div_ceil(volume.extent_blocks);
-        let n = nodes.len();
-        let extents = (0..count as usize)
-            .map(|i| ExtentPlacement {
-                replicas: (0..replicas).map(|r| nodes[(i + r) % n]).collect(),
-                epoch: Epoch(1),
+        let mut state = ClusterState::default();
+        for &node in &nodes {
+            state
+                .apply(&Command::AddNode { node })
+                .map_err(|_| MapError::BadShape("a node is listed twice"))?;
+        }
+        let replicas =
+            u8::try_from(replicas).map_err(|_| MapError::BadShape("too many replicas"))?;
+        state
+            .apply(&Command::CreateVolume {
+                volume: volume.id,
+                extents: count,
+                replicas,
             })
-            .collect();
+            .map_err(|_| MapError::BadShape("cannot place the volume"))?;
         let map = ClusterMap {
             nodes,
             volume,
-            extents,
+            state,
         };
         map.self_check();
         Ok(map)
     }
 
-    /// Assert the map's invariants: every extent has distinct replicas that are all
-    /// cluster members.
+    /// This map with the control plane's newer `state` (same volume).
+    pub fn with_state(&self, state: ClusterState) -> ClusterMap {
+        let map = ClusterMap {
+            nodes: state.nodes.keys().copied().collect(),
+            volume: self.volume,
+            state,
+        };
+        map.self_check();
+        map
+    }
+
+    /// The control plane's state behind this map.
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// Assert the map's invariants: the control state's own, and one extent per
+    /// `extent_blocks` of the volume.
     pub fn self_check(&self) {
-        for (i, ext) in self.extents.iter().enumerate() {
-            for (a, node) in ext.replicas.iter().enumerate() {
-                assert!(self.nodes.contains(node), "extent {i}: {node} not a member");
-                assert!(
-                    !ext.replicas[a + 1..].contains(node),
-                    "extent {i}: {node} holds two replicas"
-                );
-            }
-        }
+        self.state.self_check();
+        let count = self
+            .volume
+            .capacity_blocks
+            .div_ceil(self.volume.extent_blocks);
+        assert_eq!(self.state.extents.len() as u64, count, "extent count");
     }
 
     /// Storage nodes, in id order.
@@ -140,13 +148,13 @@ impl ClusterMap {
 
     /// Number of extents.
     pub fn extent_count(&self) -> u64 {
-        self.extents.len() as u64
+        self.state.extents.len() as u64
     }
 
     /// Placement of `extent`. Panics if the extent does not exist: ids come from
     /// [`ClusterMap::locate`], which checks them.
-    pub fn extent(&self, extent: ExtentId) -> &ExtentPlacement {
-        &self.extents[extent.0 as usize]
+    pub fn extent(&self, extent: ExtentId) -> &ExtentState {
+        &self.state.extents[&extent]
     }
 
     /// The extent holding `lba`, without bounds checks beyond the volume's.
@@ -226,7 +234,7 @@ mod tests {
     fn primaries_spread_and_replicas_distinct() {
         let m = map();
         assert_eq!(m.extent_count(), 4);
-        let primaries: Vec<_> = (0..4).map(|e| m.extent(ExtentId(e)).primary()).collect();
+        let primaries: Vec<_> = (0..4).map(|e| m.extent(ExtentId(e)).primary).collect();
         assert_eq!(primaries, vec![NodeId(1), NodeId(2), NodeId(3), NodeId(4)]);
         assert_eq!(
             m.extent(ExtentId(3)).replicas,

@@ -123,16 +123,29 @@ enum Op {
 #[derive(Debug)]
 struct Acks {
     waiting: Vec<NodeId>,
+    /// Also asked but not waited for (rebuilding replicas): their acks are taken
+    /// quietly and change nothing.
+    extra: Vec<NodeId>,
     error: Option<WeirError>,
 }
 
 impl Acks {
-    fn new(waiting: Vec<NodeId>) -> Self {
+    fn new(waiting: Vec<NodeId>, extra: Vec<NodeId>) -> Self {
         assert!(!waiting.is_empty(), "a fan-out to nobody");
         Acks {
             waiting,
+            extra,
             error: None,
         }
+    }
+
+    /// Stop waiting for nodes no longer in `keep` (a map change removed them from
+    /// the in-sync set). `Some(outcome)` if nothing is left to wait for.
+    fn retain(&mut self, keep: impl Fn(NodeId) -> bool) -> Option<Result<(), WeirError>> {
+        self.waiting.retain(|n| keep(*n));
+        self.waiting
+            .is_empty()
+            .then(|| self.error.take().map_or(Ok(()), Err))
     }
 
     /// Count `from`'s acknowledgement. `Err` if `from` was not asked (or already
@@ -142,7 +155,11 @@ impl Acks {
         from: NodeId,
         result: Result<(), WeirError>,
     ) -> Result<Option<Result<(), WeirError>>, ()> {
-        let at = self.waiting.iter().position(|n| *n == from).ok_or(())?;
+        let Some(at) = self.waiting.iter().position(|n| *n == from) else {
+            let extra = self.extra.iter().position(|n| *n == from).ok_or(())?;
+            self.extra.swap_remove(extra);
+            return Ok(None);
+        };
         self.waiting.swap_remove(at);
         if let Err(e) = result {
             self.error.get_or_insert(e);
@@ -168,7 +185,7 @@ enum IoPurpose {
 }
 
 /// Per-extent state of the primary.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct PrimaryExtent {
     last_version: Version,
     lock: RangeLock,
@@ -323,7 +340,7 @@ impl Replicator {
     ) -> Result<ExtentId, WeirError> {
         let extent = self.map.locate(volume, lba, blocks)?;
         let placement = self.map.extent(extent);
-        if placement.primary() != self.me {
+        if placement.primary != self.me || !placement.in_sync.contains(&self.me) {
             return Err(WeirError::NotPrimary(self.me));
         }
         if epoch != placement.epoch {
@@ -370,7 +387,7 @@ impl Replicator {
                 acks: None,
             },
         );
-        let lock = &mut self.primary.entry(extent).or_default().lock;
+        let lock = &mut self.primary_state(extent).lock;
         if lock.acquire(op, lba, lba.offset(blocks), Mode::Exclusive) {
             self.start(op);
         }
@@ -400,7 +417,7 @@ impl Replicator {
                 blocks,
             },
         );
-        let lock = &mut self.primary.entry(extent).or_default().lock;
+        let lock = &mut self.primary_state(extent).lock;
         if lock.acquire(op, lba, lba.offset(blocks), Mode::Shared) {
             self.start(op);
         }
@@ -421,7 +438,7 @@ impl Replicator {
             Op::Flush {
                 client,
                 req,
-                acks: Acks::new(nodes.clone()),
+                acks: Acks::new(nodes.clone(), Vec::new()),
             },
         );
         for node in nodes {
@@ -474,7 +491,8 @@ impl Replicator {
                 let io = self.io(IoPurpose::Op(op));
                 self.actions.push_back(Action::Io { io, cmd });
             }
-            Some(Op::Flush { .. }) | None => panic!("{op} cannot be started"),
+            Some(Op::Flush { .. }) => panic!("{op} cannot be started"),
+            None => {}
         }
     }
 
@@ -499,14 +517,32 @@ impl Replicator {
         let version = state.last_version.next();
         state.last_version = version;
         let placement = self.map.extent(extent).clone();
-        let mut forward: Vec<NodeId> = placement.replicas[1..].to_vec();
+        // Every in-sync and rebuilding replica gets the write; the client's ack
+        // waits for the in-sync ones only (rebuilding replicas are not counted on).
+        let mut forward: Vec<NodeId> = placement
+            .replicas
+            .iter()
+            .copied()
+            .filter(|n| {
+                *n != self.me && (placement.in_sync.contains(n) || placement.rebuilding.contains(n))
+            })
+            .collect();
         if self.config.bug_skip_last_replica {
             forward.pop();
         }
         if let Some(Op::Write { acks, .. }) = self.ops.get_mut(&op) {
-            let mut expect = forward.clone();
+            let mut expect: Vec<NodeId> = forward
+                .iter()
+                .copied()
+                .filter(|n| placement.in_sync.contains(n))
+                .collect();
             expect.push(self.me);
-            *acks = Some(Acks::new(expect));
+            let extra = forward
+                .iter()
+                .copied()
+                .filter(|n| !expect.contains(n))
+                .collect();
+            *acks = Some(Acks::new(expect, extra));
         }
         let blocks = (data.len() / self.map.volume().block_size as usize) as u64;
         if let Err(e) = self.claim_version(lba, blocks, version) {
@@ -554,7 +590,8 @@ impl Replicator {
                 self.reply_read(client, req, result);
                 self.unlock(extent, op);
             }
-            None => panic!("local completion for unknown {op}"),
+            // The op was failed by a map change while its I/O ran.
+            None => tracing::debug!(%op, "completion for an op already failed"),
         }
     }
 
@@ -575,6 +612,11 @@ impl Replicator {
                 return;
             }
         };
+        self.finish_write(op, outcome);
+    }
+
+    /// Every in-sync replica has answered write `op`: reply and release its range.
+    fn finish_write(&mut self, op: OpId, outcome: Result<(), WeirError>) {
         let Some(Op::Write {
             client,
             req,
@@ -605,6 +647,86 @@ impl Replicator {
             unreachable!("matched a flush above");
         };
         self.reply(client, req, outcome.map(|()| Message::FlushOk { req }));
+    }
+
+    /// The primary state of `extent`, created on first use. A node that becomes
+    /// primary (at start, or by failover) continues the extent's versions from the
+    /// highest one it holds, so versions never go back.
+    fn primary_state(&mut self, extent: ExtentId) -> &mut PrimaryExtent {
+        if !self.primary.contains_key(&extent) {
+            let start = Lba(extent.0 * self.map.volume().extent_blocks);
+            let end = self.map.extent_end(extent);
+            let last_version = self
+                .block_versions
+                .range(start..end)
+                .map(|(_, &v)| v)
+                .max()
+                .unwrap_or_default();
+            let state = PrimaryExtent {
+                last_version,
+                lock: RangeLock::default(),
+            };
+            self.primary.insert(extent, state);
+        }
+        self.primary.get_mut(&extent).expect("inserted above")
+    }
+
+    // ---- map changes ---------------------------------------------------------------
+
+    /// The control plane published a newer map. Extents this node no longer leads
+    /// fail their operations (clients retry with the new map); extents it still
+    /// leads stop waiting for replicas that left the in-sync set, which is when a
+    /// write held up by a silent replica may be acknowledged.
+    pub fn handle_map(&mut self, map: ClusterMap) {
+        self.map = map;
+        let led: Vec<ExtentId> = self.primary.keys().copied().collect();
+        for extent in led {
+            let now = self.map.extent(extent);
+            if now.primary != self.me || !now.in_sync.contains(&self.me) {
+                self.abandon(extent, WeirError::NotPrimary(self.me));
+                continue;
+            }
+            let in_sync = now.in_sync.clone();
+            let writes: Vec<OpId> = self
+                .ops
+                .iter()
+                .filter(|(_, o)| matches!(o, Op::Write { extent: e, acks: Some(_), .. } if *e == extent))
+                .map(|(&id, _)| id)
+                .collect();
+            for op in writes {
+                let Some(Op::Write {
+                    acks: Some(acks), ..
+                }) = self.ops.get_mut(&op)
+                else {
+                    continue;
+                };
+                if let Some(outcome) = acks.retain(|n| in_sync.contains(&n)) {
+                    self.finish_write(op, outcome);
+                }
+            }
+        }
+    }
+
+    /// Fail every operation of `extent` and forget its primary state.
+    fn abandon(&mut self, extent: ExtentId, error: WeirError) {
+        let ops: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, o)| match o {
+                Op::Write { extent: e, .. } | Op::Read { extent: e, .. } => *e == extent,
+                Op::Flush { .. } => false,
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for op in ops {
+            match self.ops.remove(&op) {
+                Some(Op::Write { client, req, .. } | Op::Read { client, req, .. }) => {
+                    self.fail(client, req, error.clone())
+                }
+                _ => unreachable!("selected above"),
+            }
+        }
+        self.primary.remove(&extent);
     }
 
     fn unlock(&mut self, extent: ExtentId, op: OpId) {
@@ -668,7 +790,9 @@ impl Replicator {
                 current: placement.epoch,
             });
         }
-        if placement.primary() != primary || !placement.replicas.contains(&self.me) {
+        let member =
+            placement.in_sync.contains(&self.me) || placement.rebuilding.contains(&self.me);
+        if placement.primary != primary || !member {
             return Err(WeirError::NotPrimary(primary));
         }
         Ok(blocks)

@@ -403,3 +403,109 @@ fn forged_and_duplicate_acks_are_refused() {
         ]
     );
 }
+
+/// Apply control-plane `cmd` to every engine's map (as the control plane would).
+fn publish(c: &mut Cluster, cmd: crate::control::Command) {
+    let map = c.engines[&NodeId(1)].map().clone();
+    let mut state = map.state().clone();
+    state.apply(&cmd).unwrap();
+    let map = map.with_state(state);
+    for e in c.engines.values_mut() {
+        e.handle_map(map.clone());
+    }
+    c.collect();
+}
+
+#[test]
+fn a_write_held_up_by_a_silent_replica_is_acked_once_the_map_drops_it() {
+    use crate::control::Command;
+    let mut c = cluster(ReplicationConfig::default());
+    c.client_sends(NodeId(1), write(1, 0, block(5, 1)));
+    c.deliver();
+    c.complete_one(NodeId(1));
+    c.complete_one(NodeId(2));
+    c.deliver();
+    assert!(c.replies.is_empty(), "n3 is silent: no ack yet");
+    publish(
+        &mut c,
+        Command::DropReplica {
+            extent: ExtentId(0),
+            epoch: Epoch(1),
+            node: NodeId(3),
+        },
+    );
+    c.deliver();
+    assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(1) }]);
+    // The next write goes to n3 as a rebuilding replica, but is not held up by it.
+    c.client_sends(NodeId(1), write_at_epoch(2, 1, block(6, 1), 2));
+    c.deliver();
+    c.complete_one(NodeId(1));
+    c.complete_one(NodeId(2));
+    c.deliver();
+    assert_eq!(c.replies.len(), 2, "a rebuilding replica held up the ack");
+    assert!(
+        c.applied
+            .iter()
+            .any(|(n, l, _)| *n == NodeId(3) && *l == Lba(1)),
+        "n3 got no copy"
+    );
+}
+
+fn write_at_epoch(req: u64, lba: u64, data: Bytes, epoch: u64) -> Message {
+    Message::Write {
+        req: RequestId(req),
+        volume: VolumeId(1),
+        epoch: Epoch(epoch),
+        lba: Lba(lba),
+        data,
+        fua: false,
+    }
+}
+
+#[test]
+fn a_deposed_primary_fails_its_writes_and_the_new_one_continues_the_versions() {
+    use crate::control::Command;
+    let mut c = cluster(ReplicationConfig::default());
+    c.client_sends(NodeId(1), write(1, 0, block(1, 1)));
+    c.settle();
+    c.client_sends(NodeId(1), write(2, 0, block(2, 1)));
+    c.client_sends(NodeId(1), write(3, 0, block(3, 1)));
+    c.deliver();
+    publish(
+        &mut c,
+        Command::NodeDown {
+            node: NodeId(1),
+            lease_expires_ns: 0,
+        },
+    );
+    c.settle();
+    let failed: Vec<_> = c
+        .replies
+        .iter()
+        .filter(|m| {
+            matches!(
+                m,
+                Message::Failed {
+                    error: WeirError::NotPrimary(_),
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert_eq!(
+        failed.len(),
+        2,
+        "running and queued writes must fail: {:?}",
+        c.replies
+    );
+    // n2 is the new primary at epoch 2; its next write continues after version 1.
+    c.client_sends(NodeId(2), write_at_epoch(4, 0, block(4, 1), 2));
+    c.settle();
+    assert_eq!(
+        c.replies.last(),
+        Some(&Message::WriteOk { req: RequestId(4) })
+    );
+    let v = c.engines[&NodeId(2)].block_version(Lba(0)).unwrap();
+    assert!(v > Version(1), "versions went back: {v}");
+    assert_eq!(c.disk_block(NodeId(3), 0), Some(4));
+}
