@@ -2,6 +2,8 @@
 //! machine. [`state`] is the deterministic state machine; the Raft group that
 //! replicates its commands, the failure detector and the lease logic build on it.
 
+pub mod raft;
 pub mod state;
 
+pub use raft::{MapRaft, RaftAction, RaftError};
 pub use state::{ClusterState, Command, NodeStatus, Refusal};
