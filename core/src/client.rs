@@ -3,6 +3,11 @@
 //! `Volume::read/write/flush` find the primary of each extent from the cluster map,
 //! split requests at extent boundaries, send them with fresh request ids and match
 //! replies by id. One task receives all replies and hands each to its waiter.
+//!
+//! Failover is hidden behind bounded retries: a request that times out, or is
+//! answered `NotPrimary`, `StaleEpoch` or `Busy`, makes the client fetch the current
+//! map from a node and try again, until [`RETRY_BUDGET`] is spent. Retrying a write
+//! is idempotent: it writes the same data to the same blocks again.
 
 use crate::error::WeirError;
 use crate::ids::{Lba, NodeId, RequestId};
@@ -13,7 +18,17 @@ use bytes::{Bytes, BytesMut};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::oneshot;
+
+/// How long one attempt waits for its reply: well above a loaded device's latency
+/// (a shorter one turns overload into a retry storm), well below the time a
+/// failover takes to be noticed by clients anyway.
+pub const CALL_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long a request keeps retrying through failovers before it fails.
+pub const RETRY_BUDGET: Duration = Duration::from_secs(5);
+/// Pause between retries.
+const RETRY_BACKOFF: Duration = Duration::from_millis(5);
 
 /// Why a client request failed.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +48,25 @@ pub enum ClientError {
     /// The reply task stopped: the transport closed.
     #[error("client closed")]
     Closed,
+    /// No reply in time.
+    #[error("no reply within {0:?}")]
+    Timeout(Duration),
+}
+
+impl ClientError {
+    /// True for errors a newer map or a moment's wait may cure.
+    fn retryable(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Timeout(_)
+                | ClientError::Weir(
+                    WeirError::NotPrimary(_)
+                        | WeirError::StaleEpoch { .. }
+                        | WeirError::Busy
+                        | WeirError::Unreachable(_)
+                )
+        )
+    }
 }
 
 /// Requests waiting for a reply: the node asked, and where the reply goes. `None`
@@ -42,9 +76,12 @@ type Waiters = Arc<Mutex<Option<BTreeMap<RequestId, (NodeId, oneshot::Sender<Mes
 /// A handle on one volume.
 pub struct Volume<T> {
     transport: Arc<T>,
-    map: ClusterMap,
+    /// The current map; an `Arc` so every request takes it without copying.
+    map: Mutex<Arc<ClusterMap>>,
     next_req: AtomicU64,
     waiters: Waiters,
+    /// Retries done (each a failed attempt followed by another).
+    retries: AtomicU64,
 }
 
 impl<T: Transport> Volume<T> {
@@ -53,9 +90,10 @@ impl<T: Transport> Volume<T> {
         let waiters: Waiters = Arc::new(Mutex::new(Some(BTreeMap::new())));
         let volume = Arc::new(Volume {
             transport: transport.clone(),
-            map,
+            map: Mutex::new(Arc::new(map)),
             next_req: AtomicU64::new(1),
             waiters: waiters.clone(),
+            retries: AtomicU64::new(0),
         });
         tokio::spawn(async move {
             while let Ok((from, frame)) = transport.recv().await {
@@ -70,6 +108,7 @@ impl<T: Transport> Volume<T> {
                     Message::ReadOk { req, .. }
                     | Message::WriteOk { req }
                     | Message::FlushOk { req }
+                    | Message::MapState { req, .. }
                     | Message::Failed { req, .. } => *req,
                     _ => {
                         tracing::warn!(%from, "non-reply message sent to a client; dropped");
@@ -96,20 +135,79 @@ impl<T: Transport> Volume<T> {
     }
 
     /// The cluster map in use.
-    pub fn map(&self) -> &ClusterMap {
-        &self.map
+    pub fn map(&self) -> Arc<ClusterMap> {
+        self.map.lock().expect("map lock").clone()
+    }
+
+    /// Retries done so far.
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
     }
 
     /// Block size in bytes.
     pub fn block_size(&self) -> usize {
-        self.map.volume().block_size as usize
+        self.map.lock().expect("map lock").volume().block_size as usize
+    }
+
+    /// Run `attempt` with the current map until it succeeds, fails for good, or the
+    /// retry budget is spent; refresh the map between attempts.
+    async fn with_retry<R, F, Fut>(&self, mut attempt: F) -> Result<R, ClientError>
+    where
+        F: FnMut(Arc<ClusterMap>) -> Fut,
+        Fut: std::future::Future<Output = Result<R, ClientError>>,
+    {
+        let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
+        let mut asked = 0usize;
+        loop {
+            let error = match attempt(self.map()).await {
+                Ok(r) => return Ok(r),
+                Err(e) if e.retryable() && tokio::time::Instant::now() < deadline => e,
+                Err(e) => return Err(e),
+            };
+            tracing::debug!(error = %error, "retrying with a fresh map");
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(RETRY_BACKOFF).await;
+            self.refresh_map(&mut asked).await;
+        }
+    }
+
+    /// Fetch the current map from the nodes.
+    pub async fn refresh(&self) {
+        let mut asked = 0;
+        self.refresh_map(&mut asked).await;
+    }
+
+    /// Ask the nodes, in turn, for the current map; keep it if it is newer.
+    async fn refresh_map(&self, asked: &mut usize) {
+        let nodes = self.map().nodes().to_vec();
+        for _ in 0..nodes.len() {
+            let node = nodes[*asked % nodes.len()];
+            *asked += 1;
+            let reply = self.call(node, |req| Message::GetMap { req }).await;
+            let Ok(Message::MapState { state, .. }) = reply else {
+                continue;
+            };
+            match crate::control::plane::decode_state(&state) {
+                Ok(state) => {
+                    let mut map = self.map.lock().expect("map lock");
+                    if state.applied >= map.state().applied {
+                        if let Ok(newer) = map.with_state(state) {
+                            *map = Arc::new(newer);
+                        }
+                    }
+                    return;
+                }
+                Err(e) => tracing::warn!(%node, error = %e, "undecodable map"),
+            }
+        }
     }
 
     /// Write `data` (whole blocks) at `lba`.
     pub async fn write(&self, lba: Lba, data: Bytes, fua: bool) -> Result<(), ClientError> {
-        let blocks = (data.len() / self.block_size()) as u64;
-        if data.is_empty() || !data.len().is_multiple_of(self.block_size()) {
-            let v = self.map.volume();
+        let map = self.map();
+        let v = *map.volume();
+        let bs = v.block_size as usize;
+        if data.is_empty() || !data.len().is_multiple_of(bs) {
             return Err(WeirError::BadLength {
                 len: data.len() as u64,
                 block_size: v.block_size,
@@ -117,62 +215,78 @@ impl<T: Transport> Volume<T> {
             }
             .into());
         }
-        for (start, count) in self.split(lba, blocks)? {
-            let from = ((start.0 - lba.0) as usize) * self.block_size();
-            let chunk = data.slice(from..from + count as usize * self.block_size());
-            let extent = self.map.extent(self.map.extent_of(start));
-            let (to, epoch) = (extent.primary, extent.epoch);
-            let reply = self
-                .call(to, |req| Message::Write {
-                    req,
-                    volume: self.map.volume().id,
-                    epoch,
-                    lba: start,
-                    data: chunk,
-                    fua,
-                })
-                .await?;
-            match reply {
-                Message::WriteOk { .. } => {}
-                _ => return Err(ClientError::UnexpectedReply("to a write")),
-            }
+        let blocks = (data.len() / bs) as u64;
+        for (start, count) in split(&map, lba, blocks)? {
+            let from = ((start.0 - lba.0) as usize) * bs;
+            let chunk = data.slice(from..from + count as usize * bs);
+            self.with_retry(|map| {
+                let chunk = chunk.clone();
+                async move {
+                    let extent = map.extent(map.extent_of(start));
+                    let (to, epoch) = (extent.primary, extent.epoch);
+                    let reply = self
+                        .call(to, |req| Message::Write {
+                            req,
+                            volume: v.id,
+                            epoch,
+                            lba: start,
+                            data: chunk,
+                            fua,
+                        })
+                        .await?;
+                    match reply {
+                        Message::WriteOk { .. } => Ok(()),
+                        _ => Err(ClientError::UnexpectedReply("to a write")),
+                    }
+                }
+            })
+            .await?;
         }
         Ok(())
     }
 
     /// Read `blocks` blocks at `lba` from the primaries.
     pub async fn read(&self, lba: Lba, blocks: u64) -> Result<Bytes, ClientError> {
+        let map = self.map();
+        let v = *map.volume();
         let mut out = BytesMut::new();
-        for (start, count) in self.split(lba, blocks)? {
-            let extent = self.map.extent(self.map.extent_of(start));
-            let (to, epoch) = (extent.primary, extent.epoch);
-            let reply = self
-                .call(to, |req| Message::Read {
-                    req,
-                    volume: self.map.volume().id,
-                    epoch,
-                    lba: start,
-                    blocks: count as u32,
+        for (start, count) in split(&map, lba, blocks)? {
+            let data = self
+                .with_retry(|map| async move {
+                    let extent = map.extent(map.extent_of(start));
+                    let (to, epoch) = (extent.primary, extent.epoch);
+                    let reply = self
+                        .call(to, |req| Message::Read {
+                            req,
+                            volume: v.id,
+                            epoch,
+                            lba: start,
+                            blocks: count as u32,
+                        })
+                        .await?;
+                    self.expect_data(reply, count)
                 })
                 .await?;
-            out.extend_from_slice(&self.expect_data(reply, count)?);
+            out.extend_from_slice(&data);
         }
         Ok(out.freeze())
     }
 
     /// Read `blocks` blocks at `lba` from `node`'s own replica, bypassing the primary.
-    /// The range must lie in one extent that `node` holds.
+    /// The range must lie in one extent that `node` holds. Not retried.
     pub async fn scrub_read(
         &self,
         node: NodeId,
         lba: Lba,
         blocks: u64,
     ) -> Result<Bytes, ClientError> {
-        self.map.locate(self.map.volume().id, lba, blocks)?;
+        let map = self.map();
+        let volume = map.volume().id;
+        map.locate(volume, lba, blocks)?;
         let reply = self
             .call(node, |req| Message::ScrubRead {
                 req,
-                volume: self.map.volume().id,
+                volume,
                 lba,
                 blocks: blocks as u32,
             })
@@ -182,45 +296,22 @@ impl<T: Transport> Volume<T> {
 
     /// Flush every replica of the volume.
     pub async fn flush(&self) -> Result<(), ClientError> {
-        let to = self.map.nodes()[0];
-        let reply = self
-            .call(to, |req| Message::Flush {
-                req,
-                volume: self.map.volume().id,
-            })
-            .await?;
-        match reply {
-            Message::FlushOk { .. } => Ok(()),
-            _ => Err(ClientError::UnexpectedReply("to a flush")),
-        }
-    }
-
-    /// Split `[lba, lba + blocks)` at extent boundaries and request-size limits,
-    /// after checking the whole range is inside the volume.
-    fn split(&self, lba: Lba, blocks: u64) -> Result<Vec<(Lba, u64)>, WeirError> {
-        let v = self.map.volume();
-        match lba.0.checked_add(blocks) {
-            Some(end) if blocks > 0 && end <= v.capacity_blocks => {}
-            _ => {
-                return Err(WeirError::OutOfRange {
-                    lba,
-                    blocks,
-                    capacity: v.capacity_blocks,
+        self.with_retry(|map| async move {
+            // Any node coordinates; try them in turn as retries go.
+            let nodes = map.nodes();
+            let to = nodes[(self.retries() as usize) % nodes.len()];
+            let reply = self
+                .call(to, |req| Message::Flush {
+                    req,
+                    volume: map.volume().id,
                 })
+                .await?;
+            match reply {
+                Message::FlushOk { .. } => Ok(()),
+                _ => Err(ClientError::UnexpectedReply("to a flush")),
             }
-        }
-        let mut parts = Vec::new();
-        let (mut at, end) = (lba, lba.offset(blocks));
-        while at < end {
-            let stop = self
-                .map
-                .extent_end(self.map.extent_of(at))
-                .min(end)
-                .min(at.offset(u64::from(v.max_request_blocks)));
-            parts.push((at, stop.0 - at.0));
-            at = stop;
-        }
-        Ok(parts)
+        })
+        .await
     }
 
     fn expect_data(&self, reply: Message, blocks: u64) -> Result<Bytes, ClientError> {
@@ -252,9 +343,45 @@ impl<T: Transport> Volume<T> {
             }
             return Err(e.into());
         }
-        match rx.await.map_err(|_| ClientError::Closed)? {
+        let reply = match tokio::time::timeout(CALL_TIMEOUT, rx).await {
+            Ok(reply) => reply.map_err(|_| ClientError::Closed)?,
+            Err(_) => {
+                if let Some(map) = self.waiters.lock().expect("waiters lock").as_mut() {
+                    map.remove(&req);
+                }
+                return Err(ClientError::Timeout(CALL_TIMEOUT));
+            }
+        };
+        match reply {
             Message::Failed { error, .. } => Err(error.into()),
             reply => Ok(reply),
         }
     }
+}
+
+/// Split `[lba, lba + blocks)` at extent boundaries and request-size limits, after
+/// checking the whole range is inside the volume.
+fn split(map: &ClusterMap, lba: Lba, blocks: u64) -> Result<Vec<(Lba, u64)>, WeirError> {
+    let v = map.volume();
+    match lba.0.checked_add(blocks) {
+        Some(end) if blocks > 0 && end <= v.capacity_blocks => {}
+        _ => {
+            return Err(WeirError::OutOfRange {
+                lba,
+                blocks,
+                capacity: v.capacity_blocks,
+            })
+        }
+    }
+    let mut parts = Vec::new();
+    let (mut at, end) = (lba, lba.offset(blocks));
+    while at < end {
+        let stop = map
+            .extent_end(map.extent_of(at))
+            .min(end)
+            .min(at.offset(u64::from(v.max_request_blocks)));
+        parts.push((at, stop.0 - at.0));
+        at = stop;
+    }
+    Ok(parts)
 }

@@ -109,15 +109,26 @@ impl ClusterMap {
         Ok(map)
     }
 
-    /// This map with the control plane's newer `state` (same volume).
-    pub fn with_state(&self, state: ClusterState) -> ClusterMap {
+    /// This map with the control plane's newer `state` (same volume). A state that
+    /// does not hold this volume's extents yet (the bootstrap is still being
+    /// applied) is refused.
+    pub fn with_state(&self, state: ClusterState) -> Result<ClusterMap, MapError> {
+        let count = self
+            .volume
+            .capacity_blocks
+            .div_ceil(self.volume.extent_blocks);
+        if state.extents.len() as u64 != count {
+            return Err(MapError::BadShape(
+                "the state does not place this volume yet",
+            ));
+        }
         let map = ClusterMap {
             nodes: state.nodes.keys().copied().collect(),
             volume: self.volume,
             state,
         };
         map.self_check();
-        map
+        Ok(map)
     }
 
     /// The control plane's state behind this map.

@@ -6,6 +6,7 @@
 //! Each device command runs in a task of its own so the device sees real queue depth.
 
 use crate::buf::BufPool;
+use crate::control::{ControlPlane, PlaneAction};
 use crate::device::{BlockDevice, DevCommand, DevCompletion};
 use crate::error::WeirError;
 use crate::ids::{Lba, NodeId};
@@ -48,7 +49,11 @@ pub enum NodeError {
     Transport(#[from] TransportError),
 }
 
-/// A storage node: replication engine + transport + device.
+/// Control-plane events a node reports (failovers, nodes down and up), with the
+/// time since the node started, ns.
+pub type EventLog = Arc<std::sync::Mutex<Vec<(u64, String)>>>;
+
+/// A storage node: replication engine + control plane + transport + device.
 pub struct Node<T, D> {
     transport: Arc<T>,
     device: Arc<D>,
@@ -56,6 +61,7 @@ pub struct Node<T, D> {
     pool: BufPool,
     /// Device blocks per volume block.
     scale: u64,
+    control: Option<(ControlPlane, std::time::Duration, EventLog)>,
 }
 
 impl<T: Transport, D: BlockDevice> Node<T, D> {
@@ -99,7 +105,19 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             engine: Replicator::new(me, map, config),
             pool,
             scale,
+            control: None,
         })
+    }
+
+    /// Run `plane` in this node, ticking it every `tick`; its events go to `events`.
+    pub fn with_control(
+        mut self,
+        plane: ControlPlane,
+        tick: std::time::Duration,
+        events: EventLog,
+    ) -> Self {
+        self.control = Some((plane, tick, events));
+        self
     }
 
     /// This node's id.
@@ -110,17 +128,29 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// Serve until the transport closes.
     pub async fn run(mut self) -> Result<(), NodeError> {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(IoId, IoResult)>();
+        let start = tokio::time::Instant::now();
+        let tick = self
+            .control
+            .as_ref()
+            .map_or(std::time::Duration::from_secs(3600), |c| c.1);
+        let mut ticker = tokio::time::interval(tick);
         loop {
-            self.drain_actions(&done_tx).await?;
+            self.drain_actions(&done_tx, start).await?;
+            let now_ns = || (tokio::time::Instant::now() - start).as_nanos() as u64;
             // `biased`: device completions first (they free resources), and no draw
             // from tokio's unseeded thread-local RNG, which would break determinism.
             tokio::select! {
                 biased;
                 Some((io, result)) = done_rx.recv() => self.engine.handle_io(io, result),
+                _ = ticker.tick(), if self.control.is_some() => {
+                    if let Some((plane, ..)) = &mut self.control {
+                        plane.tick(now_ns());
+                    }
+                }
                 frame = self.transport.recv() => {
                     let (from, frame) = frame?;
                     match Message::decode(&frame) {
-                        Ok(msg) => self.engine.handle_message(from, msg),
+                        Ok(msg) => self.route(from, msg, now_ns()),
                         Err(e) => tracing::warn!(%from, error = %e, "undecodable frame dropped"),
                     }
                 }
@@ -128,34 +158,66 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
     }
 
+    /// Control-plane messages to the control plane, the rest to the data path.
+    fn route(&mut self, from: NodeId, msg: Message, now_ns: u64) {
+        match (msg, &mut self.control) {
+            (Message::Raft { bytes }, Some((plane, ..))) => plane.handle_raft(from, &bytes),
+            (Message::Heartbeat, Some((plane, ..))) => plane.handle_heartbeat(from, now_ns),
+            (msg, _) => self.engine.handle_message(from, msg),
+        }
+    }
+
     async fn drain_actions(
         &mut self,
         done: &mpsc::UnboundedSender<(IoId, IoResult)>,
+        start: tokio::time::Instant,
     ) -> Result<(), NodeError> {
-        while let Some(action) = self.engine.poll_action() {
+        // The control plane first: a new map changes what the data path does.
+        while let Some(action) = self.control.as_mut().and_then(|(p, ..)| p.poll_action()) {
             match action {
-                Action::Send { to, msg } => {
-                    // The map bounds every request below the frame limit, so an
-                    // encoding failure is a bug: say so loudly, keep serving.
-                    let frame = match msg.encode() {
-                        Ok(frame) => frame,
-                        Err(e) => {
-                            tracing::error!(%to, error = %e, "message not encodable; dropped");
-                            continue;
-                        }
-                    };
-                    // One unreachable peer (a client gone) must not stop the node;
-                    // only a closed transport does.
-                    match self.transport.send(to, frame).await {
-                        Ok(()) => {}
-                        Err(TransportError::Closed) => return Err(TransportError::Closed.into()),
-                        Err(e) => tracing::warn!(%to, error = %e, "send failed; dropped"),
+                PlaneAction::Send { to, msg } => self.send(to, msg).await?,
+                PlaneAction::Map(state) => match self.engine.map().with_state(state) {
+                    Ok(map) => self.engine.handle_map(map),
+                    Err(e) => tracing::debug!(error = %e, "map not taken"),
+                },
+                PlaneAction::Event(line) => {
+                    let at = (tokio::time::Instant::now() - start).as_nanos() as u64;
+                    tracing::info!(node = %self.engine.id(), "{line}");
+                    if let Some((_, _, events)) = &self.control {
+                        events.lock().expect("event log").push((at, line));
                     }
                 }
+            }
+        }
+        while let Some(action) = self.engine.poll_action() {
+            match action {
+                Action::Send { to, msg } => self.send(to, msg).await?,
                 Action::Io { io, cmd } => self.issue(io, cmd, done.clone()),
             }
         }
         Ok(())
+    }
+
+    async fn send(&self, to: NodeId, msg: Message) -> Result<(), NodeError> {
+        // The map bounds every request below the frame limit, so an encoding failure
+        // is a bug: say so loudly, keep serving.
+        let frame = match msg.encode() {
+            Ok(frame) => frame,
+            Err(e) => {
+                tracing::error!(%to, error = %e, "message not encodable; dropped");
+                return Ok(());
+            }
+        };
+        // One unreachable peer (a client gone) must not stop the node; only a
+        // closed transport does.
+        match self.transport.send(to, frame).await {
+            Ok(()) => Ok(()),
+            Err(TransportError::Closed) => Err(TransportError::Closed.into()),
+            Err(e) => {
+                tracing::warn!(%to, error = %e, "send failed; dropped");
+                Ok(())
+            }
+        }
     }
 
     fn issue(&self, io: IoId, cmd: IoCmd, done: mpsc::UnboundedSender<(IoId, IoResult)>) {

@@ -142,6 +142,25 @@ pub enum Message {
         /// Ok once the device flushed.
         result: Result<(), WeirError>,
     },
+    /// Node <-> node: a control-plane Raft message (raft-rs protobuf encoding).
+    Raft {
+        /// The encoded Raft message.
+        bytes: Bytes,
+    },
+    /// Node -> Raft leader: still alive.
+    Heartbeat,
+    /// Client -> any node: send me the current cluster map.
+    GetMap {
+        /// Client request id, echoed in the reply.
+        req: RequestId,
+    },
+    /// Node -> client: the cluster map (a postcard-encoded control-plane state).
+    MapState {
+        /// The request answered.
+        req: RequestId,
+        /// The encoded state.
+        state: Bytes,
+    },
 }
 
 /// Why a frame could not be decoded.

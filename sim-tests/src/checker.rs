@@ -255,9 +255,14 @@ pub fn check_no_lost_writes(history: &History, replicas: usize) -> Verdict {
                 .any(|o| o.complete_ns != u64::MAX && w.complete_ns < o.invoke_ns)
         };
         let copies = reads_by_block.get(&lba).map(Vec::as_slice).unwrap_or(&[]);
-        if copies.len() != replicas {
+        let expected = history
+            .expected_copies
+            .get(&lba)
+            .copied()
+            .unwrap_or(replicas);
+        if copies.len() != expected || expected == 0 {
             violations.push(format!(
-                "block {lba}: read back from {} replicas, expected {replicas}",
+                "block {lba}: read back from {} in-sync replicas, expected {expected} (at least 1)",
                 copies.len()
             ));
         }
@@ -321,7 +326,10 @@ pub fn check_no_lost_writes(history: &History, replicas: usize) -> Verdict {
     }
     Verdict {
         name: "no acknowledged write lost",
-        scope: format!("{written} blocks x {replicas} replicas read back"),
+        scope: format!(
+            "{written} blocks, {} in-sync copies read back",
+            history.replica_reads.len()
+        ),
         violations,
     }
 }
@@ -361,6 +369,7 @@ mod tests {
         History {
             ops,
             replica_reads: vec![],
+            expected_copies: Default::default(),
         }
     }
 

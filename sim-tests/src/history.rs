@@ -131,8 +131,11 @@ pub struct ReplicaRead {
 pub struct History {
     /// Client operations in completion order.
     pub ops: Vec<OpRecord>,
-    /// The final read-back of every written block from every replica.
+    /// The final read-back of every written block from every in-sync replica.
     pub replica_reads: Vec<ReplicaRead>,
+    /// For each written block, how many replicas the final map counts as in sync
+    /// (each must answer the read-back); blocks not listed expect every replica.
+    pub expected_copies: std::collections::BTreeMap<u64, usize>,
 }
 
 #[cfg(test)]

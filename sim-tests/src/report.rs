@@ -97,6 +97,8 @@ pub struct Report {
     pub verdicts: Vec<Verdict>,
     /// Faults injected, described, in time order.
     pub faults: Vec<String>,
+    /// Control-plane events (nodes down and up, failovers), in time order.
+    pub events: Vec<String>,
 }
 
 impl Report {
@@ -147,6 +149,7 @@ impl Report {
             fabric,
             verdicts,
             faults: Vec::new(),
+            events: Vec::new(),
         }
     }
 
@@ -238,6 +241,12 @@ impl fmt::Display for Report {
             writeln!(f, "  faults")?;
             for fault in &self.faults {
                 writeln!(f, "    {fault}")?;
+            }
+        }
+        if !self.events.is_empty() {
+            writeln!(f, "  control plane")?;
+            for event in &self.events {
+                writeln!(f, "    {event}")?;
             }
         }
         writeln!(f)?;

@@ -15,16 +15,17 @@ use crate::telemetry::{Sample as TelemetrySample, Telemetry};
 use bytes::Bytes;
 use madsim::rand::{thread_rng, Rng};
 use madsim::runtime::{Handle, Runtime};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-use weir_core::client::Volume;
+use weir_core::client::{ClientError, Volume};
 use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
 use weir_core::congestion::tcp::Algorithm;
+use weir_core::control::{Command, ControlPlane};
 use weir_core::map::{ClusterMap, VolumeSpec};
-use weir_core::node::Node;
+use weir_core::node::{EventLog, Node};
 use weir_core::replication::ReplicationConfig;
 use weir_core::{BufPool, Lba, NodeId, VolumeId};
 use weir_nvme_sim::{SimSsd, SsdConfig};
@@ -37,6 +38,9 @@ const FIRST_CLIENT: u32 = 1000;
 const CHECKER_HOST: u32 = 999;
 /// Concurrent reads of the read-back.
 const READBACK_PARALLEL: usize = 64;
+/// Attempts of one read-back before the replica counts as unreadable (each waits
+/// up to the client's call timeout).
+const READBACK_ATTEMPTS_MAX: usize = 8;
 /// Each node's buffer budget for device reads.
 const NODE_POOL_BYTES: usize = 256 << 20;
 
@@ -148,7 +152,8 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let config = ReplicationConfig {
         bug_skip_last_replica: scenario.bugs.skip_last_replica,
     };
-    start_nodes(&fabric, &map, config, &scenario);
+    let events: EventLog = Arc::default();
+    let hosts = start_nodes(&fabric, &map, config, &scenario, &events);
     // Every host attaches before traffic starts.
     let checker = Arc::new(fabric.endpoint(NodeId(CHECKER_HOST)).expect("new host"));
     let client_transports: Vec<_> = (0..scenario.workload.clients)
@@ -158,7 +163,8 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     if let Some(interval) = options.telemetry_interval {
         fabric.enable_sampling(interval);
     }
-    let faults = schedule_faults(&fabric, &scenario);
+    let mut faults = schedule_faults(&fabric, &scenario);
+    faults.extend(schedule_crashes(&hosts, &scenario));
     let epoch = Instant::now();
     let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
     let mut clients = Vec::new();
@@ -179,8 +185,12 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     }
     ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
 
-    let replica_reads = read_back(checker, map.clone(), &ops).await;
-    let history = History { ops, replica_reads };
+    let (replica_reads, expected_copies) = read_back(checker, map.clone(), &ops).await;
+    let history = History {
+        ops,
+        replica_reads,
+        expected_copies,
+    };
     let verdicts = vec![
         check_linearizable(&history),
         check_no_lost_writes(&history, scenario.cluster.replicas as usize),
@@ -188,6 +198,12 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let fabric_summary = summarize(&fabric);
     let mut report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
     report.faults = faults;
+    report.events = events
+        .lock()
+        .expect("event log")
+        .iter()
+        .map(|(at, line)| format!("{:.3} ms: {line}", *at as f64 / 1e6))
+        .collect();
     let telemetry = options
         .telemetry_interval
         .map(|_| collect_telemetry(&fabric));
@@ -247,6 +263,30 @@ fn schedule_faults(fabric: &Fabric, scenario: &Scenario) -> Vec<String> {
     described.into_iter().map(|(_, d)| d).collect()
 }
 
+/// Crash `faults.node_crashes` distinct storage nodes (never more than replicas - 1,
+/// so every extent keeps an in-sync copy) at seeded times in the first half of the
+/// run; they do not come back.
+fn schedule_crashes(hosts: &[(NodeId, madsim::task::NodeId)], s: &Scenario) -> Vec<String> {
+    let crashes = (s.faults.node_crashes as usize).min(s.cluster.replicas as usize - 1);
+    let mut victims: Vec<(NodeId, madsim::task::NodeId)> = hosts.to_vec();
+    let mut out = Vec::new();
+    for i in 0..crashes {
+        let pick = if i == 0 && s.faults.crash_leader {
+            0
+        } else {
+            thread_rng().gen_range(0..victims.len())
+        };
+        let (node, host) = victims.remove(pick);
+        let at_us = thread_rng().gen_range(0..(s.workload.duration_ms * 500).max(1));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_micros(at_us)).await;
+            Handle::current().kill(host);
+        });
+        out.push(format!("{at_us} us: node {node} crashes"));
+    }
+    out
+}
+
 /// The fabric's samples and counters, with ports and hosts by name.
 fn collect_telemetry(fabric: &Fabric) -> Telemetry {
     let names = fabric.port_names();
@@ -293,7 +333,31 @@ fn collect_telemetry(fabric: &Fabric) -> Telemetry {
     Telemetry { samples, counters }
 }
 
-fn start_nodes(fabric: &Arc<Fabric>, map: &ClusterMap, config: ReplicationConfig, s: &Scenario) {
+/// Control-plane tick.
+const TICK: Duration = Duration::from_millis(10);
+/// A node silent this long is declared down.
+const LEASE: Duration = Duration::from_millis(150);
+
+/// Start every storage node (data path + control plane); returns the madsim node of
+/// each, for crash faults.
+fn start_nodes(
+    fabric: &Arc<Fabric>,
+    map: &ClusterMap,
+    config: ReplicationConfig,
+    s: &Scenario,
+    events: &EventLog,
+) -> Vec<(NodeId, madsim::task::NodeId)> {
+    let voters = map.nodes().to_vec();
+    let mut bootstrap: Vec<Command> = voters
+        .iter()
+        .map(|&node| Command::AddNode { node })
+        .collect();
+    bootstrap.push(Command::CreateVolume {
+        volume: map.volume().id,
+        extents: map.extent_count(),
+        replicas: s.cluster.replicas as u8,
+    });
+    let mut hosts = Vec::new();
     for &id in map.nodes() {
         let transport = Arc::new(fabric.endpoint(id).expect("new host"));
         let ssd = SsdConfig {
@@ -302,17 +366,29 @@ fn start_nodes(fabric: &Arc<Fabric>, map: &ClusterMap, config: ReplicationConfig
         };
         let ssd = Arc::new(SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config"));
         let pool = BufPool::new(NODE_POOL_BYTES);
-        let node = Node::new(transport, ssd, map.clone(), config, pool).expect("node fits");
+        let plane = ControlPlane::new(
+            id,
+            &voters,
+            bootstrap.clone(),
+            LEASE.as_nanos() as u64,
+            thread_rng().gen(),
+        )
+        .expect("valid raft group");
+        let node = Node::new(transport, ssd, map.clone(), config, pool)
+            .expect("node fits")
+            .with_control(plane, TICK, events.clone());
         let host = Handle::current()
             .create_node()
             .name(format!("node-{}", id.0))
             .build();
+        hosts.push((id, host.id()));
         host.spawn(async move {
             if let Err(e) = node.run().await {
                 tracing::error!(error = %e, "node stopped");
             }
         });
     }
+    hosts
 }
 
 fn summarize(fabric: &Fabric) -> FabricSummary {
@@ -473,21 +549,28 @@ async fn read_back(
     transport: Arc<SimTransport>,
     map: ClusterMap,
     ops: &[OpRecord],
-) -> Vec<ReplicaRead> {
+) -> (Vec<ReplicaRead>, BTreeMap<u64, usize>) {
     let written: BTreeSet<u64> = ops
         .iter()
         .filter(|o| o.kind == OpKind::Write)
         .flat_map(|o| o.lba..o.lba + o.values.len() as u64)
         .collect();
-    let mut work: Vec<(u64, NodeId)> = Vec::new();
-    for &lba in &written {
-        for &node in &map.extent(map.extent_of(Lba(lba))).replicas {
-            work.push((lba, node));
-        }
-    }
     let host = Handle::current().create_node().name("checker").build();
     host.spawn(async move {
         let volume = Volume::open(transport, map);
+        // Read back from the replicas the final map counts as in sync: the ones that
+        // must hold every acknowledged write.
+        volume.refresh().await;
+        let map = volume.map();
+        let mut work: Vec<(u64, NodeId)> = Vec::new();
+        let mut expected = BTreeMap::new();
+        for &lba in &written {
+            let ext = map.extent(map.extent_of(Lba(lba)));
+            expected.insert(lba, ext.in_sync.len());
+            for &node in &ext.in_sync {
+                work.push((lba, node));
+            }
+        }
         let work = Arc::new(Mutex::new(work.into_iter()));
         let results = Arc::new(Mutex::new(Vec::new()));
         let mut readers = Vec::new();
@@ -497,13 +580,22 @@ async fn read_back(
                 loop {
                     let next = work.lock().expect("work lock").next();
                     let Some((lba, node)) = next else { break };
-                    let value = match volume.scrub_read(node, Lba(lba), 1).await {
-                        Ok(data) => Some(decode_block(&data, lba)),
-                        Err(e) => {
-                            tracing::warn!(lba, %node, error = %e, "read-back failed");
-                            None
+                    let mut value = None;
+                    // A slow answer (a TCP timeout, a flapping link) is retried; only
+                    // a replica that never answers counts as unreadable.
+                    for _ in 0..READBACK_ATTEMPTS_MAX {
+                        match volume.scrub_read(node, Lba(lba), 1).await {
+                            Ok(data) => {
+                                value = Some(decode_block(&data, lba));
+                                break;
+                            }
+                            Err(ClientError::Timeout(_)) => continue,
+                            Err(e) => {
+                                tracing::warn!(lba, %node, error = %e, "read-back failed");
+                                break;
+                            }
                         }
-                    };
+                    }
                     results.lock().expect("results lock").push(ReplicaRead {
                         lba,
                         node: node.0,
@@ -517,7 +609,7 @@ async fn read_back(
         }
         let mut results = std::mem::take(&mut *results.lock().expect("results lock"));
         results.sort_by_key(|r| (r.lba, r.node));
-        results
+        (results, expected)
     })
     .await
     .expect("checker task")

@@ -36,6 +36,11 @@ pub struct FaultSpec {
     pub link_flaps: u32,
     /// Longest link outage, microseconds.
     pub flap_down_us: u64,
+    /// Storage nodes that crash (and stay down) at random times in the first half
+    /// of the run; at most replicas - 1.
+    pub node_crashes: u32,
+    /// The first crash takes the initial Raft leader (the first node).
+    pub crash_leader: bool,
 }
 
 impl Default for FaultSpec {
@@ -45,6 +50,8 @@ impl Default for FaultSpec {
             link_corrupt: 0.0,
             link_flaps: 0,
             flap_down_us: 500,
+            node_crashes: 0,
+            crash_leader: false,
         }
     }
 }

@@ -128,3 +128,43 @@ fn skipping_a_replica_is_caught_and_named() {
     );
     assert!(!outcome.report.passed());
 }
+
+/// A small workload that runs long enough for a failover (detection takes a lease
+/// timeout, 150 ms).
+fn failover(seed: u64, crash_leader: bool) -> weir_sim::runner::Outcome {
+    let mut s = short(400);
+    s.workload.clients = 1;
+    s.workload.queue_depth = 8;
+    s.faults.node_crashes = 1;
+    s.faults.crash_leader = crash_leader;
+    run(seed, &s, "failover")
+}
+
+#[test]
+fn a_crashed_primary_fails_over_with_no_client_error() {
+    let outcome = failover(4, false);
+    let r = &outcome.report;
+    assert!(r.passed(), "{r}");
+    assert_eq!(r.errors, 0);
+    assert!(
+        r.events.iter().any(|e| e.contains("down")),
+        "no failover: {r}"
+    );
+    // The stall is bounded by detection plus one call timeout, far below the retry
+    // budget.
+    assert!(r.write.max_us < 1_000_000.0, "{r}");
+    assert!(
+        r.write.max_us > 100_000.0,
+        "a crash with no visible stall: {r}"
+    );
+}
+
+#[test]
+fn losing_the_raft_leader_and_a_replica_of_every_extent_is_survived() {
+    // With 3 nodes and 3 replicas, every node holds a replica of every extent.
+    let outcome = failover(9, true);
+    let r = &outcome.report;
+    assert!(r.passed(), "{r}");
+    assert!(r.faults.iter().any(|f| f.contains("n1 crashes")), "{r}");
+    assert!(r.events.iter().any(|e| e.contains("n1 down")), "{r}");
+}

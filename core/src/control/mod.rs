@@ -2,8 +2,10 @@
 //! machine. [`state`] is the deterministic state machine; the Raft group that
 //! replicates its commands, the failure detector and the lease logic build on it.
 
+pub mod plane;
 pub mod raft;
 pub mod state;
 
+pub use plane::{ControlPlane, PlaneAction};
 pub use raft::{MapRaft, RaftAction, RaftError};
 pub use state::{ClusterState, Command, NodeStatus, Refusal};

@@ -162,6 +162,14 @@ impl MapRaft {
         result.map_err(RaftError::from)
     }
 
+    /// Start an election now instead of waiting for the timeout (used once at
+    /// cluster start, so the first map change need not wait for an election).
+    pub fn campaign(&mut self) -> Result<(), RaftError> {
+        self.node.campaign()?;
+        self.after_input();
+        Ok(())
+    }
+
     /// Propose `command` (leader only).
     pub fn propose(&mut self, command: &Command) -> Result<(), RaftError> {
         if !self.is_leader() {

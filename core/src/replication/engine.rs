@@ -299,11 +299,19 @@ impl Replicator {
                 });
             }
             Message::ReplicaFlushAck { op, result } => self.flush_acked(from, op, result),
+            Message::GetMap { req } => {
+                let state = crate::control::plane::encode_state(self.map.state());
+                self.send(from, Message::MapState { req, state });
+            }
             Message::ReadOk { .. }
             | Message::WriteOk { .. }
             | Message::FlushOk { .. }
-            | Message::Failed { .. } => {
+            | Message::Failed { .. }
+            | Message::MapState { .. } => {
                 tracing::warn!(%from, "client reply sent to a storage node; dropped");
+            }
+            Message::Raft { .. } | Message::Heartbeat => {
+                tracing::warn!(%from, "control-plane message reached the data path; dropped");
             }
         }
     }

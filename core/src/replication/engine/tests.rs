@@ -409,7 +409,7 @@ fn publish(c: &mut Cluster, cmd: crate::control::Command) {
     let map = c.engines[&NodeId(1)].map().clone();
     let mut state = map.state().clone();
     state.apply(&cmd).unwrap();
-    let map = map.with_state(state);
+    let map = map.with_state(state).unwrap();
     for e in c.engines.values_mut() {
         e.handle_map(map.clone());
     }
