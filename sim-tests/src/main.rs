@@ -19,6 +19,9 @@ struct Args {
     /// Run the seed twice and fail unless both runs are identical.
     #[arg(long)]
     check_determinism: bool,
+    /// Run the fault campaign's scenario for the seed (replays a campaign seed).
+    #[arg(long, conflicts_with = "scenario")]
+    campaign: bool,
     /// Override the scenario's simulated duration, in milliseconds.
     #[arg(long)]
     duration_ms: Option<u64>,
@@ -49,11 +52,18 @@ fn main() -> ExitCode {
             }
         },
     };
-    let mut scenario = match weir_sim::scenario::Scenario::parse(&text, &name) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
+    let (mut scenario, name) = if args.campaign {
+        (
+            weir_sim::scenario::Scenario::campaign(args.seed),
+            "campaign".to_string(),
+        )
+    } else {
+        match weir_sim::scenario::Scenario::parse(&text, &name) {
+            Ok(s) => (s, name),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
         }
     };
     if let Some(ms) = args.duration_ms {

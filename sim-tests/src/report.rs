@@ -257,8 +257,10 @@ impl fmt::Display for Report {
         let verdict = if self.passed() { "PASS" } else { "FAIL" };
         writeln!(f, "  verdict {verdict}")?;
         write!(f, "  replay  cargo xtask sim --seed {}", self.seed)?;
-        if self.scenario_name != "default" {
-            write!(f, " --scenario {}", self.scenario_name)?;
+        match self.scenario_name.as_str() {
+            "default" => {}
+            "campaign" => write!(f, " --campaign")?,
+            name => write!(f, " --scenario {name}")?,
         }
         writeln!(f)
     }

@@ -214,6 +214,40 @@ impl Scenario {
         Ok(scenario)
     }
 
+    /// The fault campaign's scenario for `seed`: a small cluster under a light
+    /// workload, long enough for a failover, with a fault mix drawn from the seed
+    /// (a swarm: each seed tests a different mix): a node crash (sometimes the Raft
+    /// leader), link loss and corruption, link flaps, on RoCE or the TCP baseline.
+    /// `cargo xtask sim --campaign --seed N` replays one.
+    pub fn campaign(seed: u64) -> Scenario {
+        let pick = |salt: u64, n: u64| {
+            let mut z = seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            (z ^ (z >> 31)) % n
+        };
+        let mut s = Scenario::default();
+        s.cluster.nodes = 3 + pick(1, 3) as u32;
+        s.cluster.volume_mib = 256;
+        s.cluster.extent_mib = [4, 16, 64][pick(2, 3) as usize];
+        s.workload.clients = 1 + pick(3, 2) as u32;
+        s.workload.queue_depth = [2, 4, 8][pick(4, 3) as usize];
+        s.workload.read_percent = [30, 50, 70][pick(5, 3) as usize];
+        s.workload.block_size = [4096, 16384][pick(6, 2) as usize];
+        s.workload.duration_ms = 300;
+        s.faults.node_crashes = u32::from(pick(7, 3) != 0);
+        s.faults.crash_leader = pick(8, 3) == 0;
+        if pick(9, 2) == 0 {
+            s.faults.link_loss = [0.0005, 0.002][pick(10, 2) as usize];
+            s.faults.link_corrupt = 0.0005;
+        }
+        s.faults.link_flaps = pick(11, 4) as u32;
+        if pick(12, 4) == 0 {
+            s.fabric.transport = "tcp-dctcp".into();
+        }
+        s
+    }
+
     /// The embedded default scenario.
     pub fn default_scenario() -> Scenario {
         Scenario::parse(DEFAULT_SCENARIO, "default").expect("the embedded scenario is valid")

@@ -1,0 +1,61 @@
+//! The fault campaign: 100 seeds, each with its own mix of node crashes (sometimes
+//! the Raft leader), link loss, corruption and flaps, on RoCE or TCP; every history
+//! must pass every checker with no client error. A failing seed prints its report,
+//! which ends with the command that replays it.
+#![cfg(madsim)]
+
+use weir_sim::runner::run;
+use weir_sim::scenario::Scenario;
+
+/// Seeds per test function; four functions so the test harness spreads them over
+/// the cores.
+const SEEDS_PER_PART: u64 = 25;
+
+fn campaign(part: u64) {
+    let mut failed = Vec::new();
+    let mut crashes = 0;
+    for seed in part * SEEDS_PER_PART + 1..=(part + 1) * SEEDS_PER_PART {
+        let s = Scenario::campaign(seed);
+        crashes += s.faults.node_crashes;
+        let outcome = run(seed, &s, "campaign");
+        let r = &outcome.report;
+        if !r.passed() {
+            failed.push(r.to_string());
+        }
+        if s.faults.node_crashes > 0 {
+            // The crash must have been noticed and failed over.
+            if !r.events.iter().any(|e| e.contains("down")) {
+                failed.push(format!(
+                    "seed {seed}: a node crashed but was never marked down\n{r}"
+                ));
+            }
+        }
+    }
+    assert!(crashes > 0, "no seed of this part crashed a node");
+    assert!(
+        failed.is_empty(),
+        "{} failing seeds:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+#[test]
+fn campaign_seeds_1_to_25() {
+    campaign(0);
+}
+
+#[test]
+fn campaign_seeds_26_to_50() {
+    campaign(1);
+}
+
+#[test]
+fn campaign_seeds_51_to_75() {
+    campaign(2);
+}
+
+#[test]
+fn campaign_seeds_76_to_100() {
+    campaign(3);
+}
