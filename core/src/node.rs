@@ -143,8 +143,10 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 biased;
                 Some((io, result)) = done_rx.recv() => self.engine.handle_io(io, result),
                 _ = ticker.tick(), if self.control.is_some() => {
+                    let now = now_ns();
+                    self.engine.handle_tick(now);
                     if let Some((plane, ..)) = &mut self.control {
-                        plane.tick(now_ns());
+                        plane.tick(now);
                     }
                 }
                 frame = self.transport.recv() => {
@@ -163,6 +165,9 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         match (msg, &mut self.control) {
             (Message::Raft { bytes }, Some((plane, ..))) => plane.handle_raft(from, &bytes),
             (Message::Heartbeat, Some((plane, ..))) => plane.handle_heartbeat(from, now_ns),
+            (Message::Propose { command }, Some((plane, ..))) => {
+                plane.handle_propose(from, &command)
+            }
             (msg, _) => self.engine.handle_message(from, msg),
         }
     }
@@ -172,30 +177,43 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         done: &mpsc::UnboundedSender<(IoId, IoResult)>,
         start: tokio::time::Instant,
     ) -> Result<(), NodeError> {
-        // The control plane first: a new map changes what the data path does.
-        while let Some(action) = self.control.as_mut().and_then(|(p, ..)| p.poll_action()) {
-            match action {
-                PlaneAction::Send { to, msg } => self.send(to, msg).await?,
-                PlaneAction::Map(state) => match self.engine.map().with_state(state) {
-                    Ok(map) => self.engine.handle_map(map),
-                    Err(e) => tracing::debug!(error = %e, "map not taken"),
-                },
-                PlaneAction::Event(line) => {
-                    let at = (tokio::time::Instant::now() - start).as_nanos() as u64;
-                    tracing::info!(node = %self.engine.id(), "{line}");
-                    if let Some((_, _, events)) = &self.control {
-                        events.lock().expect("event log").push((at, line));
+        // Until both are quiet: a control request from the data path makes work for
+        // the control plane, a new map makes work for the data path.
+        loop {
+            let mut idle = true;
+            // The control plane first: a new map changes what the data path does.
+            while let Some(action) = self.control.as_mut().and_then(|(p, ..)| p.poll_action()) {
+                idle = false;
+                match action {
+                    PlaneAction::Send { to, msg } => self.send(to, msg).await?,
+                    PlaneAction::Map(state) => match self.engine.map().with_state(state) {
+                        Ok(map) => self.engine.handle_map(map),
+                        Err(e) => tracing::debug!(error = %e, "map not taken"),
+                    },
+                    PlaneAction::Event(line) => {
+                        let at = (tokio::time::Instant::now() - start).as_nanos() as u64;
+                        tracing::info!(node = %self.engine.id(), "{line}");
+                        if let Some((_, _, events)) = &self.control {
+                            events.lock().expect("event log").push((at, line));
+                        }
                     }
                 }
             }
-        }
-        while let Some(action) = self.engine.poll_action() {
-            match action {
-                Action::Send { to, msg } => self.send(to, msg).await?,
-                Action::Io { io, cmd } => self.issue(io, cmd, done.clone()),
+            while let Some(action) = self.engine.poll_action() {
+                idle = false;
+                match action {
+                    Action::Send { to, msg } => self.send(to, msg).await?,
+                    Action::Control { command } => match &mut self.control {
+                        Some((plane, ..)) => plane.request(&command),
+                        None => tracing::warn!(?command, "no control plane to ask"),
+                    },
+                    Action::Io { io, cmd } => self.issue(io, cmd, done.clone()),
+                }
+            }
+            if idle {
+                return Ok(());
             }
         }
-        Ok(())
     }
 
     async fn send(&self, to: NodeId, msg: Message) -> Result<(), NodeError> {

@@ -161,6 +161,12 @@ pub enum Message {
         /// The encoded state.
         state: Bytes,
     },
+    /// Node -> Raft leader: please propose this control-plane command
+    /// (postcard-encoded `control::Command`).
+    Propose {
+        /// The encoded command.
+        command: Bytes,
+    },
 }
 
 /// Why a frame could not be decoded.

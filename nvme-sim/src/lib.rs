@@ -10,8 +10,8 @@
 //! the datasheet they come from.
 //!
 //! Fault model: `power_loss` drops the volatile cache (unflushed, non-FUA writes
-//! vanish) and fails commands until `power_on`. Media errors, latent sector errors and
-//! GC stalls come with the failover work.
+//! vanish) and fails commands until `power_on`; `hang` stalls every command until
+//! `resume`. Media errors and latent sector errors are not modelled yet.
 //!
 //! Time is madsim time under `--cfg madsim` (exact to the nanosecond through
 //! `weir_core::time::sleep_until_exact`); on real tokio the same code runs, with the
@@ -52,6 +52,9 @@ pub struct SimSsd {
     state: Mutex<State>,
     slots: Vec<Semaphore>,
     epoch: Instant,
+    /// A hung device completes nothing until it resumes (a firmware stall).
+    hung: std::sync::atomic::AtomicBool,
+    resumed: tokio::sync::Notify,
 }
 
 impl SimSsd {
@@ -80,6 +83,8 @@ impl SimSsd {
             geometry,
             slots,
             epoch: Instant::now(),
+            hung: std::sync::atomic::AtomicBool::new(false),
+            resumed: tokio::sync::Notify::new(),
         })
     }
 
@@ -102,6 +107,18 @@ impl SimSsd {
         s.timing.power_cycle(now);
         s.powered = false;
         s.power_epoch += 1;
+    }
+
+    /// The device stalls: commands in flight and new ones complete only after
+    /// [`SimSsd::resume`], as in a firmware hang or a long GC pause.
+    pub fn hang(&self) {
+        self.hung.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The stall ends.
+    pub fn resume(&self) {
+        self.hung.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.resumed.notify_waiters();
     }
 
     /// Power restored.
@@ -181,6 +198,15 @@ impl BlockDevice for SimSsd {
         let _slot = slots.acquire().await.map_err(|_| DevError::Gone)?;
         let (power_epoch, done_ns, completion) = self.schedule(cmd)?;
         sleep_until_exact(self.epoch + Duration::from_nanos(done_ns)).await;
+        loop {
+            let resumed = self.resumed.notified();
+            tokio::pin!(resumed);
+            resumed.as_mut().enable();
+            if !self.hung.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            resumed.await;
+        }
         // Power lost while the command was in flight: it never completed.
         if self.state.lock().expect("ssd state").power_epoch != power_epoch {
             return Err(DevError::Gone);

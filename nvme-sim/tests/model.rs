@@ -176,6 +176,22 @@ async fn a_fua_write_in_flight_at_power_loss_fails() {
 }
 
 #[madsim::test]
+async fn a_hung_device_completes_nothing_until_it_resumes() {
+    let ssd = Arc::new(SimSsd::new(SsdConfig::default(), 1).unwrap());
+    ssd.hang();
+    let t0 = Instant::now();
+    let flusher = {
+        let ssd = ssd.clone();
+        tokio::spawn(async move { ssd.submit(0, DevCommand::Flush).await })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(!flusher.is_finished(), "a hung device completed a command");
+    ssd.resume();
+    flusher.await.unwrap().unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(30));
+}
+
+#[madsim::test]
 async fn bad_commands_get_typed_errors() {
     let ssd = SimSsd::new(SsdConfig::default(), 1).unwrap();
     let cap = ssd.geometry().capacity_blocks;

@@ -266,9 +266,13 @@ fn schedule_faults(fabric: &Fabric, scenario: &Scenario) -> Vec<String> {
 /// Crash `faults.node_crashes` distinct storage nodes (never more than replicas - 1,
 /// so every extent keeps an in-sync copy) at seeded times in the first half of the
 /// run; they do not come back.
-fn schedule_crashes(hosts: &[(NodeId, madsim::task::NodeId)], s: &Scenario) -> Vec<String> {
+fn schedule_crashes(
+    hosts: &[(NodeId, madsim::task::NodeId, Arc<SimSsd>)],
+    s: &Scenario,
+) -> Vec<String> {
     let crashes = (s.faults.node_crashes as usize).min(s.cluster.replicas as usize - 1);
-    let mut victims: Vec<(NodeId, madsim::task::NodeId)> = hosts.to_vec();
+    let mut victims: Vec<(NodeId, madsim::task::NodeId)> =
+        hosts.iter().map(|(n, h, _)| (*n, *h)).collect();
     let mut out = Vec::new();
     for i in 0..crashes {
         let pick = if i == 0 && s.faults.crash_leader {
@@ -283,6 +287,26 @@ fn schedule_crashes(hosts: &[(NodeId, madsim::task::NodeId)], s: &Scenario) -> V
             Handle::current().kill(host);
         });
         out.push(format!("{at_us} us: node {node} crashes"));
+    }
+    // Device stalls, never on the first node (the initial leader keeps the control
+    // plane steady while data-path timeouts do their work).
+    for _ in 0..s.faults.device_hangs {
+        let (node, _, ssd) = hosts[thread_rng()
+            .gen_range(1..hosts.len().max(2))
+            .min(hosts.len() - 1)]
+        .clone();
+        let at_us = thread_rng().gen_range(0..(s.workload.duration_ms * 500).max(1));
+        let hang = Duration::from_millis(s.faults.hang_ms);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_micros(at_us)).await;
+            ssd.hang();
+            tokio::time::sleep(hang).await;
+            ssd.resume();
+        });
+        out.push(format!(
+            "{at_us} us: the device of {node} hangs for {} ms",
+            s.faults.hang_ms
+        ));
     }
     out
 }
@@ -346,7 +370,7 @@ fn start_nodes(
     config: ReplicationConfig,
     s: &Scenario,
     events: &EventLog,
-) -> Vec<(NodeId, madsim::task::NodeId)> {
+) -> Vec<(NodeId, madsim::task::NodeId, Arc<SimSsd>)> {
     let voters = map.nodes().to_vec();
     let mut bootstrap: Vec<Command> = voters
         .iter()
@@ -365,6 +389,7 @@ fn start_nodes(
             ..SsdConfig::default()
         };
         let ssd = Arc::new(SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config"));
+        let device = ssd.clone();
         let pool = BufPool::new(NODE_POOL_BYTES);
         let plane = ControlPlane::new(
             id,
@@ -381,7 +406,7 @@ fn start_nodes(
             .create_node()
             .name(format!("node-{}", id.0))
             .build();
-        hosts.push((id, host.id()));
+        hosts.push((id, host.id(), device));
         host.spawn(async move {
             if let Err(e) = node.run().await {
                 tracing::error!(error = %e, "node stopped");

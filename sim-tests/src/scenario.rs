@@ -41,6 +41,12 @@ pub struct FaultSpec {
     pub node_crashes: u32,
     /// The first crash takes the initial Raft leader (the first node).
     pub crash_leader: bool,
+    /// Storage devices (of nodes other than the first) that hang for `hang_ms` at a
+    /// random time in the first half of the run: their node keeps heartbeating, so
+    /// only the primaries' replica timeouts notice.
+    pub device_hangs: u32,
+    /// How long a device hangs, milliseconds.
+    pub hang_ms: u64,
 }
 
 impl Default for FaultSpec {
@@ -52,6 +58,8 @@ impl Default for FaultSpec {
             flap_down_us: 500,
             node_crashes: 0,
             crash_leader: false,
+            device_hangs: 0,
+            hang_ms: 200,
         }
     }
 }

@@ -168,3 +168,19 @@ fn losing_the_raft_leader_and_a_replica_of_every_extent_is_survived() {
     assert!(r.faults.iter().any(|f| f.contains("n1 crashes")), "{r}");
     assert!(r.events.iter().any(|e| e.contains("n1 down")), "{r}");
 }
+
+#[test]
+fn a_hung_replica_device_is_dropped_from_the_in_sync_set_and_writes_go_on() {
+    let mut s = short(400);
+    s.workload.clients = 1;
+    s.workload.queue_depth = 8;
+    s.faults.device_hangs = 1;
+    s.faults.hang_ms = 250;
+    let outcome = run(1, &s, "hang");
+    let r = &outcome.report;
+    assert!(r.passed(), "{r}");
+    assert!(
+        r.events.iter().any(|e| e.contains("dropped from")),
+        "no replica dropped: {r}"
+    );
+}

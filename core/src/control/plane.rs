@@ -103,6 +103,41 @@ impl ControlPlane {
         self.drain_raft();
     }
 
+    /// This node wants `command` committed: propose it if leading, else forward it
+    /// to the leader.
+    pub fn request(&mut self, command: &Command) {
+        if self.raft.is_leader() {
+            self.propose(command);
+            return;
+        }
+        match self.raft.leader() {
+            Some(leader) => {
+                let command = Bytes::from(postcard::to_allocvec(command).expect("commands encode"));
+                self.actions.push_back(PlaneAction::Send {
+                    to: leader,
+                    msg: Message::Propose { command },
+                });
+            }
+            None => tracing::debug!(
+                ?command,
+                "no leader to take the request; it will be asked again"
+            ),
+        }
+    }
+
+    /// A member asks the leader to propose a command. Only data-path requests are
+    /// taken from others (dropping a replica); membership stays the leader's.
+    pub fn handle_propose(&mut self, from: NodeId, bytes: &[u8]) {
+        if !self.state().nodes.contains_key(&from) || !self.raft.is_leader() {
+            return;
+        }
+        match postcard::from_bytes::<Command>(bytes) {
+            Ok(cmd @ Command::DropReplica { .. }) => self.propose(&cmd),
+            Ok(other) => tracing::warn!(%from, ?other, "command not taken from a member"),
+            Err(e) => tracing::warn!(%from, error = %e, "undecodable proposal"),
+        }
+    }
+
     /// A heartbeat from `from` arrived at `now_ns`.
     pub fn handle_heartbeat(&mut self, from: NodeId, now_ns: u64) {
         if self.raft.is_leader() {
@@ -225,6 +260,9 @@ fn describe(command: &Command, changes: &[super::state::Change]) -> Option<Strin
             "{node} down: {failovers} extents fail over, {replicas} lose a replica, {unavailable} unavailable"
         )),
         Command::NodeUp { node } => Some(format!("{node} up: rebuilding {replicas} extents")),
+        Command::DropReplica { extent, node, .. } => Some(format!(
+            "{node} dropped from {extent}'s in-sync set (silent past the replica timeout)"
+        )),
         _ => None,
     }
 }

@@ -78,7 +78,17 @@ pub enum Action {
         /// The command.
         cmd: IoCmd,
     },
+    /// Ask the control plane to commit `command` (a primary dropping a replica that
+    /// did not acknowledge in time).
+    Control {
+        /// The command.
+        command: crate::control::Command,
+    },
 }
+
+/// A write a replica has not acknowledged for this long makes the primary ask the
+/// control plane to drop that replica from the in-sync set.
+pub const REPLICA_TIMEOUT_NS: u64 = 100_000_000;
 
 /// Engine switches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -102,6 +112,8 @@ enum Op {
         /// Acks expected from the replicas and the local device; `None` until the
         /// write holds its range lock and has been sent out.
         acks: Option<Acks>,
+        /// When it was sent out (the engine's clock).
+        started_ns: u64,
     },
     Read {
         client: NodeId,
@@ -205,6 +217,10 @@ pub struct Replicator {
     next_op: u64,
     next_io: u64,
     actions: VecDeque<Action>,
+    /// The driver's clock as of the last tick, ns.
+    now_ns: u64,
+    /// Drops already asked for, so one silent replica costs one request per epoch.
+    drops_asked: std::collections::BTreeSet<(ExtentId, Epoch, NodeId)>,
 }
 
 impl Replicator {
@@ -221,6 +237,45 @@ impl Replicator {
             next_op: 0,
             next_io: 0,
             actions: VecDeque::new(),
+            now_ns: 0,
+            drops_asked: std::collections::BTreeSet::new(),
+        }
+    }
+
+    /// The driver's clock moved to `now_ns`: writes some in-sync replica has left
+    /// unanswered for [`REPLICA_TIMEOUT_NS`] make this primary ask the control plane
+    /// to drop that replica, after which the write is acknowledged without it.
+    pub fn handle_tick(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+        let mut asks = Vec::new();
+        for op in self.ops.values() {
+            let Op::Write {
+                extent,
+                acks: Some(acks),
+                started_ns,
+                ..
+            } = op
+            else {
+                continue;
+            };
+            if now_ns.saturating_sub(*started_ns) < REPLICA_TIMEOUT_NS {
+                continue;
+            }
+            let epoch = self.map.extent(*extent).epoch;
+            for &node in acks.waiting.iter().filter(|n| **n != self.me) {
+                asks.push((*extent, epoch, node));
+            }
+        }
+        for (extent, epoch, node) in asks {
+            if self.drops_asked.insert((extent, epoch, node)) {
+                tracing::warn!(%extent, %node, "replica silent past its timeout; asking to drop it");
+                let command = crate::control::Command::DropReplica {
+                    extent,
+                    epoch,
+                    node,
+                };
+                self.actions.push_back(Action::Control { command });
+            }
         }
     }
 
@@ -310,7 +365,7 @@ impl Replicator {
             | Message::MapState { .. } => {
                 tracing::warn!(%from, "client reply sent to a storage node; dropped");
             }
-            Message::Raft { .. } | Message::Heartbeat => {
+            Message::Raft { .. } | Message::Heartbeat | Message::Propose { .. } => {
                 tracing::warn!(%from, "control-plane message reached the data path; dropped");
             }
         }
@@ -393,6 +448,7 @@ impl Replicator {
                 data,
                 fua,
                 acks: None,
+                started_ns: 0,
             },
         );
         let lock = &mut self.primary_state(extent).lock;
@@ -505,18 +561,21 @@ impl Replicator {
     }
 
     fn start_write(&mut self, op: OpId) {
+        let now_ns = self.now_ns;
         let Some(Op::Write {
             extent,
             lba,
             data,
             fua,
             acks,
+            started_ns,
             ..
         }) = self.ops.get_mut(&op)
         else {
             panic!("{op} is not a write");
         };
         assert!(acks.is_none(), "{op} started twice");
+        *started_ns = now_ns;
         let (extent, lba, data, fua) = (*extent, *lba, data.clone(), *fua);
         let state = self
             .primary

@@ -19,6 +19,8 @@ struct Cluster {
     replies: Vec<Message>,
     /// Every ReplicaWrite delivered, as (replica, lba, version).
     applied: Vec<(NodeId, Lba, Version)>,
+    /// Control-plane requests made, as (node, command).
+    controls: Vec<(NodeId, crate::control::Command)>,
 }
 
 fn cluster(config: ReplicationConfig) -> Cluster {
@@ -41,6 +43,7 @@ fn cluster(config: ReplicationConfig) -> Cluster {
         net: VecDeque::new(),
         replies: Vec::new(),
         applied: Vec::new(),
+        controls: Vec::new(),
     }
 }
 
@@ -55,6 +58,7 @@ impl Cluster {
                 match action {
                     Action::Send { to, msg } => self.net.push_back((n, to, msg)),
                     Action::Io { io, cmd } => self.ios.push((n, io, cmd)),
+                    Action::Control { command } => self.controls.push((n, command)),
                 }
             }
         }
@@ -337,7 +341,7 @@ fn a_replica_rejects_an_older_version_over_a_newer_one() {
     let acks: Vec<_> = std::iter::from_fn(|| n2.poll_action())
         .filter_map(|a| match a {
             Action::Send { msg, .. } => Some(msg),
-            Action::Io { .. } => None,
+            Action::Io { .. } | Action::Control { .. } => None,
         })
         .collect();
     assert_eq!(
@@ -508,4 +512,37 @@ fn a_deposed_primary_fails_its_writes_and_the_new_one_continues_the_versions() {
     let v = c.engines[&NodeId(2)].block_version(Lba(0)).unwrap();
     assert!(v > Version(1), "versions went back: {v}");
     assert_eq!(c.disk_block(NodeId(3), 0), Some(4));
+}
+
+#[test]
+fn a_replica_silent_past_its_timeout_is_reported_once() {
+    use crate::control::Command;
+    let mut c = cluster(ReplicationConfig::default());
+    for n in 1..=3 {
+        c.engines.get_mut(&NodeId(n)).unwrap().handle_tick(1_000);
+    }
+    c.client_sends(NodeId(1), write(1, 0, block(5, 1)));
+    c.deliver();
+    c.complete_one(NodeId(1));
+    c.complete_one(NodeId(2));
+    c.deliver();
+    let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
+    n1.handle_tick(1_000 + REPLICA_TIMEOUT_NS - 1);
+    c.collect();
+    assert!(c.controls.is_empty(), "asked before the timeout");
+    for t in [REPLICA_TIMEOUT_NS + 1_000, REPLICA_TIMEOUT_NS + 50_000_000] {
+        c.engines.get_mut(&NodeId(1)).unwrap().handle_tick(t);
+        c.collect();
+    }
+    assert_eq!(
+        c.controls,
+        vec![(
+            NodeId(1),
+            Command::DropReplica {
+                extent: ExtentId(0),
+                epoch: Epoch(1),
+                node: NodeId(3)
+            }
+        )]
+    );
 }
