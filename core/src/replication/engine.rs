@@ -154,7 +154,11 @@ impl Acks {
     /// Stop waiting for nodes no longer in `keep` (a map change removed them from
     /// the in-sync set). `Some(outcome)` if nothing is left to wait for.
     fn retain(&mut self, keep: impl Fn(NodeId) -> bool) -> Option<Result<(), WeirError>> {
-        self.waiting.retain(|n| keep(*n));
+        // A dropped replica may still answer late; its ack is then taken quietly.
+        let (kept, dropped): (Vec<NodeId>, Vec<NodeId>) =
+            self.waiting.iter().partition(|n| keep(**n));
+        self.waiting = kept;
+        self.extra.extend(dropped);
         self.waiting
             .is_empty()
             .then(|| self.error.take().map_or(Ok(()), Err))
@@ -180,6 +184,19 @@ impl Acks {
             .waiting
             .is_empty()
             .then(|| self.error.take().map_or(Ok(()), Err)))
+    }
+
+    /// [`Acks::record`], with a stray ack logged and dropped.
+    fn count(
+        &mut self,
+        from: NodeId,
+        op: OpId,
+        result: Result<(), WeirError>,
+    ) -> Option<Result<(), WeirError>> {
+        self.record(from, result).unwrap_or_else(|()| {
+            tracing::warn!(%from, %op, "ack from a node not asked; dropped");
+            None
+        })
     }
 }
 
@@ -671,15 +688,9 @@ impl Replicator {
             tracing::warn!(%from, %op, "ack for no running write; dropped");
             return;
         };
-        let outcome = match acks.record(from, result) {
-            Ok(Some(outcome)) => outcome,
-            Ok(None) => return,
-            Err(()) => {
-                tracing::warn!(%from, %op, "ack from a node not asked; dropped");
-                return;
-            }
-        };
-        self.finish_write(op, outcome);
+        if let Some(outcome) = acks.count(from, op, result) {
+            self.finish_write(op, outcome);
+        }
     }
 
     /// Every in-sync replica has answered write `op`: reply and release its range.
@@ -702,13 +713,8 @@ impl Replicator {
             tracing::warn!(%from, %op, "ack for no running flush; dropped");
             return;
         };
-        let outcome = match acks.record(from, result) {
-            Ok(Some(outcome)) => outcome,
-            Ok(None) => return,
-            Err(()) => {
-                tracing::warn!(%from, %op, "flush ack from a node not asked; dropped");
-                return;
-            }
+        let Some(outcome) = acks.count(from, op, result) else {
+            return;
         };
         let Some(Op::Flush { client, req, .. }) = self.ops.remove(&op) else {
             unreachable!("matched a flush above");
