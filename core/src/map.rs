@@ -122,6 +122,10 @@ impl ClusterMap {
                 "the state does not place this volume yet",
             ));
         }
+        // A state from the network is checked, never trusted: a bad one is refused.
+        if state.validate().is_err() {
+            return Err(MapError::BadShape("the state breaks the map's invariants"));
+        }
         let map = ClusterMap {
             nodes: state.nodes.keys().copied().collect(),
             volume: self.volume,
@@ -295,6 +299,20 @@ mod tests {
             ClusterMap::new_static(nodes, volume, 3),
             Err(MapError::BadShape(_))
         ));
+    }
+
+    #[test]
+    fn a_broken_state_from_the_network_is_refused_not_trusted() {
+        let m = map();
+        let mut state = m.state().clone();
+        let ext = state.extents.get_mut(&ExtentId(1)).unwrap();
+        ext.primary = NodeId(77);
+        assert!(m.with_state(state).is_err());
+        let mut state = m.state().clone();
+        let ext = state.extents.remove(&ExtentId(0)).unwrap();
+        state.extents.insert(ExtentId(9), ext);
+        assert!(m.with_state(state).is_err(), "extent ids with a hole");
+        assert!(m.with_state(m.state().clone()).is_ok());
     }
 
     #[test]

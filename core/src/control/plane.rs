@@ -132,7 +132,16 @@ impl ControlPlane {
             return;
         }
         match postcard::from_bytes::<Command>(bytes) {
-            Ok(cmd @ Command::DropReplica { .. }) => self.propose(&cmd),
+            // Only an extent's primary may ask to drop one of its replicas.
+            Ok(cmd @ Command::DropReplica { extent, .. })
+                if self
+                    .state()
+                    .extents
+                    .get(&extent)
+                    .is_some_and(|e| e.primary == from) =>
+            {
+                self.propose(&cmd)
+            }
             Ok(other) => tracing::warn!(%from, ?other, "command not taken from a member"),
             Err(e) => tracing::warn!(%from, error = %e, "undecodable proposal"),
         }
@@ -161,8 +170,14 @@ impl ControlPlane {
             self.proposed.clear();
             return;
         }
+        if self.leader_since_ns.is_none() {
+            // A new reign: what an earlier reign heard says nothing about now.
+            self.last_seen.clear();
+        }
         let since = *self.leader_since_ns.get_or_insert(now_ns);
-        if self.state().nodes.is_empty() && self.bootstrap_term != Some(self.raft.term()) {
+        // Until the volume exists, each new leader proposes the whole bootstrap again
+        // (a previous leader may have died half-way; repeats are refused harmlessly).
+        if self.state().volumes.is_empty() && self.bootstrap_term != Some(self.raft.term()) {
             self.bootstrap_term = Some(self.raft.term());
             for cmd in self.bootstrap.clone() {
                 self.propose(&cmd);

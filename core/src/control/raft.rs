@@ -43,6 +43,9 @@ pub enum RaftError {
     /// A message from a node outside the group.
     #[error("{0} is not a member of the raft group")]
     Stranger(NodeId),
+    /// A message kind weir does not use.
+    #[error("unexpected raft message: {0}")]
+    Unexpected(&'static str),
 }
 
 /// Something the driver must do.
@@ -156,6 +159,11 @@ impl MapRaft {
         let msg = RaftMessage::parse_from_bytes(bytes)?;
         if msg.from != u64::from(from.0) {
             return Err(RaftError::Stranger(from));
+        }
+        // weir never compacts its log, so no member sends a snapshot; one would
+        // replace the log without rebuilding the applied state.
+        if msg.get_msg_type() == raft::prelude::MessageType::MsgSnapshot {
+            return Err(RaftError::Unexpected("snapshot"));
         }
         let result = self.node.step(msg);
         self.after_input();

@@ -394,30 +394,47 @@ impl ClusterState {
         Ok(vec![Change::Replicas(vec![(extent, ext.epoch)])])
     }
 
-    /// Assert the invariants listed in the module documentation.
+    /// Check the invariants listed in the module documentation, plus the shape a
+    /// map received from elsewhere must have (extent ids 0..n, members known).
+    pub fn validate(&self) -> Result<(), String> {
+        for (i, (id, ext)) in self.extents.iter().enumerate() {
+            if id.0 != i as u64 {
+                return Err(format!("extent ids are not contiguous at {id}"));
+            }
+            if ext.replicas.is_empty() || !ext.replicas.contains(&ext.primary) {
+                return Err(format!("{id}: primary {} is no replica", ext.primary));
+            }
+            if !ext.in_sync.is_empty() && !ext.in_sync.contains(&ext.primary) {
+                return Err(format!("{id}: primary {} not in sync", ext.primary));
+            }
+            for n in ext
+                .in_sync
+                .iter()
+                .chain(&ext.rebuilding)
+                .chain(&ext.replicas)
+            {
+                if !ext.replicas.contains(n) || !self.nodes.contains_key(n) {
+                    return Err(format!("{id}: {n} is no member replica"));
+                }
+            }
+            if !ext.in_sync.is_disjoint(&ext.rebuilding) {
+                return Err(format!("{id}: in sync and rebuilding"));
+            }
+            if let Some(n) = ext
+                .in_sync
+                .iter()
+                .find(|n| self.nodes.get(n) != Some(&NodeStatus::Up))
+            {
+                return Err(format!("{id}: down node {n} in sync"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Assert the invariants (see [`ClusterState::validate`]).
     pub fn self_check(&self) {
-        for (id, ext) in &self.extents {
-            if !ext.in_sync.is_empty() {
-                assert!(
-                    ext.in_sync.contains(&ext.primary),
-                    "{id}: primary {} not in sync",
-                    ext.primary
-                );
-            }
-            for n in ext.in_sync.iter().chain(&ext.rebuilding) {
-                assert!(ext.replicas.contains(n), "{id}: {n} is no replica");
-            }
-            assert!(
-                ext.in_sync.is_disjoint(&ext.rebuilding),
-                "{id}: in sync and rebuilding"
-            );
-            for n in &ext.in_sync {
-                assert_eq!(
-                    self.nodes.get(n),
-                    Some(&NodeStatus::Up),
-                    "{id}: down node {n} in sync"
-                );
-            }
+        if let Err(e) = self.validate() {
+            panic!("cluster state invariant broken: {e}");
         }
     }
 }

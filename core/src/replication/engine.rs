@@ -236,8 +236,9 @@ pub struct Replicator {
     actions: VecDeque<Action>,
     /// The driver's clock as of the last tick, ns.
     now_ns: u64,
-    /// Drops already asked for, so one silent replica costs one request per epoch.
-    drops_asked: std::collections::BTreeSet<(ExtentId, Epoch, NodeId)>,
+    /// Drops asked for, and when: asked again after another replica timeout if the
+    /// map has not changed (the request may have been lost with a leader).
+    drops_asked: BTreeMap<(ExtentId, Epoch, NodeId), u64>,
 }
 
 impl Replicator {
@@ -255,7 +256,7 @@ impl Replicator {
             next_io: 0,
             actions: VecDeque::new(),
             now_ns: 0,
-            drops_asked: std::collections::BTreeSet::new(),
+            drops_asked: BTreeMap::new(),
         }
     }
 
@@ -284,7 +285,9 @@ impl Replicator {
             }
         }
         for (extent, epoch, node) in asks {
-            if self.drops_asked.insert((extent, epoch, node)) {
+            let last = self.drops_asked.get(&(extent, epoch, node)).copied();
+            if last.is_none_or(|t| now_ns.saturating_sub(t) >= REPLICA_TIMEOUT_NS) {
+                self.drops_asked.insert((extent, epoch, node), now_ns);
                 tracing::warn!(%extent, %node, "replica silent past its timeout; asking to drop it");
                 let command = crate::control::Command::DropReplica {
                     extent,
@@ -512,8 +515,16 @@ impl Replicator {
             return self.fail(client, req, WeirError::Busy);
         }
         let op = self.op_id();
-        // Every node holds replicas of the one volume, so a flush reaches them all.
-        let nodes = self.map.nodes().to_vec();
+        // Every node holds replicas of the one volume, so a flush reaches every node
+        // that is up.
+        let nodes: Vec<NodeId> = self
+            .map
+            .state()
+            .nodes
+            .iter()
+            .filter(|(_, s)| **s == crate::control::NodeStatus::Up)
+            .map(|(&n, _)| n)
+            .collect();
         self.ops.insert(
             op,
             Op::Flush {
@@ -752,6 +763,32 @@ impl Replicator {
     /// write held up by a silent replica may be acknowledged.
     pub fn handle_map(&mut self, map: ClusterMap) {
         self.map = map;
+        // A flush waits only for nodes still up.
+        let up: Vec<NodeId> = self
+            .map
+            .state()
+            .nodes
+            .iter()
+            .filter(|(_, s)| **s == crate::control::NodeStatus::Up)
+            .map(|(&n, _)| n)
+            .collect();
+        let flushes: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, o)| matches!(o, Op::Flush { .. }))
+            .map(|(&id, _)| id)
+            .collect();
+        for op in flushes {
+            let Some(Op::Flush { acks, .. }) = self.ops.get_mut(&op) else {
+                continue;
+            };
+            if let Some(outcome) = acks.retain(|n| up.contains(&n)) {
+                let Some(Op::Flush { client, req, .. }) = self.ops.remove(&op) else {
+                    unreachable!("matched a flush above");
+                };
+                self.reply(client, req, outcome.map(|()| Message::FlushOk { req }));
+            }
+        }
         let led: Vec<ExtentId> = self.primary.keys().copied().collect();
         for extent in led {
             let now = self.map.extent(extent);

@@ -546,3 +546,30 @@ fn a_replica_silent_past_its_timeout_is_reported_once() {
         )]
     );
 }
+
+#[test]
+fn a_flush_stops_waiting_for_a_node_that_went_down() {
+    use crate::control::Command;
+    let mut c = cluster(ReplicationConfig::default());
+    c.client_sends(
+        NodeId(1),
+        Message::Flush {
+            req: RequestId(1),
+            volume: VolumeId(1),
+        },
+    );
+    c.deliver();
+    c.complete_one(NodeId(1));
+    c.complete_one(NodeId(2));
+    c.deliver();
+    assert!(c.replies.is_empty(), "n3 has not flushed");
+    publish(
+        &mut c,
+        Command::NodeDown {
+            node: NodeId(3),
+            lease_expires_ns: 0,
+        },
+    );
+    c.deliver();
+    assert_eq!(c.replies, vec![Message::FlushOk { req: RequestId(1) }]);
+}
