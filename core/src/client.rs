@@ -156,12 +156,12 @@ impl<T: Transport> Volume<T> {
         F: FnMut(Arc<ClusterMap>) -> Fut,
         Fut: std::future::Future<Output = Result<R, ClientError>>,
     {
-        let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
+        let deadline = crate::time::now() + RETRY_BUDGET;
         let mut asked = 0usize;
         loop {
             let error = match attempt(self.map()).await {
                 Ok(r) => return Ok(r),
-                Err(e) if e.retryable() && tokio::time::Instant::now() < deadline => e,
+                Err(e) if e.retryable() && crate::time::now() < deadline => e,
                 Err(e) => return Err(e),
             };
             tracing::debug!(error = %error, "retrying with a fresh map");

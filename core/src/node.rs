@@ -128,7 +128,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// Serve until the transport closes.
     pub async fn run(mut self) -> Result<(), NodeError> {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(IoId, IoResult)>();
-        let start = tokio::time::Instant::now();
+        let start = crate::time::now();
         let tick = self
             .control
             .as_ref()
@@ -136,7 +136,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         let mut ticker = tokio::time::interval(tick);
         loop {
             self.drain_actions(&done_tx, start).await?;
-            let now_ns = || (tokio::time::Instant::now() - start).as_nanos() as u64;
+            let now_ns = || (crate::time::now() - start).as_nanos() as u64;
             // `biased`: device completions first (they free resources), and no draw
             // from tokio's unseeded thread-local RNG, which would break determinism.
             tokio::select! {
@@ -191,7 +191,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         Err(e) => tracing::debug!(error = %e, "map not taken"),
                     },
                     PlaneAction::Event(line) => {
-                        let at = (tokio::time::Instant::now() - start).as_nanos() as u64;
+                        let at = (crate::time::now() - start).as_nanos() as u64;
                         tracing::info!(node = %self.engine.id(), "{line}");
                         if let Some((_, _, events)) = &self.control {
                             events.lock().expect("event log").push((at, line));

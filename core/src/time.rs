@@ -7,6 +7,13 @@
 
 use tokio::time::Instant;
 
+/// The current time: the one place weir-core reads a clock. Under `--cfg madsim`
+/// this is the simulator's virtual clock (madsim-tokio), so it is deterministic; on
+/// real tokio it is the monotonic clock. Never the wall clock.
+pub fn now() -> Instant {
+    Instant::now()
+}
+
 /// Sleep until `deadline`, with no 1 ms floor under the simulator.
 pub async fn sleep_until_exact(deadline: Instant) {
     let sleep = tokio::time::sleep_until(deadline);
