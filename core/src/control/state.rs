@@ -223,12 +223,7 @@ impl ClusterState {
         if self.volumes.contains_key(&volume) {
             return Err(Refusal::KnownVolume(volume));
         }
-        let up: Vec<NodeId> = self
-            .nodes
-            .iter()
-            .filter(|(_, s)| **s == NodeStatus::Up)
-            .map(|(&n, _)| n)
-            .collect();
+        let up = self.up_nodes();
         if replicas == 0 || up.len() < usize::from(replicas) {
             return Err(Refusal::TooFewNodes {
                 replicas,
@@ -392,6 +387,15 @@ impl ClusterState {
         ext.in_sync.insert(node);
         ext.epoch = ext.epoch.next();
         Ok(vec![Change::Replicas(vec![(extent, ext.epoch)])])
+    }
+
+    /// Members that are up, in id order.
+    pub fn up_nodes(&self) -> Vec<NodeId> {
+        self.nodes
+            .iter()
+            .filter(|(_, s)| **s == NodeStatus::Up)
+            .map(|(&n, _)| n)
+            .collect()
     }
 
     /// Check the invariants listed in the module documentation, plus the shape a

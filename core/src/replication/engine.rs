@@ -517,14 +517,7 @@ impl Replicator {
         let op = self.op_id();
         // Every node holds replicas of the one volume, so a flush reaches every node
         // that is up.
-        let nodes: Vec<NodeId> = self
-            .map
-            .state()
-            .nodes
-            .iter()
-            .filter(|(_, s)| **s == crate::control::NodeStatus::Up)
-            .map(|(&n, _)| n)
-            .collect();
+        let nodes = self.map.state().up_nodes();
         self.ops.insert(
             op,
             Op::Flush {
@@ -764,14 +757,7 @@ impl Replicator {
     pub fn handle_map(&mut self, map: ClusterMap) {
         self.map = map;
         // A flush waits only for nodes still up.
-        let up: Vec<NodeId> = self
-            .map
-            .state()
-            .nodes
-            .iter()
-            .filter(|(_, s)| **s == crate::control::NodeStatus::Up)
-            .map(|(&n, _)| n)
-            .collect();
+        let up = self.map.state().up_nodes();
         let flushes: Vec<OpId> = self
             .ops
             .iter()

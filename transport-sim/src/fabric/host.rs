@@ -260,6 +260,15 @@ impl Engine {
         });
     }
 
+    /// The receiving side of QP `src -> h`, created on its first packet.
+    pub(super) fn recv_qp(&mut self, h: HostIdx, src: HostIdx) -> &mut RecvQp {
+        let cnp_mode = self.config.nic.cnp;
+        self.hosts[h]
+            .recv
+            .entry(src)
+            .or_insert_with(|| RecvQp::new(NotificationPoint::new(cnp_mode)))
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn receive_data(
         &mut self,
@@ -272,11 +281,7 @@ impl Engine {
         msg_sent_ns: u64,
     ) {
         let now = self.now_ns;
-        let cnp_mode = self.config.nic.cnp;
-        let rq = self.hosts[h]
-            .recv
-            .entry(src)
-            .or_insert_with(|| RecvQp::new(NotificationPoint::new(cnp_mode)));
+        let rq = self.recv_qp(h, src);
         let cnp = ce && rq.np.handle_marked(now);
         let verdict = rq.receive(psn);
         let expected = rq.expected;

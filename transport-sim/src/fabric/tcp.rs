@@ -5,13 +5,12 @@
 //! missing packet after three duplicate ACKs, go-back-N from the oldest
 //! unacknowledged packet on a retransmission timeout.
 
-use super::nic::{control, RecvQp, TCP_OOO_PACKETS_MAX};
+use super::nic::{control, TCP_OOO_PACKETS_MAX};
 use super::packet::Kind;
 use super::telemetry::DropReason;
 use super::topology::{HostIdx, PortId};
 use super::Engine;
 use bytes::Bytes;
-use weir_core::congestion::dcqcn::NotificationPoint;
 
 /// Duplicate ACKs that signal a loss.
 const DUPACK_THRESHOLD: u32 = 3;
@@ -28,11 +27,7 @@ impl Engine {
         msg: Option<Bytes>,
         msg_sent_ns: u64,
     ) {
-        let cnp_mode = self.config.nic.cnp;
-        let rq = self.hosts[h]
-            .recv
-            .entry(src)
-            .or_insert_with(|| RecvQp::new(NotificationPoint::new(cnp_mode)));
+        let rq = self.recv_qp(h, src);
         let mut ready = Vec::new();
         if psn == rq.expected {
             rq.expected += 1;
