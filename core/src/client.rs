@@ -63,6 +63,7 @@ impl ClientError {
                     WeirError::NotPrimary(_)
                         | WeirError::StaleEpoch { .. }
                         | WeirError::Busy
+                        | WeirError::NoLease(_)
                         | WeirError::Unreachable(_)
                 )
         )

@@ -56,4 +56,8 @@ pub enum WeirError {
     /// The node has too many requests in flight.
     #[error("node busy")]
     Busy,
+    /// The node is the extent's primary but may not serve it now: it holds no lease
+    /// from the control plane, or the previous primary's lease has not run out.
+    #[error("{0} holds no lease on this extent right now")]
+    NoLease(NodeId),
 }

@@ -11,7 +11,7 @@ use crate::device::{BlockDevice, DevCommand, DevCompletion};
 use crate::error::WeirError;
 use crate::ids::{Lba, NodeId};
 use crate::map::ClusterMap;
-use crate::replication::{Action, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};
+use crate::replication::{Action, Audit, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};
 use crate::transport::{Transport, TransportError};
 use crate::wire::Message;
 use std::sync::Arc;
@@ -53,6 +53,10 @@ pub enum NodeError {
 /// time since the node started, ns.
 pub type EventLog = Arc<std::sync::Mutex<Vec<(u64, String)>>>;
 
+/// Audit facts of every node that shares it, by node (for the simulator's
+/// invariant checkers; see [`crate::replication::Audit`]).
+pub type AuditLog = Arc<std::sync::Mutex<Vec<(NodeId, Audit)>>>;
+
 /// A storage node: replication engine + control plane + transport + device.
 pub struct Node<T, D> {
     transport: Arc<T>,
@@ -62,6 +66,7 @@ pub struct Node<T, D> {
     /// Device blocks per volume block.
     scale: u64,
     control: Option<(ControlPlane, std::time::Duration, EventLog)>,
+    audit: Option<AuditLog>,
 }
 
 impl<T: Transport, D: BlockDevice> Node<T, D> {
@@ -106,6 +111,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             pool,
             scale,
             control: None,
+            audit: None,
         })
     }
 
@@ -117,6 +123,13 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         events: EventLog,
     ) -> Self {
         self.control = Some((plane, tick, events));
+        self
+    }
+
+    /// Record the engine's audit facts in `log` (turns them on).
+    pub fn with_audit(mut self, log: AuditLog) -> Self {
+        self.engine.enable_audit();
+        self.audit = Some(log);
         self
     }
 
@@ -136,23 +149,26 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         let mut ticker = tokio::time::interval(tick);
         loop {
             self.drain_actions(&done_tx, start).await?;
-            let now_ns = || (crate::time::now() - start).as_nanos() as u64;
             // `biased`: device completions first (they free resources), and no draw
             // from tokio's unseeded thread-local RNG, which would break determinism.
             tokio::select! {
                 biased;
-                Some((io, result)) = done_rx.recv() => self.engine.handle_io(io, result),
+                Some((io, result)) = done_rx.recv() => {
+                    self.clock();
+                    self.engine.handle_io(io, result)
+                }
                 _ = ticker.tick(), if self.control.is_some() => {
-                    let now = now_ns();
-                    self.engine.handle_tick(now);
+                    let now = crate::time::cluster_ns();
                     if let Some((plane, ..)) = &mut self.control {
                         plane.tick(now);
                     }
+                    self.clock();
+                    self.engine.handle_tick(now);
                 }
                 frame = self.transport.recv() => {
                     let (from, frame) = frame?;
                     match Message::decode(&frame) {
-                        Ok(msg) => self.route(from, msg, now_ns()),
+                        Ok(msg) => self.route(from, msg, crate::time::cluster_ns()),
                         Err(e) => tracing::warn!(%from, error = %e, "undecodable frame dropped"),
                     }
                 }
@@ -160,15 +176,36 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
     }
 
+    /// Tell the engine the time and this node's lease.
+    fn clock(&mut self) {
+        let lease = self
+            .control
+            .as_ref()
+            .map_or(0, |(plane, ..)| plane.lease_until_ns());
+        self.engine.set_clock(crate::time::cluster_ns(), lease);
+    }
+
     /// Control-plane messages to the control plane, the rest to the data path.
     fn route(&mut self, from: NodeId, msg: Message, now_ns: u64) {
         match (msg, &mut self.control) {
             (Message::Raft { bytes }, Some((plane, ..))) => plane.handle_raft(from, &bytes),
-            (Message::Heartbeat, Some((plane, ..))) => plane.handle_heartbeat(from, now_ns),
+            (Message::Heartbeat { sent_ns, applied }, Some((plane, ..))) => {
+                plane.handle_heartbeat(from, sent_ns, applied, now_ns)
+            }
+            (
+                Message::HeartbeatAck {
+                    sent_ns,
+                    lease_until_ns,
+                },
+                Some((plane, ..)),
+            ) => plane.handle_heartbeat_ack(from, sent_ns, lease_until_ns),
             (Message::Propose { command }, Some((plane, ..))) => {
                 plane.handle_propose(from, &command)
             }
-            (msg, _) => self.engine.handle_message(from, msg),
+            (msg, _) => {
+                self.clock();
+                self.engine.handle_message(from, msg)
+            }
         }
     }
 
@@ -187,7 +224,10 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 match action {
                     PlaneAction::Send { to, msg } => self.send(to, msg).await?,
                     PlaneAction::Map(state) => match self.engine.map().with_state(state) {
-                        Ok(map) => self.engine.handle_map(map),
+                        Ok(map) => {
+                            self.clock();
+                            self.engine.handle_map(map)
+                        }
                         Err(e) => tracing::debug!(error = %e, "map not taken"),
                     },
                     PlaneAction::Event(line) => {
@@ -208,6 +248,13 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         None => tracing::warn!(?command, "no control plane to ask"),
                     },
                     Action::Io { io, cmd } => self.issue(io, cmd, done.clone()),
+                    Action::Audit(fact) => {
+                        if let Some(log) = &self.audit {
+                            log.lock()
+                                .expect("audit log")
+                                .push((self.engine.id(), fact));
+                        }
+                    }
                 }
             }
             if idle {

@@ -21,3 +21,18 @@ pub async fn sleep_until_exact(deadline: Instant) {
     sleep.as_mut().reset(deadline);
     sleep.await
 }
+
+/// The cluster clock, ns since the Unix epoch: the wall clock, which leases compare
+/// across nodes (a lease granted by one node is checked by another). Production
+/// assumes NTP-synchronised clocks whose skew stays below [`MAX_CLOCK_SKEW_NS`];
+/// under `--cfg madsim` it is the simulator's virtual wall clock, the same on every
+/// node and seeded like everything else.
+pub fn cluster_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The largest clock skew between two nodes that leases tolerate: a primary stops
+/// serving this long before its lease runs out.
+pub const MAX_CLOCK_SKEW_NS: u64 = 2_000_000;

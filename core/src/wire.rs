@@ -147,8 +147,13 @@ pub enum Message {
         /// The encoded Raft message.
         bytes: Bytes,
     },
-    /// Node -> Raft leader: still alive.
-    Heartbeat,
+    /// Node -> Raft leader: still alive. Stamped with the sender's cluster clock.
+    Heartbeat {
+        /// When it was sent (ns, cluster clock).
+        sent_ns: u64,
+        /// Index of the last control-plane log entry the sender applied.
+        applied: u64,
+    },
     /// Client -> any node: send me the current cluster map.
     GetMap {
         /// Client request id, echoed in the reply.
@@ -166,6 +171,14 @@ pub enum Message {
     Propose {
         /// The encoded command.
         command: Bytes,
+    },
+    /// Raft leader -> node: your heartbeat of `sent_ns` arrived; you hold a lease
+    /// until `lease_until_ns` (cluster clock).
+    HeartbeatAck {
+        /// The heartbeat answered.
+        sent_ns: u64,
+        /// End of the lease granted.
+        lease_until_ns: u64,
     },
 }
 

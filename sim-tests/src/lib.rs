@@ -7,6 +7,7 @@
 
 pub mod checker;
 pub mod history;
+pub mod invariants;
 pub mod report;
 #[cfg(madsim)]
 pub mod runner;

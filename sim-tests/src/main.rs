@@ -31,6 +31,18 @@ struct Args {
     /// Telemetry sampling interval, microseconds.
     #[arg(long, default_value_t = 10)]
     sample_us: u64,
+    /// Turn on a deliberate bug (repeatable), to see the checkers catch it:
+    /// skip-last-replica, ack-before-slowest, serve-before-lease.
+    #[arg(long, value_enum)]
+    bug: Vec<Bug>,
+}
+
+/// The deliberate bugs of `[bugs]`, by name.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Bug {
+    SkipLastReplica,
+    AckBeforeSlowest,
+    ServeBeforeLease,
 }
 
 fn main() -> ExitCode {
@@ -68,6 +80,13 @@ fn main() -> ExitCode {
     };
     if let Some(ms) = args.duration_ms {
         scenario.workload.duration_ms = ms;
+    }
+    for bug in &args.bug {
+        match bug {
+            Bug::SkipLastReplica => scenario.bugs.skip_last_replica = true,
+            Bug::AckBeforeSlowest => scenario.bugs.ack_before_slowest = true,
+            Bug::ServeBeforeLease => scenario.bugs.serve_before_lease = true,
+        }
     }
     run(&args, &scenario, &name)
 }

@@ -262,6 +262,16 @@ impl fmt::Display for Report {
             "campaign" => write!(f, " --campaign")?,
             name => write!(f, " --scenario {name}")?,
         }
+        let b = &self.scenario.bugs;
+        for (on, flag) in [
+            (b.skip_last_replica, "skip-last-replica"),
+            (b.ack_before_slowest, "ack-before-slowest"),
+            (b.serve_before_lease, "serve-before-lease"),
+        ] {
+            if on {
+                write!(f, " --bug {flag}")?;
+            }
+        }
         writeln!(f)
     }
 }

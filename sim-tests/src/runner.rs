@@ -9,6 +9,7 @@ use crate::checker::{check_linearizable, check_no_lost_writes};
 use crate::history::{
     decode_block, encode_block, History, OpKind, OpRecord, ReplicaRead, Tag, Value,
 };
+use crate::invariants::{check_acks_persisted, check_leases};
 use crate::report::{FabricSummary, Report};
 use crate::scenario::{Pattern, Scenario};
 use crate::telemetry::{Sample as TelemetrySample, Telemetry};
@@ -23,9 +24,9 @@ use tokio::time::Instant;
 use weir_core::client::{ClientError, Volume};
 use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
 use weir_core::congestion::tcp::Algorithm;
-use weir_core::control::{Command, ControlPlane};
+use weir_core::control::{Command, ControlPlane, Timeouts};
 use weir_core::map::{ClusterMap, VolumeSpec};
-use weir_core::node::{EventLog, Node};
+use weir_core::node::{AuditLog, EventLog, Node};
 use weir_core::replication::ReplicationConfig;
 use weir_core::{BufPool, Lba, NodeId, VolumeId};
 use weir_nvme_sim::{SimSsd, SsdConfig};
@@ -151,21 +152,37 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let map = build_map(&scenario);
     let config = ReplicationConfig {
         bug_skip_last_replica: scenario.bugs.skip_last_replica,
+        bug_ack_before_slowest: scenario.bugs.ack_before_slowest,
+        bug_serve_before_lease: scenario.bugs.serve_before_lease,
+        audit: true,
     };
     let events: EventLog = Arc::default();
-    let hosts = start_nodes(&fabric, &map, config, &scenario, &events);
+    let audit: AuditLog = Arc::default();
+    let hosts = start_nodes(&fabric, &map, config, &scenario, &events, &audit);
     // Every host attaches before traffic starts.
     let checker = Arc::new(fabric.endpoint(NodeId(CHECKER_HOST)).expect("new host"));
     let client_transports: Vec<_> = (0..scenario.workload.clients)
         .map(|c| Arc::new(fabric.endpoint(NodeId(FIRST_CLIENT + c)).expect("new host")))
         .collect();
 
+    // The cluster comes up before clients connect: a Raft leader, the map, and a
+    // lease on every node (a few heartbeat ticks).
+    tokio::time::sleep(WARMUP).await;
     if let Some(interval) = options.telemetry_interval {
         fabric.enable_sampling(interval);
     }
     let mut faults = schedule_faults(&fabric, &scenario);
-    faults.extend(schedule_crashes(&hosts, &scenario));
+    faults.extend(schedule_node_faults(&fabric, &hosts, &scenario));
+    faults.sort();
+    // Fault times are drawn from the workload's start; the report counts from the
+    // cluster's start, like the control-plane events.
+    let warmup_us = WARMUP.as_micros() as u64;
+    let faults: Vec<String> = faults
+        .into_iter()
+        .map(|(at_us, what)| format!("{:.3} ms: {what}", (at_us + warmup_us) as f64 / 1e3))
+        .collect();
     let epoch = Instant::now();
+    let base_ns = weir_core::time::cluster_ns();
     let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
     let mut clients = Vec::new();
     for (c, transport) in client_transports.into_iter().enumerate() {
@@ -191,9 +208,12 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         replica_reads,
         expected_copies,
     };
+    let audit = std::mem::take(&mut *audit.lock().expect("audit log"));
     let verdicts = vec![
         check_linearizable(&history),
         check_no_lost_writes(&history, scenario.cluster.replicas as usize),
+        check_leases(&audit, base_ns),
+        check_acks_persisted(&audit, base_ns),
     ];
     let fabric_summary = summarize(&fabric);
     let mut report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
@@ -216,7 +236,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
 
 /// Inject the scenario's fabric faults, drawn from the seed; returns them, described,
 /// in time order. Only links that carry hosts of the run are chosen.
-fn schedule_faults(fabric: &Fabric, scenario: &Scenario) -> Vec<String> {
+fn schedule_faults(fabric: &Fabric, scenario: &Scenario) -> Vec<(u64, String)> {
     use weir_transport_sim::fabric::Fault;
     let f = &scenario.faults;
     let links: Vec<(usize, String)> = fabric
@@ -254,39 +274,76 @@ fn schedule_faults(fabric: &Fabric, scenario: &Scenario) -> Vec<String> {
             Duration::from_micros(at_us + down_us),
             Fault::LinkUp { link },
         );
-        described.push((
-            at_us,
-            format!("{at_us} us: link {name} down for {down_us} us"),
-        ));
+        described.push((at_us, format!("link {name} down for {down_us} us")));
     }
-    described.sort();
-    described.into_iter().map(|(_, d)| d).collect()
+    described
 }
 
-/// Crash `faults.node_crashes` distinct storage nodes (never more than replicas - 1,
-/// so every extent keeps an in-sync copy) at seeded times in the first half of the
-/// run; they do not come back.
-fn schedule_crashes(
+/// Node faults, each on a distinct storage node (the scenario keeps them fewer than
+/// the replicas, so every extent keeps an in-sync copy), at seeded times in the
+/// first half of the run: crashes (for good), pauses and partitions (both heal).
+fn schedule_node_faults(
+    fabric: &Fabric,
     hosts: &[(NodeId, madsim::task::NodeId, Arc<SimSsd>)],
     s: &Scenario,
-) -> Vec<String> {
-    let crashes = (s.faults.node_crashes as usize).min(s.cluster.replicas as usize - 1);
+) -> Vec<(u64, String)> {
+    let f = &s.faults;
     let mut victims: Vec<(NodeId, madsim::task::NodeId)> =
         hosts.iter().map(|(n, h, _)| (*n, *h)).collect();
     let mut out = Vec::new();
-    for i in 0..crashes {
-        let pick = if i == 0 && s.faults.crash_leader {
+    let first_half_us = || thread_rng().gen_range(0..(s.workload.duration_ms * 500).max(1));
+    let lasting = |longest_ms: u64| {
+        let longest_us = longest_ms * 1000;
+        thread_rng().gen_range(longest_us / 4..=longest_us).max(1)
+    };
+    for i in 0..f.node_crashes {
+        let pick = if i == 0 && f.crash_leader {
             0
         } else {
             thread_rng().gen_range(0..victims.len())
         };
         let (node, host) = victims.remove(pick);
-        let at_us = thread_rng().gen_range(0..(s.workload.duration_ms * 500).max(1));
+        let at_us = first_half_us();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_micros(at_us)).await;
             Handle::current().kill(host);
         });
-        out.push(format!("{at_us} us: node {node} crashes"));
+        out.push((at_us, format!("node {node} crashes")));
+    }
+    for _ in 0..f.node_pauses {
+        let (node, host) = victims.remove(thread_rng().gen_range(0..victims.len()));
+        let (at_us, for_us) = (first_half_us(), lasting(f.pause_ms));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_micros(at_us)).await;
+            Handle::current().pause(host);
+            tokio::time::sleep(Duration::from_micros(for_us)).await;
+            Handle::current().resume(host);
+        });
+        out.push((
+            at_us,
+            format!("node {node} pauses for {} ms", for_us as f64 / 1e3),
+        ));
+    }
+    for _ in 0..f.partitions {
+        use weir_transport_sim::fabric::Fault;
+        let (node, _) = victims.remove(thread_rng().gen_range(0..victims.len()));
+        let (at_us, for_us) = (first_half_us(), lasting(f.partition_ms));
+        let suffix = format!("->{node}");
+        for (link, _) in fabric
+            .links()
+            .into_iter()
+            .filter(|(_, n)| n.ends_with(&suffix))
+        {
+            fabric.inject(Duration::from_micros(at_us), Fault::LinkDown { link });
+            fabric.inject(
+                Duration::from_micros(at_us + for_us),
+                Fault::LinkUp { link },
+            );
+        }
+        out.push((
+            at_us,
+            format!("node {node} cut off for {} ms", for_us as f64 / 1e3),
+        ));
     }
     // Device stalls, never on the first node (the initial leader keeps the control
     // plane steady while data-path timeouts do their work).
@@ -303,9 +360,9 @@ fn schedule_crashes(
             tokio::time::sleep(hang).await;
             ssd.resume();
         });
-        out.push(format!(
-            "{at_us} us: the device of {node} hangs for {} ms",
-            s.faults.hang_ms
+        out.push((
+            at_us,
+            format!("the device of {node} hangs for {} ms", s.faults.hang_ms),
         ));
     }
     out
@@ -357,10 +414,16 @@ fn collect_telemetry(fabric: &Fabric) -> Telemetry {
     Telemetry { samples, counters }
 }
 
+/// Time the cluster has to come up before the workload and the faults start.
+const WARMUP: Duration = Duration::from_millis(30);
 /// Control-plane tick.
 const TICK: Duration = Duration::from_millis(10);
-/// A node silent this long is declared down.
-const LEASE: Duration = Duration::from_millis(150);
+/// Leases and failure detection: a node silent for 100 ms is declared down; its
+/// extents' new primaries serve once its 150 ms lease has run out.
+const TIMEOUTS: Timeouts = Timeouts {
+    lease_ns: 150_000_000,
+    detect_ns: 100_000_000,
+};
 
 /// Start every storage node (data path + control plane); returns the madsim node of
 /// each, for crash faults.
@@ -370,6 +433,7 @@ fn start_nodes(
     config: ReplicationConfig,
     s: &Scenario,
     events: &EventLog,
+    audit: &AuditLog,
 ) -> Vec<(NodeId, madsim::task::NodeId, Arc<SimSsd>)> {
     let voters = map.nodes().to_vec();
     let mut bootstrap: Vec<Command> = voters
@@ -391,17 +455,12 @@ fn start_nodes(
         let ssd = Arc::new(SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config"));
         let device = ssd.clone();
         let pool = BufPool::new(NODE_POOL_BYTES);
-        let plane = ControlPlane::new(
-            id,
-            &voters,
-            bootstrap.clone(),
-            LEASE.as_nanos() as u64,
-            thread_rng().gen(),
-        )
-        .expect("valid raft group");
+        let plane = ControlPlane::new(id, &voters, bootstrap.clone(), TIMEOUTS, thread_rng().gen())
+            .expect("valid raft group");
         let node = Node::new(transport, ssd, map.clone(), config, pool)
             .expect("node fits")
-            .with_control(plane, TICK, events.clone());
+            .with_control(plane, TICK, events.clone())
+            .with_audit(audit.clone());
         let host = Handle::current()
             .create_node()
             .name(format!("node-{}", id.0))

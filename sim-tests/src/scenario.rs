@@ -47,6 +47,17 @@ pub struct FaultSpec {
     pub device_hangs: u32,
     /// How long a device hangs, milliseconds.
     pub hang_ms: u64,
+    /// Storage nodes that stall (a GC-like pause: no task runs, messages queue) at a
+    /// random time in the first half of the run, each for 25%..100% of `pause_ms`.
+    pub node_pauses: u32,
+    /// Longest pause, milliseconds.
+    pub pause_ms: u64,
+    /// Storage nodes cut off from the network (every link of the node down) at a
+    /// random time in the first half of the run, each for 25%..100% of
+    /// `partition_ms`. Reliable transports deliver what was sent when it heals.
+    pub partitions: u32,
+    /// Longest partition, milliseconds.
+    pub partition_ms: u64,
 }
 
 impl Default for FaultSpec {
@@ -60,6 +71,10 @@ impl Default for FaultSpec {
             crash_leader: false,
             device_hangs: 0,
             hang_ms: 200,
+            node_pauses: 0,
+            pause_ms: 300,
+            partitions: 0,
+            partition_ms: 300,
         }
     }
 }
@@ -180,6 +195,10 @@ impl Default for FabricSpec {
 pub struct BugSpec {
     /// Primaries skip forwarding writes to the last replica of each extent.
     pub skip_last_replica: bool,
+    /// Primaries acknowledge once all but the slowest in-sync replica persisted.
+    pub ack_before_slowest: bool,
+    /// A new primary serves without waiting for the old primary's lease.
+    pub serve_before_lease: bool,
 }
 
 /// A scenario that cannot run.
@@ -243,8 +262,18 @@ impl Scenario {
         s.workload.read_percent = [30, 50, 70][pick(5, 3) as usize];
         s.workload.block_size = [4096, 16384][pick(6, 2) as usize];
         s.workload.duration_ms = 300;
-        s.faults.node_crashes = u32::from(pick(7, 3) != 0);
+        // Up to two node faults (crash, pause, partition) on distinct nodes: with 3
+        // replicas an extent always keeps one in-sync copy.
+        for slot in 0..pick(7, 3) {
+            match pick(13 + slot, 3) {
+                0 if s.faults.node_crashes == 0 => s.faults.node_crashes = 1,
+                1 => s.faults.node_pauses += 1,
+                _ => s.faults.partitions += 1,
+            }
+        }
         s.faults.crash_leader = pick(8, 3) == 0;
+        s.faults.pause_ms = [120, 300][pick(16, 2) as usize];
+        s.faults.partition_ms = [120, 300][pick(17, 2) as usize];
         if pick(9, 2) == 0 {
             s.faults.link_loss = [0.0005, 0.002][pick(10, 2) as usize];
             s.faults.link_corrupt = 0.0005;
@@ -346,6 +375,25 @@ impl Scenario {
         }
         if f.buffer_mib == 0 || f.buffer_mib > 1024 {
             return bad("fabric.buffer_mib", "must be between 1 and 1024");
+        }
+        // The promise holds while fewer than `replicas` copies fail: each node fault
+        // takes a different node.
+        let node_faults =
+            u64::from(x.node_crashes) + u64::from(x.node_pauses) + u64::from(x.partitions);
+        if node_faults >= u64::from(c.replicas) {
+            return bad(
+                "faults.node_crashes/node_pauses/partitions",
+                "together must be fewer than cluster.replicas",
+            );
+        }
+        if (x.node_pauses > 0 && x.pause_ms == 0) || (x.partitions > 0 && x.partition_ms == 0) {
+            return bad("faults.pause_ms/partition_ms", "must be > 0 when used");
+        }
+        if x.pause_ms > 10_000 || x.partition_ms > 10_000 || x.hang_ms > 10_000 {
+            return bad(
+                "faults.pause_ms/partition_ms/hang_ms",
+                "must be at most 10000",
+            );
         }
         Ok(())
     }

@@ -1,12 +1,33 @@
 //! The control plane of one node, sans-IO: its Raft member, the leader's failure
 //! detector and the bootstrap of the cluster map.
 //!
-//! - Every node heartbeats the Raft leader once per tick.
-//! - The leader marks a node down when it has not heard from it for the lease
+//! - Every node heartbeats the Raft leader once per tick, stamped with its cluster
+//!   clock; the leader's answer grants it a lease (below).
+//! - The leader marks a node down when it has not heard from it for the detection
 //!   timeout (proposing `NodeDown`, which fails its extents over), and up again when
 //!   it hears from it (`NodeUp`: its replicas start rebuilding). A new leader first
-//!   waits a whole lease timeout, so it never declares down a node it simply has not
-//!   had time to hear from.
+//!   waits a whole detection timeout, so it never declares down a node it simply has
+//!   not had time to hear from.
+//!
+//! Leases (DESIGN.md section 4.1: a primary serves only while it holds one, a new
+//! primary only after the old one's has run out):
+//! - The leader's own lease runs `lease_ns` past the send time of the latest
+//!   heartbeat by which a majority of voters (itself included) still followed it.
+//!   A rival leader needs a majority's votes, and one of those voters heartbeated
+//!   this leader before voting for the rival, so this lease ends before the rival's
+//!   reign is `lease_ns` old.
+//! - A node's lease runs `lease_ns` past the send time of a heartbeat the leader
+//!   answered, but never past the answering leader's own lease. Send times, not
+//!   arrival times: a node stalled with heartbeats queued gains nothing from them.
+//! - Only a node whose map is current gets a lease: its heartbeat says which log
+//!   entry it applied last, and the leader answers only if that is the last entry
+//!   of its own log (the leader renews its own lease under the same rule). So a node
+//!   that was cut off and comes back never serves from its old map: by the time it
+//!   holds a lease again it has applied whatever moved its extents away. Any later
+//!   move is proposed after this heartbeat arrived, and waits out this lease.
+//! - `NodeDown` records when the silent node's lease surely ended: `lease_ns` after
+//!   the later of its last heartbeat's arrival and the start of this leader's reign.
+//!   Its extents' new primaries serve only after that (`serve_after_ns`).
 //! - The first leader of an empty log proposes the bootstrap commands (members and
 //!   the volume), which reproduce exactly the static map every node starts with.
 //!
@@ -42,23 +63,39 @@ pub struct ControlPlane {
     raft: MapRaft,
     bootstrap: Vec<Command>,
     bootstrap_term: Option<u64>,
-    lease_ns: u64,
+    timeouts: Timeouts,
+    voters: Vec<NodeId>,
     /// Leader only: when each node was last heard from.
     last_seen: BTreeMap<NodeId, u64>,
+    /// Leader only: send time of each voter's latest heartbeat.
+    voter_sent: BTreeMap<NodeId, u64>,
+    /// This node's lease (cluster clock, ns): it may serve as a primary until then.
+    lease_until_ns: u64,
     leader_since_ns: Option<u64>,
     /// Proposals in flight, so the detector does not repeat them every tick.
     proposed: BTreeSet<(NodeId, bool)>,
     actions: VecDeque<PlaneAction>,
 }
 
+/// The control plane's timeouts, ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// How long a lease lasts past the heartbeat that earned it.
+    pub lease_ns: u64,
+    /// How long a node may be silent before the leader declares it down. Shorter
+    /// than the lease: the down node leaves every in-sync set at once (writes stop
+    /// waiting for it), while its extents' new primaries wait for its lease.
+    pub detect_ns: u64,
+}
+
 impl ControlPlane {
     /// The control plane of `me` in a group of `voters`; `bootstrap` are the commands
-    /// that build the initial map; `lease_ns` is the failure-detection timeout.
+    /// that build the initial map.
     pub fn new(
         me: NodeId,
         voters: &[NodeId],
         bootstrap: Vec<Command>,
-        lease_ns: u64,
+        timeouts: Timeouts,
         seed: u64,
     ) -> Result<Self, RaftError> {
         let mut raft = MapRaft::new(me, voters, seed)?;
@@ -72,8 +109,11 @@ impl ControlPlane {
             raft,
             bootstrap,
             bootstrap_term: None,
-            lease_ns,
+            timeouts,
+            voters: voters.to_vec(),
             last_seen: BTreeMap::new(),
+            voter_sent: BTreeMap::new(),
+            lease_until_ns: 0,
             leader_since_ns: None,
             proposed: BTreeSet::new(),
             actions: VecDeque::new(),
@@ -88,6 +128,11 @@ impl ControlPlane {
     /// The Raft leader this node knows of.
     pub fn leader(&self) -> Option<NodeId> {
         self.raft.leader()
+    }
+
+    /// End of this node's lease (cluster clock, ns); 0 if it never held one.
+    pub fn lease_until_ns(&self) -> u64 {
+        self.lease_until_ns
     }
 
     /// The next thing the driver must do.
@@ -147,10 +192,68 @@ impl ControlPlane {
         }
     }
 
-    /// A heartbeat from `from` arrived at `now_ns`.
-    pub fn handle_heartbeat(&mut self, from: NodeId, now_ns: u64) {
-        if self.raft.is_leader() {
-            self.last_seen.insert(from, now_ns);
+    /// A heartbeat `from` a member, sent at `sent_ns` when it had applied log entry
+    /// `applied`, arrived at `now_ns`. The leader notes it and, while it holds its
+    /// own lease, grants one back if the member's map is current.
+    pub fn handle_heartbeat(&mut self, from: NodeId, sent_ns: u64, applied: u64, now_ns: u64) {
+        if !self.raft.is_leader() || !self.state().nodes.contains_key(&from) {
+            return;
+        }
+        self.last_seen.insert(from, now_ns);
+        if self.voters.contains(&from) {
+            // A stamp from the future (a skewed or hostile clock) counts as now.
+            let sent = sent_ns.min(now_ns);
+            let e = self.voter_sent.entry(from).or_default();
+            *e = (*e).max(sent);
+        }
+        let mine = self.leader_lease(now_ns);
+        self.lease_until_ns = self.lease_until_ns.max(mine);
+        if mine > now_ns && applied >= self.raft.last_index() {
+            let lease_until_ns = mine.min(sent_ns.saturating_add(self.timeouts.lease_ns));
+            self.actions.push_back(PlaneAction::Send {
+                to: from,
+                msg: Message::HeartbeatAck {
+                    sent_ns,
+                    lease_until_ns,
+                },
+            });
+        }
+    }
+
+    /// The leader answered this node's heartbeat of `sent_ns` with a lease.
+    pub fn handle_heartbeat_ack(&mut self, from: NodeId, sent_ns: u64, lease_until_ns: u64) {
+        if !self.voters.contains(&from) {
+            tracing::warn!(%from, "lease from a node that cannot lead; ignored");
+            return;
+        }
+        // Never longer than a lease from the heartbeat's own send time.
+        let until = lease_until_ns.min(sent_ns.saturating_add(self.timeouts.lease_ns));
+        self.lease_until_ns = self.lease_until_ns.max(until);
+    }
+
+    /// The leader's own lease at `now_ns`: `lease_ns` past the send time of the
+    /// latest heartbeat by which a majority of voters followed it; 0 if none, or if
+    /// its own map lags its log.
+    fn leader_lease(&self, now_ns: u64) -> u64 {
+        if !self.raft.is_leader() || self.raft.applied_index() < self.raft.last_index() {
+            return 0;
+        }
+        let mut sent: Vec<u64> = self
+            .voters
+            .iter()
+            .map(|v| {
+                if *v == self.me {
+                    now_ns
+                } else {
+                    self.voter_sent.get(v).copied().unwrap_or(0)
+                }
+            })
+            .collect();
+        sent.sort_unstable_by(|a, b| b.cmp(a));
+        let quorum = self.voters.len() / 2 + 1;
+        match sent.get(quorum - 1) {
+            Some(&t) if t > 0 => t + self.timeouts.lease_ns,
+            _ => 0,
         }
     }
 
@@ -161,7 +264,10 @@ impl ControlPlane {
         match self.raft.leader() {
             Some(leader) if leader != self.me => self.actions.push_back(PlaneAction::Send {
                 to: leader,
-                msg: Message::Heartbeat,
+                msg: Message::Heartbeat {
+                    sent_ns: now_ns,
+                    applied: self.raft.applied_index(),
+                },
             }),
             _ => {}
         }
@@ -173,7 +279,10 @@ impl ControlPlane {
         if self.leader_since_ns.is_none() {
             // A new reign: what an earlier reign heard says nothing about now.
             self.last_seen.clear();
+            self.voter_sent.clear();
         }
+        let mine = self.leader_lease(now_ns);
+        self.lease_until_ns = self.lease_until_ns.max(mine);
         let since = *self.leader_since_ns.get_or_insert(now_ns);
         // Until the volume exists, each new leader proposes the whole bootstrap again
         // (a previous leader may have died half-way; repeats are refused harmlessly).
@@ -202,13 +311,14 @@ impl ControlPlane {
                 .copied()
                 .unwrap_or(0)
                 .max(leader_since_ns);
-            let silent = now_ns.saturating_sub(last) > self.lease_ns;
+            let silent = now_ns.saturating_sub(last) > self.timeouts.detect_ns;
             let cmd = match status {
                 NodeStatus::Up if silent => Command::NodeDown {
                     node,
-                    // Its last heartbeat came at `last`; whatever lease it held has
-                    // run out a lease later.
-                    lease_expires_ns: last + self.lease_ns,
+                    // Its last heartbeat came at `last` (or it followed an earlier
+                    // leader, whose own lease ran out a lease after this reign began):
+                    // whatever lease it held has run out a lease later.
+                    lease_expires_ns: last + self.timeouts.lease_ns,
                 },
                 NodeStatus::Down if !silent && self.last_seen.contains_key(&node) => {
                     Command::NodeUp { node }
@@ -310,7 +420,17 @@ mod tests {
             .map(|&id| {
                 (
                     id,
-                    ControlPlane::new(id, &ids, boot.clone(), 150, 5 + u64::from(id.0)).unwrap(),
+                    ControlPlane::new(
+                        id,
+                        &ids,
+                        boot.clone(),
+                        Timeouts {
+                            lease_ns: 150,
+                            detect_ns: 100,
+                        },
+                        5 + u64::from(id.0),
+                    )
+                    .unwrap(),
                 )
             })
             .collect()
@@ -324,10 +444,23 @@ mod tests {
         dead: &[NodeId],
         events: &mut Vec<String>,
     ) {
+        run_cut(p, from, ticks, dead, &[], events)
+    }
+
+    /// [`run`], where `cut` nodes still tick (cut off from the network, not stopped).
+    fn run_cut(
+        p: &mut BTreeMap<NodeId, ControlPlane>,
+        from: u64,
+        ticks: u64,
+        dead: &[NodeId],
+        cut: &[NodeId],
+        events: &mut Vec<String>,
+    ) {
+        let dead: Vec<NodeId> = dead.iter().chain(cut).copied().collect();
         for t in from..from + ticks {
             let now = t * 10;
             for (id, plane) in p.iter_mut() {
-                if !dead.contains(id) {
+                if !dead.contains(id) || cut.contains(id) {
                     plane.tick(now);
                 }
             }
@@ -352,7 +485,13 @@ mod tests {
                     let plane = p.get_mut(&to).unwrap();
                     match msg {
                         Message::Raft { bytes } => plane.handle_raft(from, &bytes),
-                        Message::Heartbeat => plane.handle_heartbeat(from, now),
+                        Message::Heartbeat { sent_ns, applied } => {
+                            plane.handle_heartbeat(from, sent_ns, applied, now)
+                        }
+                        Message::HeartbeatAck {
+                            sent_ns,
+                            lease_until_ns,
+                        } => plane.handle_heartbeat_ack(from, sent_ns, lease_until_ns),
                         other => panic!("unexpected {other:?}"),
                     }
                 }
@@ -387,6 +526,84 @@ mod tests {
         let s = p[&leader].state();
         assert_eq!(s.nodes[&victim], NodeStatus::Up);
         assert!(s.extents.values().all(|e| e.rebuilding.contains(&victim)));
+    }
+
+    #[test]
+    fn leases_of_a_cut_off_leader_and_node_end_before_their_extents_move() {
+        let mut p = planes();
+        let mut events = Vec::new();
+        run(&mut p, 0, 60, &[], &mut events);
+        let now = 590;
+        for (id, plane) in &p {
+            assert!(plane.lease_until_ns() > now, "{id} holds no lease");
+            assert!(plane.lease_until_ns() <= now + 150, "{id}: lease too long");
+        }
+        // Cut the leader off: it keeps ticking, believing it leads, but its lease
+        // stops growing; the rest elect a new leader that declares it down.
+        let old = p[&NodeId(1)].leader().unwrap();
+        let lease_held = p[&old].lease_until_ns();
+        let led: Vec<crate::ids::ExtentId> = p[&old]
+            .state()
+            .extents
+            .iter()
+            .filter(|(_, e)| e.primary == old)
+            .map(|(&id, _)| id)
+            .collect();
+        assert!(!led.is_empty());
+        run_cut(&mut p, 60, 80, &[], &[old], &mut events);
+        assert_eq!(
+            p[&old].lease_until_ns(),
+            lease_held,
+            "a cut-off leader renewed its lease"
+        );
+        let new = (1..=3).map(NodeId).find(|&n| n != old).unwrap();
+        let s = p[&new].state();
+        assert_eq!(s.nodes[&old], NodeStatus::Down, "events: {events:?}");
+        for ext in led.iter().map(|id| &s.extents[id]) {
+            assert_ne!(ext.primary, old);
+            assert!(
+                ext.serve_after_ns >= lease_held,
+                "new primary may serve at {} but the old lease runs to {lease_held}",
+                ext.serve_after_ns
+            );
+        }
+    }
+
+    #[test]
+    fn hostile_heartbeats_and_acks_grant_nothing_extra() {
+        let mut p = planes();
+        run(&mut p, 0, 60, &[], &mut Vec::new());
+        let leader = p[&NodeId(1)].leader().unwrap();
+        let other = (1..=3).map(NodeId).find(|&n| n != leader).unwrap();
+        let plane = p.get_mut(&other).unwrap();
+        let before = plane.lease_until_ns();
+        // An ack promising a lease longer than a lease past its heartbeat is cut.
+        plane.handle_heartbeat_ack(leader, 600, u64::MAX);
+        assert_eq!(plane.lease_until_ns(), before.max(750));
+        // A stranger's ack grants nothing.
+        plane.handle_heartbeat_ack(NodeId(77), 10_000, 10_100);
+        assert_eq!(plane.lease_until_ns(), before.max(750));
+        // A heartbeat stamped in the future counts as sent now at the leader.
+        let leader_plane = p.get_mut(&leader).unwrap();
+        leader_plane.handle_heartbeat(other, u64::MAX, u64::MAX, 600);
+        assert!(leader_plane.lease_until_ns() <= 750);
+        let acks = |plane: &mut ControlPlane| {
+            std::iter::from_fn(|| plane.poll_action())
+                .filter(|a| {
+                    matches!(
+                        a,
+                        PlaneAction::Send {
+                            msg: Message::HeartbeatAck { .. },
+                            ..
+                        }
+                    )
+                })
+                .count()
+        };
+        assert_eq!(acks(leader_plane), 1);
+        // A member whose map lags the leader's log gets no lease.
+        leader_plane.handle_heartbeat(other, 600, 0, 600);
+        assert_eq!(acks(leader_plane), 0, "a lease for a stale map");
     }
 
     #[test]

@@ -77,6 +77,8 @@ pub struct MapRaft {
     rng: SmallRng,
     last_role: (u64, StateRole),
     actions: VecDeque<RaftAction>,
+    /// Index of the last log entry applied (empty entries included).
+    applied_index: u64,
 }
 
 impl std::fmt::Debug for MapRaft {
@@ -114,6 +116,7 @@ impl MapRaft {
             state: ClusterState::default(),
             rng: SmallRng::seed_from_u64(seed),
             actions: VecDeque::new(),
+            applied_index: 0,
         };
         raft.jitter();
         Ok(raft)
@@ -133,6 +136,16 @@ impl MapRaft {
     /// True if this member leads.
     pub fn is_leader(&self) -> bool {
         self.node.raft.state == StateRole::Leader
+    }
+
+    /// Index of the last log entry this member applied.
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    /// Index of the last entry in this member's log (committed or not).
+    pub fn last_index(&self) -> u64 {
+        self.node.raft.raft_log.last_index()
     }
 
     /// The current term.
@@ -264,6 +277,7 @@ impl MapRaft {
 
     fn apply(&mut self, entries: Vec<Entry>) {
         for entry in entries {
+            self.applied_index = self.applied_index.max(entry.index);
             if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
                 continue; // The leader's empty entry of a new term.
             }

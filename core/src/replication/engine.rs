@@ -11,6 +11,16 @@
 //! only when every replica has reported the data on its device. Reads are served by
 //! the primary under a shared range lock, so a read never overtakes an earlier
 //! overlapping write. Flush fans out to every node holding a replica of the volume.
+//!
+//! A primary serves only while it holds a lease from the control plane (the driver
+//! passes it in with the clock, [`Replicator::set_clock`]) and, after a failover,
+//! only once the previous primary's lease has run out (`serve_after_ns` of the
+//! extent). Both are checked when a request is admitted and again when it starts
+//! (it may have queued behind others).
+//!
+//! With [`ReplicationConfig::audit`] on, the engine also reports what the simulator's
+//! invariant checkers need ([`Audit`]): when it may serve each extent, each write it
+//! acknowledged and each write its device completed.
 
 use super::range_lock::{Mode, RangeLock};
 use crate::error::WeirError;
@@ -84,6 +94,53 @@ pub enum Action {
         /// The command.
         command: crate::control::Command,
     },
+    /// A fact for the invariant checkers (only with [`ReplicationConfig::audit`]).
+    Audit(Audit),
+}
+
+/// What the engine did, for invariant checkers that see every node at once. Times
+/// are the cluster clock (ns).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Audit {
+    /// This node may serve `extent` at `epoch` as its primary from `from_ns` until
+    /// `until_ns` (its lease at that moment).
+    Claim {
+        /// The extent.
+        extent: ExtentId,
+        /// The map epoch it serves.
+        epoch: Epoch,
+        /// Start of the right to serve.
+        from_ns: u64,
+        /// End of the right to serve.
+        until_ns: u64,
+    },
+    /// This primary acknowledged `version` of `[lba, lba + blocks)` to the client at
+    /// `at_ns`, when the map's in-sync set of the extent was `in_sync`.
+    Acked {
+        /// The extent.
+        extent: ExtentId,
+        /// First block.
+        lba: Lba,
+        /// Blocks written.
+        blocks: u64,
+        /// The write's version.
+        version: Version,
+        /// When.
+        at_ns: u64,
+        /// Every replica that must hold it.
+        in_sync: Vec<NodeId>,
+    },
+    /// This node's device completed `version` of `[lba, lba + blocks)` at `at_ns`.
+    Persisted {
+        /// First block.
+        lba: Lba,
+        /// Blocks written.
+        blocks: u64,
+        /// The write's version.
+        version: Version,
+        /// When.
+        at_ns: u64,
+    },
 }
 
 /// A write a replica has not acknowledged for this long makes the primary ask the
@@ -97,6 +154,14 @@ pub struct ReplicationConfig {
     /// replica of each extent and counts it as acknowledged. The simulator's checkers
     /// must catch this; it exists to prove that they can fail.
     pub bug_skip_last_replica: bool,
+    /// TEST ONLY, a deliberate bug: the primary acknowledges a write as soon as all
+    /// but the slowest in-sync replica have persisted it.
+    pub bug_ack_before_slowest: bool,
+    /// TEST ONLY, a deliberate bug: a new primary serves at once after a failover,
+    /// without waiting for the old primary's lease to run out.
+    pub bug_serve_before_lease: bool,
+    /// Report [`Audit`] facts (the simulator's invariant checkers use them).
+    pub audit: bool,
 }
 
 /// A client operation this node coordinates.
@@ -109,6 +174,8 @@ enum Op {
         lba: Lba,
         data: Bytes,
         fua: bool,
+        /// Given when the write starts.
+        version: Version,
         /// Acks expected from the replicas and the local device; `None` until the
         /// write holds its range lock and has been sent out.
         acks: Option<Acks>,
@@ -206,7 +273,13 @@ enum IoPurpose {
     /// The primary's local write or read, or the coordinator's local flush.
     Op(OpId),
     /// A replica applying a primary's write.
-    ReplicaWrite { primary: NodeId, op: OpId },
+    ReplicaWrite {
+        primary: NodeId,
+        op: OpId,
+        lba: Lba,
+        blocks: u64,
+        version: Version,
+    },
     /// A replica flushing for a coordinator.
     ReplicaFlush { coordinator: NodeId, op: OpId },
     /// A scrub read answered straight to the client.
@@ -234,8 +307,10 @@ pub struct Replicator {
     next_op: u64,
     next_io: u64,
     actions: VecDeque<Action>,
-    /// The driver's clock as of the last tick, ns.
+    /// The cluster clock as of the last event, ns.
     now_ns: u64,
+    /// End of this node's lease from the control plane (cluster clock, ns).
+    lease_until_ns: u64,
     /// Drops asked for, and when: asked again after another replica timeout if the
     /// map has not changed (the request may have been lost with a leader).
     drops_asked: BTreeMap<(ExtentId, Epoch, NodeId), u64>,
@@ -256,7 +331,74 @@ impl Replicator {
             next_io: 0,
             actions: VecDeque::new(),
             now_ns: 0,
+            lease_until_ns: 0,
             drops_asked: BTreeMap::new(),
+        }
+    }
+
+    /// The cluster clock reads `now_ns` and this node's lease runs until
+    /// `lease_until_ns`. The driver calls this before every event.
+    pub fn set_clock(&mut self, now_ns: u64, lease_until_ns: u64) {
+        self.now_ns = self.now_ns.max(now_ns);
+        if lease_until_ns > self.lease_until_ns {
+            self.lease_until_ns = lease_until_ns;
+            self.claim_all();
+        }
+    }
+
+    /// The time until which this node may serve, as a primary, under its lease.
+    fn lease_end(&self) -> u64 {
+        self.lease_until_ns
+            .saturating_sub(crate::time::MAX_CLOCK_SKEW_NS)
+    }
+
+    /// The earliest time this node may serve `extent` as its primary.
+    fn serve_from(&self, extent: ExtentId) -> u64 {
+        if self.config.bug_serve_before_lease {
+            return 0;
+        }
+        self.map.extent(extent).serve_after_ns
+    }
+
+    /// May this node serve `extent` now? (It is the primary: checked before.)
+    fn may_serve(&self, extent: ExtentId) -> Result<(), WeirError> {
+        if self.now_ns < self.lease_end() && self.now_ns >= self.serve_from(extent) {
+            Ok(())
+        } else {
+            Err(WeirError::NoLease(self.me))
+        }
+    }
+
+    /// Report, for the checkers, every extent this node may now serve, and until when.
+    fn claim_all(&mut self) {
+        if !self.config.audit {
+            return;
+        }
+        let led: Vec<(ExtentId, Epoch)> = self
+            .map
+            .state()
+            .extents
+            .iter()
+            .filter(|(_, e)| e.primary == self.me && e.in_sync.contains(&self.me))
+            .map(|(&id, e)| (id, e.epoch))
+            .collect();
+        let until_ns = self.lease_end();
+        for (extent, epoch) in led {
+            let from_ns = self.now_ns.max(self.serve_from(extent));
+            if from_ns < until_ns {
+                self.actions.push_back(Action::Audit(Audit::Claim {
+                    extent,
+                    epoch,
+                    from_ns,
+                    until_ns,
+                }));
+            }
+        }
+    }
+
+    fn audit(&mut self, fact: Audit) {
+        if self.config.audit {
+            self.actions.push_back(Action::Audit(fact));
         }
     }
 
@@ -264,7 +406,7 @@ impl Replicator {
     /// unanswered for [`REPLICA_TIMEOUT_NS`] make this primary ask the control plane
     /// to drop that replica, after which the write is acknowledged without it.
     pub fn handle_tick(&mut self, now_ns: u64) {
-        self.now_ns = now_ns;
+        self.now_ns = self.now_ns.max(now_ns);
         let mut asks = Vec::new();
         for op in self.ops.values() {
             let Op::Write {
@@ -302,6 +444,11 @@ impl Replicator {
     /// This node's id.
     pub fn id(&self) -> NodeId {
         self.me
+    }
+
+    /// Report [`Audit`] facts from now on.
+    pub fn enable_audit(&mut self) {
+        self.config.audit = true;
     }
 
     /// The cluster map this engine runs under.
@@ -385,7 +532,10 @@ impl Replicator {
             | Message::MapState { .. } => {
                 tracing::warn!(%from, "client reply sent to a storage node; dropped");
             }
-            Message::Raft { .. } | Message::Heartbeat | Message::Propose { .. } => {
+            Message::Raft { .. }
+            | Message::Heartbeat { .. }
+            | Message::HeartbeatAck { .. }
+            | Message::Propose { .. } => {
                 tracing::warn!(%from, "control-plane message reached the data path; dropped");
             }
         }
@@ -399,8 +549,23 @@ impl Replicator {
             .unwrap_or_else(|| panic!("completion for unknown io {io:?}"));
         match purpose {
             IoPurpose::Op(op) => self.local_io_done(op, result),
-            IoPurpose::ReplicaWrite { primary, op } => {
+            IoPurpose::ReplicaWrite {
+                primary,
+                op,
+                lba,
+                blocks,
+                version,
+            } => {
                 let result = io_unit(result);
+                if result.is_ok() {
+                    let at_ns = self.now_ns;
+                    self.audit(Audit::Persisted {
+                        lba,
+                        blocks,
+                        version,
+                        at_ns,
+                    });
+                }
                 self.send(primary, Message::ReplicaWriteAck { op, result });
             }
             IoPurpose::ReplicaFlush { coordinator, op } => {
@@ -432,6 +597,7 @@ impl Replicator {
                 current: placement.epoch,
             });
         }
+        self.may_serve(extent)?;
         if self.ops.len() >= MAX_OPS_IN_FLIGHT {
             return Err(WeirError::Busy);
         }
@@ -467,13 +633,14 @@ impl Replicator {
                 lba,
                 data,
                 fua,
+                version: Version::default(),
                 acks: None,
                 started_ns: 0,
             },
         );
         let lock = &mut self.primary_state(extent).lock;
         if lock.acquire(op, lba, lba.offset(blocks), Mode::Exclusive) {
-            self.start(op);
+            self.run_ready(vec![op]);
         }
     }
 
@@ -503,7 +670,7 @@ impl Replicator {
         );
         let lock = &mut self.primary_state(extent).lock;
         if lock.acquire(op, lba, lba.offset(blocks), Mode::Shared) {
-            self.start(op);
+            self.run_ready(vec![op]);
         }
     }
 
@@ -564,8 +731,32 @@ impl Replicator {
         });
     }
 
-    /// `op` holds its range lock: issue its I/O.
-    fn start(&mut self, op: OpId) {
+    /// Start `ready` ops (they hold their range locks), and any that become ready
+    /// because one of them failed its lease check and let go of its lock.
+    fn run_ready(&mut self, ready: Vec<OpId>) {
+        let mut ready = VecDeque::from(ready);
+        while let Some(op) = ready.pop_front() {
+            ready.extend(self.start(op));
+        }
+    }
+
+    /// `op` holds its range lock: issue its I/O, unless the lease ran out while it
+    /// queued; then fail it and return the ops its lock release makes ready.
+    fn start(&mut self, op: OpId) -> Vec<OpId> {
+        let extent = match self.ops.get(&op) {
+            Some(Op::Write { extent, .. } | Op::Read { extent, .. }) => *extent,
+            Some(Op::Flush { .. }) => panic!("{op} cannot be started"),
+            None => return Vec::new(),
+        };
+        if let Err(e) = self.may_serve(extent) {
+            let Some(Op::Write { client, req, .. } | Op::Read { client, req, .. }) =
+                self.ops.remove(&op)
+            else {
+                unreachable!("matched above");
+            };
+            self.fail(client, req, e);
+            return self.release(extent, op);
+        }
         match self.ops.get(&op) {
             Some(Op::Write { .. }) => self.start_write(op),
             Some(Op::Read { lba, blocks, .. }) => {
@@ -576,9 +767,9 @@ impl Replicator {
                 let io = self.io(IoPurpose::Op(op));
                 self.actions.push_back(Action::Io { io, cmd });
             }
-            Some(Op::Flush { .. }) => panic!("{op} cannot be started"),
-            None => {}
+            _ => unreachable!("matched above"),
         }
+        Vec::new()
     }
 
     fn start_write(&mut self, op: OpId) {
@@ -604,6 +795,9 @@ impl Replicator {
             .expect("locked extent has state");
         let version = state.last_version.next();
         state.last_version = version;
+        if let Some(Op::Write { version: v, .. }) = self.ops.get_mut(&op) {
+            *v = version;
+        }
         let placement = self.map.extent(extent).clone();
         // Every in-sync and rebuilding replica gets the write; the client's ack
         // waits for the in-sync ones only (rebuilding replicas are not counted on).
@@ -663,7 +857,21 @@ impl Replicator {
 
     fn local_io_done(&mut self, op: OpId, result: IoResult) {
         match self.ops.get(&op) {
-            Some(Op::Write { .. }) => self.write_acked(self.me, op, io_unit(result)),
+            Some(Op::Write {
+                lba, data, version, ..
+            }) => {
+                let result = io_unit(result);
+                if result.is_ok() {
+                    let fact = Audit::Persisted {
+                        lba: *lba,
+                        blocks: (data.len() / self.map.volume().block_size as usize) as u64,
+                        version: *version,
+                        at_ns: self.now_ns,
+                    };
+                    self.audit(fact);
+                }
+                self.write_acked(self.me, op, result)
+            }
             Some(Op::Flush { .. }) => self.flush_acked(self.me, op, io_unit(result)),
             Some(Op::Read { .. }) => {
                 let Some(Op::Read {
@@ -693,7 +901,12 @@ impl Replicator {
             return;
         };
         if let Some(outcome) = acks.count(from, op, result) {
-            self.finish_write(op, outcome);
+            return self.finish_write(op, outcome);
+        }
+        if self.config.bug_ack_before_slowest && acks.waiting.len() == 1 && acks.error.is_none() {
+            if let Some(outcome) = acks.retain(|_| false) {
+                self.finish_write(op, outcome);
+            }
         }
     }
 
@@ -703,11 +916,26 @@ impl Replicator {
             client,
             req,
             extent,
+            lba,
+            data,
+            version,
             ..
         }) = self.ops.remove(&op)
         else {
             unreachable!("matched a write above");
         };
+        if outcome.is_ok() {
+            let placement = self.map.extent(extent);
+            let fact = Audit::Acked {
+                extent,
+                lba,
+                blocks: (data.len() / self.map.volume().block_size as usize) as u64,
+                version,
+                at_ns: self.now_ns,
+                in_sync: placement.in_sync.iter().copied().collect(),
+            };
+            self.audit(fact);
+        }
         self.reply(client, req, outcome.map(|()| Message::WriteOk { req }));
         self.unlock(extent, op);
     }
@@ -756,6 +984,7 @@ impl Replicator {
     /// write held up by a silent replica may be acknowledged.
     pub fn handle_map(&mut self, map: ClusterMap) {
         self.map = map;
+        self.claim_all();
         // A flush waits only for nodes still up.
         let up = self.map.state().up_nodes();
         let flushes: Vec<OpId> = self
@@ -826,6 +1055,12 @@ impl Replicator {
     }
 
     fn unlock(&mut self, extent: ExtentId, op: OpId) {
+        let ready = self.release(extent, op);
+        self.run_ready(ready);
+    }
+
+    /// Release `op`'s range lock; returns the ops that now hold theirs.
+    fn release(&mut self, extent: ExtentId, op: OpId) -> Vec<OpId> {
         let state = self
             .primary
             .get_mut(&extent)
@@ -835,9 +1070,7 @@ impl Replicator {
             state.lock.self_check();
             true
         });
-        for next in ready {
-            self.start(next);
-        }
+        ready
     }
 
     // ---- replica side --------------------------------------------------------------
@@ -859,7 +1092,14 @@ impl Replicator {
         if let Err(e) = result {
             return self.send(primary, Message::ReplicaWriteAck { op, result: Err(e) });
         }
-        let io = self.io(IoPurpose::ReplicaWrite { primary, op });
+        let blocks = (data.len() / self.map.volume().block_size as usize) as u64;
+        let io = self.io(IoPurpose::ReplicaWrite {
+            primary,
+            op,
+            lba,
+            blocks,
+            version,
+        });
         self.actions.push_back(Action::Io {
             io,
             cmd: IoCmd::Write { lba, data, fua },

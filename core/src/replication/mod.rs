@@ -7,4 +7,4 @@
 pub mod engine;
 pub mod range_lock;
 
-pub use engine::{Action, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};
+pub use engine::{Action, Audit, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};

@@ -22,6 +22,7 @@ fn weir_error() -> impl Strategy<Value = WeirError> {
         }),
         any::<u64>().prop_map(|l| WeirError::Device(DevError::Media(Lba(l)))),
         Just(WeirError::Busy),
+        any::<u32>().prop_map(|n| WeirError::NoLease(NodeId(n))),
     ]
 }
 
@@ -89,6 +90,28 @@ fn message() -> impl Strategy<Value = Message> {
             result: e.map_or(Ok(()), Err)
         }),
         id.prop_map(|o| Message::ReplicaFlush { op: OpId(o) }),
+        control_message(),
+    ]
+}
+
+/// The control-plane messages.
+fn control_message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        data().prop_map(|bytes| Message::Raft { bytes }),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(sent_ns, applied)| Message::Heartbeat { sent_ns, applied }),
+        (any::<u64>(), any::<u64>()).prop_map(|(sent_ns, lease_until_ns)| {
+            Message::HeartbeatAck {
+                sent_ns,
+                lease_until_ns,
+            }
+        }),
+        any::<u64>().prop_map(|r| Message::GetMap { req: RequestId(r) }),
+        (any::<u64>(), data()).prop_map(|(r, state)| Message::MapState {
+            req: RequestId(r),
+            state
+        }),
+        data().prop_map(|command| Message::Propose { command }),
     ]
 }
 

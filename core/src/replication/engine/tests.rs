@@ -21,6 +21,8 @@ struct Cluster {
     applied: Vec<(NodeId, Lba, Version)>,
     /// Control-plane requests made, as (node, command).
     controls: Vec<(NodeId, crate::control::Command)>,
+    /// Audit facts reported (only with `config.audit`).
+    audits: Vec<(NodeId, Audit)>,
 }
 
 fn cluster(config: ReplicationConfig) -> Cluster {
@@ -36,7 +38,13 @@ fn cluster(config: ReplicationConfig) -> Cluster {
     Cluster {
         engines: nodes
             .iter()
-            .map(|&n| (n, Replicator::new(n, map.clone(), config)))
+            .map(|&n| {
+                let mut engine = Replicator::new(n, map.clone(), config);
+                // Every node holds a lease for the whole test unless a test says
+                // otherwise.
+                engine.set_clock(0, u64::MAX);
+                (n, engine)
+            })
             .collect(),
         disks: nodes.iter().map(|&n| (n, BTreeMap::new())).collect(),
         ios: Vec::new(),
@@ -44,6 +52,7 @@ fn cluster(config: ReplicationConfig) -> Cluster {
         replies: Vec::new(),
         applied: Vec::new(),
         controls: Vec::new(),
+        audits: Vec::new(),
     }
 }
 
@@ -59,6 +68,7 @@ impl Cluster {
                     Action::Send { to, msg } => self.net.push_back((n, to, msg)),
                     Action::Io { io, cmd } => self.ios.push((n, io, cmd)),
                     Action::Control { command } => self.controls.push((n, command)),
+                    Action::Audit(fact) => self.audits.push((n, fact)),
                 }
             }
         }
@@ -341,7 +351,7 @@ fn a_replica_rejects_an_older_version_over_a_newer_one() {
     let acks: Vec<_> = std::iter::from_fn(|| n2.poll_action())
         .filter_map(|a| match a {
             Action::Send { msg, .. } => Some(msg),
-            Action::Io { .. } | Action::Control { .. } => None,
+            Action::Io { .. } | Action::Control { .. } | Action::Audit(_) => None,
         })
         .collect();
     assert_eq!(
@@ -357,6 +367,7 @@ fn a_replica_rejects_an_older_version_over_a_newer_one() {
 fn the_skip_replica_bug_switch_really_skips() {
     let mut c = cluster(ReplicationConfig {
         bug_skip_last_replica: true,
+        ..ReplicationConfig::default()
     });
     c.client_sends(NodeId(1), write(1, 0, block(4, 1)));
     c.settle();
@@ -572,4 +583,152 @@ fn a_flush_stops_waiting_for_a_node_that_went_down() {
     );
     c.deliver();
     assert_eq!(c.replies, vec![Message::FlushOk { req: RequestId(1) }]);
+}
+
+fn failed_with(c: &Cluster, req: u64) -> Option<WeirError> {
+    c.replies.iter().find_map(|m| match m {
+        Message::Failed { req: r, error } if *r == RequestId(req) => Some(error.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_primary_serves_only_under_its_lease() {
+    let mut c = cluster(ReplicationConfig::default());
+    let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
+    *n1 = Replicator::new(NodeId(1), n1.map().clone(), ReplicationConfig::default());
+    // No lease yet: refused with a retryable error.
+    c.client_sends(NodeId(1), read(1, 0, 1));
+    c.settle();
+    assert_eq!(failed_with(&c, 1), Some(WeirError::NoLease(NodeId(1))));
+    // A lease until t = 100 ms: served at 10 ms.
+    let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
+    n1.set_clock(10_000_000, 100_000_000);
+    c.client_sends(NodeId(1), write(2, 0, block(7, 1)));
+    c.deliver();
+    // A read queues behind the write; the lease runs out before the write is done,
+    // so the read fails when it would have started.
+    c.client_sends(NodeId(1), read(3, 0, 1));
+    c.deliver();
+    let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
+    n1.set_clock(100_000_000, 100_000_000);
+    c.settle();
+    assert_eq!(c.replies[1], Message::WriteOk { req: RequestId(2) });
+    assert_eq!(failed_with(&c, 3), Some(WeirError::NoLease(NodeId(1))));
+    // Within the skew margin of the lease's end it no longer serves either.
+    let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
+    n1.set_clock(0, 100_000_000 + crate::time::MAX_CLOCK_SKEW_NS);
+    c.client_sends(NodeId(1), read(4, 0, 1));
+    c.settle();
+    assert_eq!(failed_with(&c, 4), Some(WeirError::NoLease(NodeId(1))));
+}
+
+/// n1 fails; n2 takes over at epoch 2 but may serve only after `serve_after`.
+fn fail_over_to_n2(config: ReplicationConfig, serve_after: u64) -> Cluster {
+    use crate::control::Command;
+    let mut c = cluster(config);
+    for e in c.engines.values_mut() {
+        e.set_clock(1_000, u64::MAX);
+    }
+    publish(
+        &mut c,
+        Command::NodeDown {
+            node: NodeId(1),
+            lease_expires_ns: serve_after,
+        },
+    );
+    c.client_sends(NodeId(2), write_at_epoch(1, 0, block(1, 1), 2));
+    c.settle();
+    c
+}
+
+#[test]
+fn a_new_primary_waits_for_the_old_lease_and_the_bug_switch_does_not() {
+    let mut c = fail_over_to_n2(ReplicationConfig::default(), 50_000);
+    assert_eq!(failed_with(&c, 1), Some(WeirError::NoLease(NodeId(2))));
+    c.engines
+        .get_mut(&NodeId(2))
+        .unwrap()
+        .set_clock(50_000, u64::MAX);
+    c.client_sends(NodeId(2), write_at_epoch(2, 0, block(2, 1), 2));
+    c.settle();
+    assert_eq!(
+        c.replies.last(),
+        Some(&Message::WriteOk { req: RequestId(2) })
+    );
+    let buggy = ReplicationConfig {
+        bug_serve_before_lease: true,
+        ..ReplicationConfig::default()
+    };
+    let c = fail_over_to_n2(buggy, 50_000);
+    assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(1) }]);
+}
+
+#[test]
+fn audit_facts_show_claims_acks_and_persistence() {
+    let audited = ReplicationConfig {
+        audit: true,
+        ..ReplicationConfig::default()
+    };
+    let mut c = fail_over_to_n2(audited, 50_000);
+    // n2 claims extent 0 (and the others it now leads) from the old lease's end.
+    let claim = c.audits.iter().find_map(|(n, a)| match a {
+        Audit::Claim {
+            extent: ExtentId(0),
+            epoch,
+            from_ns,
+            ..
+        } if *n == NodeId(2) => Some((*epoch, *from_ns)),
+        _ => None,
+    });
+    assert_eq!(claim, Some((Epoch(2), 50_000)));
+    c.engines
+        .get_mut(&NodeId(2))
+        .unwrap()
+        .set_clock(60_000, u64::MAX);
+    c.client_sends(NodeId(2), write_at_epoch(2, 3, block(2, 1), 2));
+    c.settle();
+    let acked: Vec<_> = c
+        .audits
+        .iter()
+        .filter_map(|(n, a)| match a {
+            Audit::Acked {
+                lba,
+                in_sync,
+                version,
+                ..
+            } => Some((*n, *lba, in_sync.clone(), *version)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acked.len(), 1);
+    let (primary, lba, in_sync, version) = acked[0].clone();
+    assert_eq!((primary, lba), (NodeId(2), Lba(3)));
+    assert_eq!(in_sync, vec![NodeId(2), NodeId(3)]);
+    for node in in_sync {
+        assert!(
+            c.audits.iter().any(|(n, a)| *n == node
+                && matches!(a, Audit::Persisted { lba: l, version: v, .. } if *l == lba && *v == version)),
+            "{node} reported no persistence"
+        );
+    }
+}
+
+#[test]
+fn the_ack_before_slowest_bug_switch_acks_early() {
+    let mut c = cluster(ReplicationConfig {
+        bug_ack_before_slowest: true,
+        ..ReplicationConfig::default()
+    });
+    c.client_sends(NodeId(1), write(1, 0, block(3, 1)));
+    c.deliver();
+    c.complete_one(NodeId(1));
+    c.complete_one(NodeId(2));
+    c.deliver();
+    assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(1) }]);
+    assert_eq!(c.disk_block(NodeId(3), 0), None, "n3 has not persisted it");
+    // Its late ack is taken without harm.
+    c.settle();
+    assert_eq!(c.disk_block(NodeId(3), 0), Some(3));
+    assert_eq!(c.replies.len(), 1);
 }
