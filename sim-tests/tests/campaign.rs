@@ -1,7 +1,9 @@
 //! The fault campaign: 100 seeds, each with its own mix of node crashes (sometimes
-//! the Raft leader), link loss, corruption and flaps, on RoCE or TCP; every history
-//! must pass every checker with no client error. A failing seed prints its report,
-//! which ends with the command that replays it.
+//! the Raft leader), node pauses, nodes cut off from the network, link loss,
+//! corruption and flaps, on RoCE or TCP; every history must pass every checker
+//! (linearizability, no lost write, leases, acked-means-persisted) with no client
+//! error. A failing seed prints its report, which ends with the command that
+//! replays it.
 #![cfg(madsim)]
 
 use weir_sim::runner::run;
@@ -13,10 +15,11 @@ const SEEDS_PER_PART: u64 = 25;
 
 fn campaign(part: u64) {
     let mut failed = Vec::new();
-    let mut crashes = 0;
+    let (mut crashes, mut stalls) = (0, 0);
     for seed in part * SEEDS_PER_PART + 1..=(part + 1) * SEEDS_PER_PART {
         let s = Scenario::campaign(seed);
         crashes += s.faults.node_crashes;
+        stalls += s.faults.node_pauses + s.faults.partitions;
         let outcome = run(seed, &s, "campaign");
         let r = &outcome.report;
         if !r.passed() {
@@ -32,6 +35,7 @@ fn campaign(part: u64) {
         }
     }
     assert!(crashes > 0, "no seed of this part crashed a node");
+    assert!(stalls > 0, "no seed of this part paused or cut off a node");
     assert!(
         failed.is_empty(),
         "{} failing seeds:\n{}",

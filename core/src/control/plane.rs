@@ -295,8 +295,32 @@ impl ControlPlane {
         self.detect(now_ns, since);
     }
 
-    /// The leader's failure detector.
+    /// The leader's failure detector. It judges only while a majority of voters
+    /// (itself included) heard from it within the detection timeout: a leader cut
+    /// off from the rest would otherwise declare them all down, and those stale
+    /// proposals would commit once the cut heals. A leader the map calls down (such
+    /// a proposal from an earlier reign) declares itself up again.
     fn detect(&mut self, now_ns: u64, leader_since_ns: u64) {
+        if self.state().nodes.get(&self.me) == Some(&NodeStatus::Down)
+            && self.proposed.insert((self.me, false))
+        {
+            self.propose(&Command::NodeUp { node: self.me });
+        }
+        let fresh = self
+            .voters
+            .iter()
+            .filter(|&&v| {
+                v == self.me
+                    || self
+                        .last_seen
+                        .get(&v)
+                        .is_some_and(|&t| now_ns.saturating_sub(t) <= self.timeouts.detect_ns)
+            })
+            .count();
+        if fresh < self.voters.len() / 2 + 1 {
+            tracing::debug!(fresh, "too few voters heard from to judge anyone");
+            return;
+        }
         let nodes: Vec<(NodeId, NodeStatus)> = self
             .state()
             .nodes
@@ -565,6 +589,17 @@ mod tests {
                 ext.serve_after_ns >= lease_held,
                 "new primary may serve at {} but the old lease runs to {lease_held}",
                 ext.serve_after_ns
+            );
+        }
+        // The cut heals: the old leader's view of the others (silent to it) never
+        // made it into the map, and it comes back up.
+        run(&mut p, 140, 40, &[], &mut events);
+        for plane in p.values() {
+            let s = plane.state();
+            assert!(
+                s.nodes.values().all(|st| *st == NodeStatus::Up),
+                "{:?}, events: {events:?}",
+                s.nodes
             );
         }
     }
