@@ -66,6 +66,15 @@ impl Version {
     pub fn next(self) -> Version {
         Version(self.0 + 1)
     }
+
+    /// The floor of the versions a primary gives out in `epoch`: the epoch in the
+    /// high 32 bits. A primary that takes over an extent in a newer epoch numbers its
+    /// writes above every version an earlier primary gave out (even one that reached
+    /// only some replicas before it failed), so no replica ever refuses them as a
+    /// regression.
+    pub fn epoch_floor(epoch: Epoch) -> Version {
+        Version(epoch.0 << 32)
+    }
 }
 
 impl Epoch {

@@ -230,13 +230,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         }
                         Err(e) => tracing::debug!(error = %e, "map not taken"),
                     },
-                    PlaneAction::Event(line) => {
-                        let at = (crate::time::now() - start).as_nanos() as u64;
-                        tracing::info!(node = %self.engine.id(), "{line}");
-                        if let Some((_, _, events)) = &self.control {
-                            events.lock().expect("event log").push((at, line));
-                        }
-                    }
+                    PlaneAction::Event(line) => self.event(start, line),
                 }
             }
             while let Some(action) = self.engine.poll_action() {
@@ -248,6 +242,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         None => tracing::warn!(?command, "no control plane to ask"),
                     },
                     Action::Io { io, cmd } => self.issue(io, cmd, done.clone()),
+                    Action::Event(line) => self.event(start, line),
                     Action::Audit(fact) => {
                         if let Some(log) = &self.audit {
                             log.lock()
@@ -260,6 +255,15 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             if idle {
                 return Ok(());
             }
+        }
+    }
+
+    /// Log an event, and keep it in the event log with the time since `start`.
+    fn event(&self, start: tokio::time::Instant, line: String) {
+        let at = (crate::time::now() - start).as_nanos() as u64;
+        tracing::info!(node = %self.engine.id(), "{line}");
+        if let Some((_, _, events)) = &self.control {
+            events.lock().expect("event log").push((at, line));
         }
     }
 

@@ -180,6 +180,38 @@ pub enum Message {
         /// End of the lease granted.
         lease_until_ns: u64,
     },
+    /// Primary -> rebuilding replica: the primary's copy of `[lba, lba + n)`, with
+    /// each block's version; the replica keeps each block it holds an older
+    /// version of.
+    RebuildWrite {
+        /// Operation id at the primary, echoed in the ack.
+        op: OpId,
+        /// The blocks and their versions.
+        copy: RebuildCopy,
+    },
+    /// Rebuilding replica -> primary: the copy is on the device (and no older
+    /// write to those blocks is still in flight there).
+    RebuildAck {
+        /// Operation acknowledged.
+        op: OpId,
+        /// Ok once persisted.
+        result: Result<(), WeirError>,
+    },
+}
+
+/// A run of blocks a primary copies to a rebuilding replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildCopy {
+    /// Extent being rebuilt.
+    pub extent: ExtentId,
+    /// Primary's map epoch of the extent.
+    pub epoch: Epoch,
+    /// First block.
+    pub lba: Lba,
+    /// Version of each block (0: never written).
+    pub versions: Vec<Version>,
+    /// The blocks.
+    pub data: Bytes,
 }
 
 /// Why a frame could not be decoded.

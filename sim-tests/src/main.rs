@@ -32,7 +32,7 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     sample_us: u64,
     /// Turn on a deliberate bug (repeatable), to see the checkers catch it:
-    /// skip-last-replica, ack-before-slowest, serve-before-lease.
+    /// skip-last-replica, ack-before-slowest, serve-before-lease, rebuild-one-short.
     #[arg(long, value_enum)]
     bug: Vec<Bug>,
 }
@@ -43,6 +43,7 @@ enum Bug {
     SkipLastReplica,
     AckBeforeSlowest,
     ServeBeforeLease,
+    RebuildOneShort,
 }
 
 fn main() -> ExitCode {
@@ -86,6 +87,7 @@ fn main() -> ExitCode {
             Bug::SkipLastReplica => scenario.bugs.skip_last_replica = true,
             Bug::AckBeforeSlowest => scenario.bugs.ack_before_slowest = true,
             Bug::ServeBeforeLease => scenario.bugs.serve_before_lease = true,
+            Bug::RebuildOneShort => scenario.bugs.rebuild_one_short = true,
         }
     }
     run(&args, &scenario, &name)

@@ -267,6 +267,7 @@ impl fmt::Display for Report {
             (b.skip_last_replica, "skip-last-replica"),
             (b.ack_before_slowest, "ack-before-slowest"),
             (b.serve_before_lease, "serve-before-lease"),
+            (b.rebuild_one_short, "rebuild-one-short"),
         ] {
             if on {
                 write!(f, " --bug {flag}")?;

@@ -5,7 +5,7 @@
 //! every operation, then reads every written block back from every replica, checks
 //! the history and measures it.
 
-use crate::checker::{check_linearizable, check_no_lost_writes};
+use crate::checker::{check_linearizable, check_no_lost_writes, Verdict};
 use crate::history::{
     decode_block, encode_block, History, OpKind, OpRecord, ReplicaRead, Tag, Value,
 };
@@ -154,7 +154,9 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         bug_skip_last_replica: scenario.bugs.skip_last_replica,
         bug_ack_before_slowest: scenario.bugs.ack_before_slowest,
         bug_serve_before_lease: scenario.bugs.serve_before_lease,
+        bug_rebuild_one_short: scenario.bugs.rebuild_one_short,
         audit: true,
+        rebuild_bytes_per_sec: 0,
     };
     let events: EventLog = Arc::default();
     let audit: AuditLog = Arc::default();
@@ -202,7 +204,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     }
     ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
 
-    let (replica_reads, expected_copies) = read_back(checker, map.clone(), &ops).await;
+    let (replica_reads, expected_copies, liveness) = read_back(checker, map.clone(), &ops).await;
     let history = History {
         ops,
         replica_reads,
@@ -214,6 +216,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         check_no_lost_writes(&history, scenario.cluster.replicas as usize),
         check_leases(&audit, base_ns),
         check_acks_persisted(&audit, base_ns),
+        liveness,
     ];
     let fabric_summary = summarize(&fabric);
     let mut report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
@@ -628,12 +631,50 @@ impl Worker {
     }
 }
 
-/// Read every written block from every replica that should hold it.
+/// How long after the workload every replica on an up node must be back in sync.
+const LIVENESS_BOUND: Duration = Duration::from_secs(2);
+
+/// Wait until no up node is still rebuilding an extent (at most [`LIVENESS_BOUND`]).
+async fn await_in_sync(volume: &Volume<SimTransport>) -> Verdict {
+    let start = Instant::now();
+    loop {
+        volume.refresh().await;
+        let map = volume.map();
+        let state = map.state();
+        let behind: Vec<String> = state
+            .extents
+            .iter()
+            .flat_map(|(id, e)| e.rebuilding.iter().map(move |n| (id, n)))
+            .filter(|(_, n)| state.nodes.get(n) == Some(&weir_core::control::NodeStatus::Up))
+            .map(|(id, n)| format!("{n} still rebuilding {id}"))
+            .collect();
+        let waited = Instant::now() - start;
+        if behind.is_empty() || waited >= LIVENESS_BOUND {
+            let violations = behind
+                .into_iter()
+                .map(|b| format!("{b} {} ms after the workload", waited.as_millis()))
+                .collect();
+            return Verdict {
+                name: "liveness",
+                scope: format!(
+                    "every replica on an up node in sync {:.1} ms after the workload (bound {} ms)",
+                    waited.as_secs_f64() * 1e3,
+                    LIVENESS_BOUND.as_millis()
+                ),
+                violations,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Wait for the cluster to heal ([`await_in_sync`]), then read every written block
+/// from every replica that should hold it.
 async fn read_back(
     transport: Arc<SimTransport>,
     map: ClusterMap,
     ops: &[OpRecord],
-) -> (Vec<ReplicaRead>, BTreeMap<u64, usize>) {
+) -> (Vec<ReplicaRead>, BTreeMap<u64, usize>, Verdict) {
     let written: BTreeSet<u64> = ops
         .iter()
         .filter(|o| o.kind == OpKind::Write)
@@ -642,6 +683,7 @@ async fn read_back(
     let host = Handle::current().create_node().name("checker").build();
     host.spawn(async move {
         let volume = Volume::open(transport, map);
+        let liveness = await_in_sync(&volume).await;
         // Read back from the replicas the final map counts as in sync: the ones that
         // must hold every acknowledged write.
         volume.refresh().await;
@@ -693,7 +735,7 @@ async fn read_back(
         }
         let mut results = std::mem::take(&mut *results.lock().expect("results lock"));
         results.sort_by_key(|r| (r.lba, r.node));
-        (results, expected)
+        (results, expected, liveness)
     })
     .await
     .expect("checker task")

@@ -199,6 +199,8 @@ pub struct BugSpec {
     pub ack_before_slowest: bool,
     /// A new primary serves without waiting for the old primary's lease.
     pub serve_before_lease: bool,
+    /// A rebuild leaves out the extent's newest block.
+    pub rebuild_one_short: bool,
 }
 
 /// A scenario that cannot run.

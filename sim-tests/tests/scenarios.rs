@@ -249,4 +249,22 @@ fn a_paused_node_and_a_cut_off_node_are_survived_and_come_back() {
         r.events.iter().filter(|e| e.contains(" down:")).count(),
         "every node declared down came back: {r}"
     );
+    // ... and was rebuilt: every replica in sync again, read back and checked.
+    assert!(r.events.iter().any(|e| e.contains("rebuilt in")), "{r}");
+    assert!(verdict(r, "liveness").passed(), "{r}");
+}
+
+#[test]
+fn rebuilding_one_version_short_is_caught_and_named() {
+    // Campaign seed 1 pauses n3 long enough to be declared down; it rebuilds.
+    let mut s = Scenario::campaign(1);
+    s.bugs.rebuild_one_short = true;
+    let outcome = run(1, &s, "campaign");
+    let v = verdict(&outcome.report, "no acknowledged write lost");
+    assert!(!v.passed(), "the checker missed a short rebuild");
+    assert!(
+        v.violations[0].contains("lost") || v.violations[0].contains("diverge"),
+        "unreadable violation: {}",
+        v.violations[0]
+    );
 }

@@ -171,19 +171,22 @@ impl ControlPlane {
     }
 
     /// A member asks the leader to propose a command. Only data-path requests are
-    /// taken from others (dropping a replica); membership stays the leader's.
+    /// taken from others (dropping a replica, a replica rebuilt); membership stays
+    /// the leader's.
     pub fn handle_propose(&mut self, from: NodeId, bytes: &[u8]) {
         if !self.state().nodes.contains_key(&from) || !self.raft.is_leader() {
             return;
         }
         match postcard::from_bytes::<Command>(bytes) {
-            // Only an extent's primary may ask to drop one of its replicas.
-            Ok(cmd @ Command::DropReplica { extent, .. })
-                if self
-                    .state()
-                    .extents
-                    .get(&extent)
-                    .is_some_and(|e| e.primary == from) =>
+            // Only an extent's primary may drop one of its replicas or declare one
+            // rebuilt.
+            Ok(
+                cmd @ (Command::DropReplica { extent, .. } | Command::RebuildDone { extent, .. }),
+            ) if self
+                .state()
+                .extents
+                .get(&extent)
+                .is_some_and(|e| e.primary == from) =>
             {
                 self.propose(&cmd)
             }

@@ -23,6 +23,9 @@
 //! acknowledged and each write its device completed.
 
 use super::range_lock::{Mode, RangeLock};
+pub use rebuild::{RebuildProgress, DEFAULT_REBUILD_BYTES_PER_SEC, REBUILD_CHUNK_BYTES};
+
+mod rebuild;
 use crate::error::WeirError;
 use crate::ids::{Epoch, ExtentId, Lba, NodeId, OpId, RequestId, Version, VolumeId};
 use crate::map::ClusterMap;
@@ -96,6 +99,8 @@ pub enum Action {
     },
     /// A fact for the invariant checkers (only with [`ReplicationConfig::audit`]).
     Audit(Audit),
+    /// Something worth a line in the node's event log (a rebuild finished).
+    Event(String),
 }
 
 /// What the engine did, for invariant checkers that see every node at once. Times
@@ -160,8 +165,14 @@ pub struct ReplicationConfig {
     /// TEST ONLY, a deliberate bug: a new primary serves at once after a failover,
     /// without waiting for the old primary's lease to run out.
     pub bug_serve_before_lease: bool,
+    /// TEST ONLY, a deliberate bug: a rebuild leaves out the extent's newest
+    /// block, so the replica joins the in-sync set one version short.
+    pub bug_rebuild_one_short: bool,
     /// Report [`Audit`] facts (the simulator's invariant checkers use them).
     pub audit: bool,
+    /// Rebuild bandwidth of one primary over all its rebuilds, bytes per second;
+    /// 0 means [`DEFAULT_REBUILD_BYTES_PER_SEC`].
+    pub rebuild_bytes_per_sec: u64,
 }
 
 /// A client operation this node coordinates.
@@ -193,6 +204,16 @@ enum Op {
         client: NodeId,
         req: RequestId,
         acks: Acks,
+    },
+    /// A rebuild copy of `[lba, lba + versions.len())` to `node`, under a shared
+    /// range lock from the local read until the replica acknowledges it.
+    Rebuild {
+        extent: ExtentId,
+        node: NodeId,
+        lba: Lba,
+        versions: Vec<Version>,
+        /// True once sent (the local read is done).
+        sent: bool,
     },
 }
 
@@ -229,6 +250,15 @@ impl Acks {
         self.waiting
             .is_empty()
             .then(|| self.error.take().map_or(Ok(()), Err))
+    }
+
+    /// Wait for `node` too, if it was asked as an extra and has not answered (a
+    /// rebuilt replica joined the in-sync set while this fan-out ran).
+    fn promote(&mut self, node: NodeId) {
+        if let Some(at) = self.extra.iter().position(|n| *n == node) {
+            self.extra.swap_remove(at);
+            self.waiting.push(node);
+        }
     }
 
     /// Count `from`'s acknowledgement. `Err` if `from` was not asked (or already
@@ -284,6 +314,8 @@ enum IoPurpose {
     ReplicaFlush { coordinator: NodeId, op: OpId },
     /// A scrub read answered straight to the client.
     Scrub { client: NodeId, req: RequestId },
+    /// A rebuilding replica writing part of a primary's copy.
+    RebuildWrite { primary: NodeId, op: OpId },
 }
 
 /// Per-extent state of the primary.
@@ -314,6 +346,8 @@ pub struct Replicator {
     /// Drops asked for, and when: asked again after another replica timeout if the
     /// map has not changed (the request may have been lost with a leader).
     drops_asked: BTreeMap<(ExtentId, Epoch, NodeId), u64>,
+    /// Rebuild work: as a primary, its copies out; as a replica, its copies in.
+    rebuild: rebuild::RebuildState,
 }
 
 impl Replicator {
@@ -333,6 +367,7 @@ impl Replicator {
             now_ns: 0,
             lease_until_ns: 0,
             drops_asked: BTreeMap::new(),
+            rebuild: rebuild::RebuildState::default(),
         }
     }
 
@@ -407,6 +442,7 @@ impl Replicator {
     /// to drop that replica, after which the write is acknowledged without it.
     pub fn handle_tick(&mut self, now_ns: u64) {
         self.now_ns = self.now_ns.max(now_ns);
+        self.pump_rebuilds();
         let mut asks = Vec::new();
         for op in self.ops.values() {
             let Op::Write {
@@ -521,6 +557,8 @@ impl Replicator {
                 });
             }
             Message::ReplicaFlushAck { op, result } => self.flush_acked(from, op, result),
+            Message::RebuildWrite { op, copy } => self.rebuild_write(from, op, copy),
+            Message::RebuildAck { op, result } => self.rebuild_acked(from, op, result),
             Message::GetMap { req } => {
                 let state = crate::control::plane::encode_state(self.map.state());
                 self.send(from, Message::MapState { req, state });
@@ -567,7 +605,9 @@ impl Replicator {
                     });
                 }
                 self.send(primary, Message::ReplicaWriteAck { op, result });
+                self.answer_rebuilds();
             }
+            IoPurpose::RebuildWrite { primary, op } => self.rebuild_io_done(primary, op, result),
             IoPurpose::ReplicaFlush { coordinator, op } => {
                 let result = io_unit(result);
                 self.send(coordinator, Message::ReplicaFlushAck { op, result });
@@ -745,6 +785,17 @@ impl Replicator {
     fn start(&mut self, op: OpId) -> Vec<OpId> {
         let extent = match self.ops.get(&op) {
             Some(Op::Write { extent, .. } | Op::Read { extent, .. }) => *extent,
+            Some(Op::Rebuild { lba, versions, .. }) => {
+                // A copy reads the primary's own data for a replica that checks the
+                // epoch itself: no lease needed.
+                let cmd = IoCmd::Read {
+                    lba: *lba,
+                    blocks: versions.len() as u64,
+                };
+                let io = self.io(IoPurpose::Op(op));
+                self.actions.push_back(Action::Io { io, cmd });
+                return Vec::new();
+            }
             Some(Op::Flush { .. }) => panic!("{op} cannot be started"),
             None => return Vec::new(),
         };
@@ -826,6 +877,23 @@ impl Replicator {
                 .collect();
             *acks = Some(Acks::new(expect, extra));
         }
+        // A rebuilt replica about to join is waited for like an in-sync one.
+        let joining = self.joining(extent);
+        if let Some(Op::Write {
+            acks: Some(acks), ..
+        }) = self.ops.get_mut(&op)
+        {
+            for node in joining {
+                acks.promote(node);
+            }
+            for &node in &acks.extra {
+                self.rebuild
+                    .unacked
+                    .entry(node)
+                    .or_default()
+                    .insert(op, extent);
+            }
+        }
         let blocks = (data.len() / self.map.volume().block_size as usize) as u64;
         if let Err(e) = self.claim_version(lba, blocks, version) {
             // The primary gives out versions in order under the lock; a regression
@@ -886,6 +954,7 @@ impl Replicator {
                 self.reply_read(client, req, result);
                 self.unlock(extent, op);
             }
+            Some(Op::Rebuild { .. }) => self.rebuild_read_done(op, result),
             // The op was failed by a map change while its I/O ran.
             None => tracing::debug!(%op, "completion for an op already failed"),
         }
@@ -893,6 +962,9 @@ impl Replicator {
 
     /// One replica (or the local device) reported on write `op`.
     fn write_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
+        if self.rebuild_replica_acked(from, op) && !self.ops.contains_key(&op) {
+            return; // A rebuilding replica's late ack of a finished write.
+        }
         let Some(Op::Write {
             acks: Some(acks), ..
         }) = self.ops.get_mut(&op)
@@ -955,18 +1027,21 @@ impl Replicator {
     }
 
     /// The primary state of `extent`, created on first use. A node that becomes
-    /// primary (at start, or by failover) continues the extent's versions from the
-    /// highest one it holds, so versions never go back.
+    /// primary (at start, or by failover) numbers its writes above the extent's
+    /// epoch floor and above the highest version it holds, so versions never go
+    /// back.
     fn primary_state(&mut self, extent: ExtentId) -> &mut PrimaryExtent {
         if !self.primary.contains_key(&extent) {
             let start = Lba(extent.0 * self.map.volume().extent_blocks);
             let end = self.map.extent_end(extent);
+            let floor = Version::epoch_floor(self.map.extent(extent).epoch);
             let last_version = self
                 .block_versions
                 .range(start..end)
                 .map(|(_, &v)| v)
                 .max()
-                .unwrap_or_default();
+                .unwrap_or_default()
+                .max(floor);
             let state = PrimaryExtent {
                 last_version,
                 lock: RangeLock::default(),
@@ -1011,7 +1086,9 @@ impl Replicator {
                 self.abandon(extent, WeirError::NotPrimary(self.me));
                 continue;
             }
-            let in_sync = now.in_sync.clone();
+            let mut in_sync = now.in_sync.clone();
+            let joined = in_sync.clone();
+            in_sync.extend(self.joining(extent));
             let writes: Vec<OpId> = self
                 .ops
                 .iter()
@@ -1025,11 +1102,17 @@ impl Replicator {
                 else {
                     continue;
                 };
+                // A replica that joined the in-sync set while this write ran is
+                // waited for too, unless it already answered.
+                for &node in &joined {
+                    acks.promote(node);
+                }
                 if let Some(outcome) = acks.retain(|n| in_sync.contains(&n)) {
                     self.finish_write(op, outcome);
                 }
             }
         }
+        self.rebuilds_after_map();
     }
 
     /// Fail every operation of `extent` and forget its primary state.
@@ -1038,7 +1121,9 @@ impl Replicator {
             .ops
             .iter()
             .filter(|(_, o)| match o {
-                Op::Write { extent: e, .. } | Op::Read { extent: e, .. } => *e == extent,
+                Op::Write { extent: e, .. }
+                | Op::Read { extent: e, .. }
+                | Op::Rebuild { extent: e, .. } => *e == extent,
                 Op::Flush { .. } => false,
             })
             .map(|(&id, _)| id)
@@ -1048,6 +1133,8 @@ impl Replicator {
                 Some(Op::Write { client, req, .. } | Op::Read { client, req, .. }) => {
                     self.fail(client, req, error.clone())
                 }
+                // The new primary rebuilds afresh.
+                Some(Op::Rebuild { .. }) => {}
                 _ => unreachable!("selected above"),
             }
         }

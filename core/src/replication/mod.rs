@@ -7,4 +7,6 @@
 pub mod engine;
 pub mod range_lock;
 
-pub use engine::{Action, Audit, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};
+pub use engine::{
+    Action, Audit, IoCmd, IoId, IoResult, RebuildProgress, ReplicationConfig, Replicator,
+};

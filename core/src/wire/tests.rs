@@ -112,6 +112,28 @@ fn control_message() -> impl Strategy<Value = Message> {
             state
         }),
         data().prop_map(|command| Message::Propose { command }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            prop::collection::vec(any::<u64>(), 0..40),
+            data()
+        )
+            .prop_map(|(o, x, e, l, v, data)| Message::RebuildWrite {
+                op: OpId(o),
+                copy: RebuildCopy {
+                    extent: ExtentId(x),
+                    epoch: Epoch(e),
+                    lba: Lba(l),
+                    versions: v.into_iter().map(Version).collect(),
+                    data
+                }
+            }),
+        (any::<u64>(), prop::option::of(weir_error())).prop_map(|(o, e)| Message::RebuildAck {
+            op: OpId(o),
+            result: e.map_or(Ok(()), Err)
+        }),
     ]
 }
 

@@ -23,6 +23,8 @@ struct Cluster {
     controls: Vec<(NodeId, crate::control::Command)>,
     /// Audit facts reported (only with `config.audit`).
     audits: Vec<(NodeId, Audit)>,
+    /// Event lines reported.
+    events: Vec<String>,
 }
 
 fn cluster(config: ReplicationConfig) -> Cluster {
@@ -53,7 +55,13 @@ fn cluster(config: ReplicationConfig) -> Cluster {
         applied: Vec::new(),
         controls: Vec::new(),
         audits: Vec::new(),
+        events: Vec::new(),
     }
+}
+
+/// The `n`th version a primary gives out in epoch 1.
+fn v(n: u64) -> Version {
+    Version(Version::epoch_floor(Epoch(1)).0 + n)
 }
 
 fn block(tag: u8, blocks: usize) -> Bytes {
@@ -69,6 +77,7 @@ impl Cluster {
                     Action::Io { io, cmd } => self.ios.push((n, io, cmd)),
                     Action::Control { command } => self.controls.push((n, command)),
                     Action::Audit(fact) => self.audits.push((n, fact)),
+                    Action::Event(line) => self.events.push(line),
                 }
             }
         }
@@ -175,10 +184,7 @@ fn write_is_acked_only_after_every_replica_persisted() {
     for n in 1..=3 {
         assert_eq!(c.disk_block(NodeId(n), 3), Some(7));
         assert_eq!(c.disk_block(NodeId(n), 4), Some(7));
-        assert_eq!(
-            c.engines[&NodeId(n)].block_version(Lba(4)),
-            Some(Version(1))
-        );
+        assert_eq!(c.engines[&NodeId(n)].block_version(Lba(4)), Some(v(1)));
     }
     assert!(c.engines.values().all(|e| e.ops_in_flight() == 0));
 }
@@ -195,10 +201,10 @@ fn overlapping_writes_reach_replicas_in_version_order() {
     assert_eq!(
         forwarded,
         vec![
-            (Lba(16), Version(1)),
-            (Lba(16), Version(1)),
-            (Lba(30), Version(2)),
-            (Lba(30), Version(2))
+            (Lba(16), v(1)),
+            (Lba(16), v(1)),
+            (Lba(30), v(2)),
+            (Lba(30), v(2))
         ]
     );
     c.settle();
@@ -211,7 +217,7 @@ fn overlapping_writes_reach_replicas_in_version_order() {
             Some(2),
             "{node} applied writes out of order"
         );
-        assert_eq!(c.engines[&node].block_version(Lba(18)), Some(Version(3)));
+        assert_eq!(c.engines[&node].block_version(Lba(18)), Some(v(3)));
     }
 }
 
@@ -351,7 +357,9 @@ fn a_replica_rejects_an_older_version_over_a_newer_one() {
     let acks: Vec<_> = std::iter::from_fn(|| n2.poll_action())
         .filter_map(|a| match a {
             Action::Send { msg, .. } => Some(msg),
-            Action::Io { .. } | Action::Control { .. } | Action::Audit(_) => None,
+            Action::Io { .. } | Action::Control { .. } | Action::Audit(_) | Action::Event(_) => {
+                None
+            }
         })
         .collect();
     assert_eq!(
@@ -419,6 +427,16 @@ fn forged_and_duplicate_acks_are_refused() {
     );
 }
 
+/// The control plane drops n3 from extent 0's in-sync set (at epoch 1).
+fn drop_n3(c: &mut Cluster) {
+    let cmd = crate::control::Command::DropReplica {
+        extent: ExtentId(0),
+        epoch: Epoch(1),
+        node: NodeId(3),
+    };
+    publish(c, cmd);
+}
+
 /// Apply control-plane `cmd` to every engine's map (as the control plane would).
 fn publish(c: &mut Cluster, cmd: crate::control::Command) {
     let map = c.engines[&NodeId(1)].map().clone();
@@ -433,7 +451,6 @@ fn publish(c: &mut Cluster, cmd: crate::control::Command) {
 
 #[test]
 fn a_write_held_up_by_a_silent_replica_is_acked_once_the_map_drops_it() {
-    use crate::control::Command;
     let mut c = cluster(ReplicationConfig::default());
     c.client_sends(NodeId(1), write(1, 0, block(5, 1)));
     c.deliver();
@@ -441,20 +458,14 @@ fn a_write_held_up_by_a_silent_replica_is_acked_once_the_map_drops_it() {
     c.complete_one(NodeId(2));
     c.deliver();
     assert!(c.replies.is_empty(), "n3 is silent: no ack yet");
-    publish(
-        &mut c,
-        Command::DropReplica {
-            extent: ExtentId(0),
-            epoch: Epoch(1),
-            node: NodeId(3),
-        },
-    );
+    drop_n3(&mut c);
     c.deliver();
     assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(1) }]);
-    // The next write goes to n3 as a rebuilding replica, but is not held up by it.
+    // The next write goes to n3 as a rebuilding replica, but is not held up by it
+    // (n1 also reads block 0 to copy it to n3).
     c.client_sends(NodeId(1), write_at_epoch(2, 1, block(6, 1), 2));
     c.deliver();
-    c.complete_one(NodeId(1));
+    while c.complete_one(NodeId(1)) {}
     c.complete_one(NodeId(2));
     c.deliver();
     assert_eq!(c.replies.len(), 2, "a rebuilding replica held up the ack");
@@ -731,4 +742,176 @@ fn the_ack_before_slowest_bug_switch_acks_early() {
     c.settle();
     assert_eq!(c.disk_block(NodeId(3), 0), Some(3));
     assert_eq!(c.replies.len(), 1);
+}
+
+/// Write `count` blocks with tag `tag` at lba 0.., one write each, to completion.
+fn fill(c: &mut Cluster, first_req: u64, count: u64, tag: u8, epoch: u64) {
+    for i in 0..count {
+        c.client_sends(
+            NodeId(1),
+            write_at_epoch(first_req + i, i, block(tag, 1), epoch),
+        );
+    }
+    c.settle();
+}
+
+impl Cluster {
+    /// [`Cluster::settle`], with every message to `away` lost and its disk idle.
+    fn settle_without(&mut self, away: NodeId) {
+        loop {
+            self.collect();
+            while let Some((from, to, msg)) = self.net.pop_front() {
+                if to == away {
+                    continue;
+                }
+                if to == CLIENT {
+                    self.replies.push(msg);
+                    continue;
+                }
+                self.engines.get_mut(&to).unwrap().handle_message(from, msg);
+                self.collect();
+            }
+            let nodes: Vec<NodeId> = self
+                .engines
+                .keys()
+                .copied()
+                .filter(|n| *n != away)
+                .collect();
+            if !nodes.into_iter().any(|n| self.complete_one(n)) {
+                return;
+            }
+        }
+    }
+}
+
+/// n3 misses two writes to extent 0, is dropped from its in-sync set, and rebuilds.
+fn rebuild_cluster(config: ReplicationConfig) -> Cluster {
+    let mut c = cluster(config);
+    fill(&mut c, 1, 6, 1, 1);
+    c.client_sends(NodeId(1), write(20, 2, block(2, 1)));
+    c.client_sends(NodeId(1), write(21, 9, block(2, 1)));
+    c.settle_without(NodeId(3));
+    assert!(c.replies.len() == 6, "acked without n3");
+    drop_n3(&mut c);
+    // Dropped, the writes are acked; n3 is rebuilding: the primary copies to it.
+    c.settle();
+    assert_eq!(c.replies.len(), 8);
+    c
+}
+
+#[test]
+fn a_rebuild_copies_what_a_replica_missed_then_joins() {
+    use crate::control::Command;
+    let mut c = rebuild_cluster(ReplicationConfig::default());
+    // n1 copied extent 0 to n3 and asks for it to join.
+    let asked: Vec<_> = c
+        .controls
+        .iter()
+        .filter(|(_, cmd)| matches!(cmd, Command::RebuildDone { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(
+        asked,
+        vec![(
+            NodeId(1),
+            Command::RebuildDone {
+                extent: ExtentId(0),
+                epoch: Epoch(2),
+                node: NodeId(3)
+            }
+        )]
+    );
+    for lba in 0..16 {
+        assert_eq!(
+            c.disk_block(NodeId(3), lba),
+            c.disk_block(NodeId(1), lba),
+            "block {lba} differs after the rebuild"
+        );
+    }
+    assert_eq!(c.disk_block(NodeId(3), 9), Some(2));
+    assert_eq!(c.disk_block(NodeId(3), 2), Some(2));
+    let progress = c.engines[&NodeId(1)].rebuild_progress();
+    assert_eq!(progress.len(), 1);
+    assert_eq!(progress[0].bytes_done, progress[0].bytes_total);
+    publish(&mut c, asked[0].1.clone());
+    assert!(c.engines[&NodeId(1)].rebuild_progress().is_empty());
+    assert!(
+        c.events.iter().any(|e| e.contains("n3 rebuilt in ext0")),
+        "{:?}",
+        c.events
+    );
+    // In sync again: the next write waits for n3.
+    c.client_sends(NodeId(1), write_at_epoch(30, 4, block(3, 1), 3));
+    c.deliver();
+    c.complete_one(NodeId(1));
+    c.complete_one(NodeId(2));
+    c.deliver();
+    assert!(
+        !c.replies.contains(&Message::WriteOk { req: RequestId(30) }),
+        "acked without the rejoined replica"
+    );
+    c.settle();
+    assert_eq!(c.disk_block(NodeId(3), 4), Some(3));
+}
+
+#[test]
+fn the_rebuild_one_short_bug_switch_leaves_out_the_newest_block() {
+    let c = rebuild_cluster(ReplicationConfig {
+        bug_rebuild_one_short: true,
+        ..ReplicationConfig::default()
+    });
+    let differ: Vec<u64> = (0..16)
+        .filter(|&lba| c.disk_block(NodeId(3), lba) != c.disk_block(NodeId(1), lba))
+        .collect();
+    assert_eq!(differ, vec![9], "exactly the newest block is left out");
+}
+
+#[test]
+fn a_copy_never_overwrites_a_newer_block_and_hostile_copies_are_refused() {
+    let mut c = cluster(ReplicationConfig::default());
+    let n2 = c.engines.get_mut(&NodeId(2)).unwrap();
+    // n2 is in sync, not rebuilding: a copy is refused.
+    n2.handle_message(
+        NodeId(1),
+        Message::RebuildWrite {
+            op: OpId(1),
+            copy: crate::wire::RebuildCopy {
+                extent: ExtentId(0),
+                epoch: Epoch(1),
+                lba: Lba(0),
+                versions: vec![Version(1)],
+                data: block(1, 1),
+            },
+        },
+    );
+    // Versions that do not match the data are refused.
+    n2.handle_message(
+        NodeId(1),
+        Message::RebuildWrite {
+            op: OpId(2),
+            copy: crate::wire::RebuildCopy {
+                extent: ExtentId(0),
+                epoch: Epoch(1),
+                lba: Lba(0),
+                versions: vec![Version(1); 3],
+                data: block(1, 1),
+            },
+        },
+    );
+    c.collect();
+    let acks: Vec<_> = c
+        .net
+        .iter()
+        .filter_map(|(_, _, m)| match m {
+            Message::RebuildAck { op, result } => Some((*op, result.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acks.len(), 2);
+    assert_eq!(acks[0].1, Err(WeirError::NotPrimary(NodeId(1))));
+    assert!(
+        matches!(acks[1].1, Err(WeirError::BadLength { .. })),
+        "{acks:?}"
+    );
+    assert!(c.ios.is_empty(), "a refused copy reached the disk");
 }

@@ -1,0 +1,527 @@
+//! Rebuild (DESIGN.md section 4.1): a replica that comes back joins its extents as
+//! `Rebuilding`. It receives every new write (not waited for) while the primary
+//! copies the rest to it, by version; then it joins the in-sync set.
+//!
+//! Primary side, per (extent, rebuilding replica), a copy walks the blocks the
+//! primary holds, in chunks of [`REBUILD_CHUNK_BYTES`]:
+//! - Each chunk holds a shared range lock from the local read until the replica
+//!   acknowledges it, so a new write to those blocks reaches the replica only after
+//!   the copy is on its device; device writes to one block never race.
+//! - The replica keeps a block only if the copy's version is newer than what it
+//!   holds (a newer write forwarded meanwhile wins), and acknowledges once its own
+//!   writes and any older write still in flight to those blocks are done.
+//! - Bandwidth is bounded ([`ReplicationConfig::rebuild_bytes_per_sec`] over all of
+//!   a primary's copies, at most [`REBUILD_CHUNKS_IN_FLIGHT`] chunks at once), so
+//!   foreground latency stays close to normal.
+//! - When the walk is done the replica is *joining*: new writes wait for it like
+//!   for an in-sync replica. Once it has answered every write forwarded to it
+//!   before, the primary asks the control plane for `RebuildDone`; from then on any
+//!   write acknowledged is on the replica too. A map change restarts the walk.
+
+use super::*;
+use crate::wire::RebuildCopy;
+
+/// Bytes per rebuild chunk.
+pub const REBUILD_CHUNK_BYTES: u64 = 128 << 10;
+/// Default rebuild bandwidth of one primary, bytes per second.
+pub const DEFAULT_REBUILD_BYTES_PER_SEC: u64 = 1 << 30;
+/// Chunks one primary has in flight at once, over all its copies.
+const REBUILD_CHUNKS_IN_FLIGHT: usize = 4;
+/// `RebuildDone` is asked again after this long if the map has not moved (the
+/// request may have been lost with a leader); a failed chunk is retried after it.
+const REBUILD_RETRY_NS: u64 = 10_000_000;
+
+/// Progress of one copy, for status reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RebuildProgress {
+    /// The extent.
+    pub extent: ExtentId,
+    /// The replica being rebuilt.
+    pub node: NodeId,
+    /// Bytes copied so far.
+    pub bytes_done: u64,
+    /// Bytes to copy (the blocks the primary held when the copy began).
+    pub bytes_total: u64,
+    /// When the copy began (cluster clock, ns).
+    pub started_ns: u64,
+}
+
+#[derive(Debug)]
+struct Copy {
+    epoch: Epoch,
+    /// Next block to copy, and the extent's end.
+    cursor: Lba,
+    end: Lba,
+    /// The chunk in flight.
+    chunk: Option<OpId>,
+    /// The walk is done: new writes wait for this replica.
+    joining: bool,
+    /// When `RebuildDone` was last asked for.
+    asked_ns: Option<u64>,
+    /// No new chunk before this time (after a failed one).
+    backoff_until_ns: u64,
+    bytes_done: u64,
+    bytes_total: u64,
+    started_ns: u64,
+    /// TEST ONLY (`bug_rebuild_one_short`): the block left out.
+    skip: Option<Lba>,
+}
+
+/// A copy arriving at a rebuilding replica, acknowledged once persisted.
+#[derive(Debug)]
+struct Incoming {
+    primary: NodeId,
+    op: OpId,
+    lba: Lba,
+    blocks: u64,
+    ios_left: usize,
+    error: Option<WeirError>,
+}
+
+/// Rebuild work of one node.
+#[derive(Debug, Default)]
+pub(super) struct RebuildState {
+    copies: BTreeMap<(ExtentId, NodeId), Copy>,
+    /// Writes forwarded to a rebuilding replica that it has not answered, by
+    /// replica: op -> extent.
+    pub(super) unacked: BTreeMap<NodeId, BTreeMap<OpId, ExtentId>>,
+    incoming: Vec<Incoming>,
+    /// Bytes sent since `since_ns`, for the bandwidth bound.
+    sent_bytes: u64,
+    since_ns: Option<u64>,
+}
+
+impl Replicator {
+    /// Copies in progress at this node as a primary.
+    pub fn rebuild_progress(&self) -> Vec<RebuildProgress> {
+        self.rebuild
+            .copies
+            .iter()
+            .map(|(&(extent, node), c)| RebuildProgress {
+                extent,
+                node,
+                bytes_done: c.bytes_done,
+                bytes_total: c.bytes_total,
+                started_ns: c.started_ns,
+            })
+            .collect()
+    }
+
+    /// Rebuilding replicas of `extent` whose copy is complete.
+    pub(super) fn joining(&self, extent: ExtentId) -> Vec<NodeId> {
+        self.rebuild
+            .copies
+            .range((extent, NodeId(0))..=(extent, NodeId(u32::MAX)))
+            .filter(|(_, c)| c.joining)
+            .map(|(&(_, node), _)| node)
+            .collect()
+    }
+
+    /// A rebuilding replica answered write `op`; true if it was waited on as one.
+    pub(super) fn rebuild_replica_acked(&mut self, from: NodeId, op: OpId) -> bool {
+        let Some(ops) = self.rebuild.unacked.get_mut(&from) else {
+            return false;
+        };
+        let known = ops.remove(&op).is_some();
+        if known {
+            self.pump_rebuilds();
+        }
+        known
+    }
+
+    /// The map changed: drop copies that no longer apply, restart those whose
+    /// epoch moved, start copies for new rebuilding replicas of extents led here.
+    pub(super) fn rebuilds_after_map(&mut self) {
+        let keys: Vec<(ExtentId, NodeId)> = self.rebuild.copies.keys().copied().collect();
+        for (extent, node) in keys {
+            let e = self.map.extent(extent).clone();
+            let leads = e.primary == self.me && e.in_sync.contains(&self.me);
+            if leads && e.rebuilding.contains(&node) {
+                let start = self.extent_start(extent);
+                let c = self
+                    .rebuild
+                    .copies
+                    .get_mut(&(extent, node))
+                    .expect("listed");
+                if c.epoch != e.epoch {
+                    c.epoch = e.epoch;
+                    c.cursor = start;
+                    c.joining = false;
+                    c.asked_ns = None;
+                }
+                continue;
+            }
+            let c = self.rebuild.copies.remove(&(extent, node)).expect("listed");
+            if leads && e.in_sync.contains(&node) {
+                let took_ns = self.now_ns.saturating_sub(c.started_ns).max(1);
+                let line = format!(
+                    "{node} rebuilt in {extent}: {:.1} MiB in {:.1} ms ({:.0} MB/s)",
+                    c.bytes_done as f64 / f64::from(1 << 20),
+                    took_ns as f64 / 1e6,
+                    c.bytes_done as f64 * 1e3 / took_ns as f64
+                );
+                self.actions.push_back(Action::Event(line));
+            }
+        }
+        let bs = u64::from(self.map.volume().block_size);
+        let new: Vec<(ExtentId, NodeId, Epoch)> = self
+            .map
+            .state()
+            .extents
+            .iter()
+            .filter(|(_, e)| e.primary == self.me && e.in_sync.contains(&self.me))
+            .flat_map(|(&id, e)| e.rebuilding.iter().map(move |&n| (id, n, e.epoch)))
+            .filter(|(id, n, _)| !self.rebuild.copies.contains_key(&(*id, *n)))
+            .collect();
+        for (extent, node, epoch) in new {
+            let (start, end) = (self.extent_start(extent), self.map.extent_end(extent));
+            let held = self.block_versions.range(start..end);
+            let written = held.clone().count() as u64;
+            let skip = self
+                .config
+                .bug_rebuild_one_short
+                .then(|| held.max_by_key(|(_, v)| **v).map(|(l, _)| *l))
+                .flatten();
+            tracing::info!(%extent, %node, bytes = written * bs, "rebuild starts");
+            self.rebuild.copies.insert(
+                (extent, node),
+                Copy {
+                    epoch,
+                    cursor: start,
+                    end,
+                    chunk: None,
+                    joining: false,
+                    asked_ns: None,
+                    backoff_until_ns: 0,
+                    bytes_done: 0,
+                    bytes_total: written * bs,
+                    started_ns: self.now_ns,
+                    skip,
+                },
+            );
+        }
+        // Replicas that rebuild nowhere any more (down, or in sync) owe nothing.
+        let state = self.map.state();
+        self.rebuild
+            .unacked
+            .retain(|n, _| state.extents.values().any(|e| e.rebuilding.contains(n)));
+        self.pump_rebuilds();
+    }
+
+    fn extent_start(&self, extent: ExtentId) -> Lba {
+        Lba(extent.0 * self.map.volume().extent_blocks)
+    }
+
+    /// Start the chunks the bandwidth bound allows; ask for `RebuildDone` where a
+    /// joining replica has answered everything.
+    pub(super) fn pump_rebuilds(&mut self) {
+        if self.rebuild.copies.is_empty() {
+            self.rebuild.since_ns = None;
+            self.rebuild.sent_bytes = 0;
+            return;
+        }
+        let now = self.now_ns;
+        let bs = u64::from(self.map.volume().block_size);
+        let chunk_blocks = (REBUILD_CHUNK_BYTES / bs).max(1);
+        let rate = match self.config.rebuild_bytes_per_sec {
+            0 => DEFAULT_REBUILD_BYTES_PER_SEC,
+            r => r,
+        };
+        let since = *self.rebuild.since_ns.get_or_insert(now);
+        let keys: Vec<(ExtentId, NodeId)> = self.rebuild.copies.keys().copied().collect();
+        for (extent, node) in keys {
+            let in_flight = self
+                .rebuild
+                .copies
+                .values()
+                .filter(|c| c.chunk.is_some())
+                .count();
+            let allowed = u128::from(rate) * u128::from(now.saturating_sub(since)) / 1_000_000_000
+                + u128::from(REBUILD_CHUNK_BYTES);
+            let c = self
+                .rebuild
+                .copies
+                .get_mut(&(extent, node))
+                .expect("listed");
+            if c.chunk.is_some() || c.backoff_until_ns > now {
+                continue;
+            }
+            if !c.joining {
+                if in_flight >= REBUILD_CHUNKS_IN_FLIGHT
+                    || u128::from(self.rebuild.sent_bytes) >= allowed
+                {
+                    continue;
+                }
+                let next = self.block_versions.range(c.cursor..c.end).next();
+                let Some((&first, _)) = next else {
+                    c.joining = true;
+                    tracing::debug!(%extent, %node, "rebuild copied; joining");
+                    self.ask_rebuild_done(extent, node);
+                    continue;
+                };
+                // A run of consecutive blocks this node holds: only they are locked.
+                let limit = (first.0 + chunk_blocks).min(c.end.0);
+                let versions: Vec<Version> = self
+                    .block_versions
+                    .range(first..Lba(limit))
+                    .zip(first.0..)
+                    .take_while(|((l, _), b)| l.0 == *b)
+                    .map(|((l, v), _)| {
+                        if c.skip == Some(*l) {
+                            Version::default()
+                        } else {
+                            *v
+                        }
+                    })
+                    .collect();
+                let end = Lba(first.0 + versions.len() as u64);
+                c.cursor = end;
+                self.rebuild.sent_bytes += (end.0 - first.0) * bs;
+                self.next_op += 1;
+                let op = OpId(self.next_op);
+                c.chunk = Some(op);
+                self.ops.insert(
+                    op,
+                    Op::Rebuild {
+                        extent,
+                        node,
+                        lba: first,
+                        versions,
+                        sent: false,
+                    },
+                );
+                let lock = &mut self.primary_state(extent).lock;
+                if lock.acquire(op, first, end, Mode::Shared) {
+                    self.run_ready(vec![op]);
+                }
+            } else {
+                self.ask_rebuild_done(extent, node);
+            }
+        }
+    }
+
+    /// Ask for `RebuildDone` if `node` has answered every write forwarded to it.
+    fn ask_rebuild_done(&mut self, extent: ExtentId, node: NodeId) {
+        let owes = self
+            .rebuild
+            .unacked
+            .get(&node)
+            .is_some_and(|ops| ops.values().any(|e| *e == extent));
+        let now = self.now_ns;
+        let c = self
+            .rebuild
+            .copies
+            .get_mut(&(extent, node))
+            .expect("listed");
+        if owes
+            || c.asked_ns
+                .is_some_and(|t| now.saturating_sub(t) < REBUILD_RETRY_NS)
+        {
+            return;
+        }
+        c.asked_ns = Some(now);
+        let command = crate::control::Command::RebuildDone {
+            extent,
+            epoch: c.epoch,
+            node,
+        };
+        self.actions.push_back(Action::Control { command });
+    }
+
+    /// The local read of rebuild chunk `op` finished: send it.
+    pub(super) fn rebuild_read_done(&mut self, op: OpId, result: IoResult) {
+        let Some(Op::Rebuild {
+            extent,
+            node,
+            lba,
+            versions,
+            sent,
+        }) = self.ops.get_mut(&op)
+        else {
+            unreachable!("matched a rebuild chunk");
+        };
+        let data = match result {
+            IoResult::Read(data) => data,
+            IoResult::Failed(e) => return self.finish_chunk(op, Err(e)),
+            IoResult::Done => panic!("a rebuild read completed without data"),
+        };
+        *sent = true;
+        let (extent, node, lba, versions) = (*extent, *node, *lba, versions.clone());
+        let Some(epoch) = self.rebuild.copies.get(&(extent, node)).map(|c| c.epoch) else {
+            return self.finish_chunk(op, Err(WeirError::NotPrimary(self.me)));
+        };
+        let copy = RebuildCopy {
+            extent,
+            epoch,
+            lba,
+            versions,
+            data,
+        };
+        self.send(node, Message::RebuildWrite { op, copy });
+    }
+
+    /// The rebuilding replica answered chunk `op`.
+    pub(super) fn rebuild_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
+        match self.ops.get(&op) {
+            Some(Op::Rebuild {
+                node, sent: true, ..
+            }) if *node == from => self.finish_chunk(op, result),
+            _ => tracing::warn!(%from, %op, "rebuild ack for no chunk sent there; dropped"),
+        }
+    }
+
+    fn finish_chunk(&mut self, op: OpId, result: Result<(), WeirError>) {
+        let Some(Op::Rebuild {
+            extent,
+            node,
+            lba,
+            versions,
+            ..
+        }) = self.ops.remove(&op)
+        else {
+            unreachable!("matched a rebuild chunk");
+        };
+        let bs = u64::from(self.map.volume().block_size);
+        let now = self.now_ns;
+        if let Some(c) = self.rebuild.copies.get_mut(&(extent, node)) {
+            if c.chunk == Some(op) {
+                c.chunk = None;
+                match result {
+                    Ok(()) => c.bytes_done += versions.len() as u64 * bs,
+                    Err(e) => {
+                        tracing::debug!(%extent, %node, error = %e, "rebuild chunk failed; retrying");
+                        c.cursor = c.cursor.min(lba);
+                        c.joining = false;
+                        c.backoff_until_ns = now + REBUILD_RETRY_NS;
+                    }
+                }
+            }
+        }
+        self.unlock(extent, op);
+        self.pump_rebuilds();
+    }
+
+    // ---- replica side --------------------------------------------------------------
+
+    /// A primary's copy arrived.
+    pub(super) fn rebuild_write(&mut self, primary: NodeId, op: OpId, copy: RebuildCopy) {
+        let blocks = match self.check_rebuild_write(primary, &copy) {
+            Ok(blocks) => blocks,
+            Err(e) => {
+                return self.send(primary, Message::RebuildAck { op, result: Err(e) });
+            }
+        };
+        let RebuildCopy {
+            lba,
+            versions,
+            data,
+            ..
+        } = copy;
+        let bs = self.map.volume().block_size as usize;
+        // Keep each block the copy has a newer version of, in contiguous runs.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (i, &v) in versions.iter().enumerate() {
+            let b = Lba(lba.0 + i as u64);
+            if v <= self.block_versions.get(&b).copied().unwrap_or_default() {
+                continue;
+            }
+            self.block_versions.insert(b, v);
+            match runs.last_mut() {
+                Some((start, len)) if *start + *len == i => *len += 1,
+                _ => runs.push((i, 1)),
+            }
+        }
+        self.rebuild.incoming.push(Incoming {
+            primary,
+            op,
+            lba,
+            blocks,
+            ios_left: runs.len(),
+            error: None,
+        });
+        for (start, len) in runs {
+            let io = self.io(IoPurpose::RebuildWrite { primary, op });
+            let cmd = IoCmd::Write {
+                lba: Lba(lba.0 + start as u64),
+                data: data.slice(start * bs..(start + len) * bs),
+                fua: false,
+            };
+            self.actions.push_back(Action::Io { io, cmd });
+        }
+        self.answer_rebuilds();
+    }
+
+    fn check_rebuild_write(&self, primary: NodeId, copy: &RebuildCopy) -> Result<u64, WeirError> {
+        let RebuildCopy {
+            extent,
+            epoch,
+            lba,
+            versions,
+            data,
+        } = copy;
+        let (extent, epoch, lba) = (*extent, *epoch, *lba);
+        let blocks = self.map.blocks_in(data.len())?;
+        if blocks != versions.len() as u64 {
+            return Err(WeirError::BadLength {
+                len: data.len() as u64,
+                block_size: self.map.volume().block_size,
+                max_bytes: (versions.len() * self.map.volume().block_size as usize) as u32,
+            });
+        }
+        if self.map.locate(self.map.volume().id, lba, blocks)? != extent {
+            return Err(WeirError::CrossesExtent);
+        }
+        let placement = self.map.extent(extent);
+        if epoch != placement.epoch {
+            return Err(WeirError::StaleEpoch {
+                got: epoch,
+                current: placement.epoch,
+            });
+        }
+        if placement.primary != primary || !placement.rebuilding.contains(&self.me) {
+            return Err(WeirError::NotPrimary(primary));
+        }
+        Ok(blocks)
+    }
+
+    /// A device write of copy `op` from `primary` finished.
+    pub(super) fn rebuild_io_done(&mut self, primary: NodeId, op: OpId, result: IoResult) {
+        if let Some(inc) = self
+            .rebuild
+            .incoming
+            .iter_mut()
+            .find(|i| i.primary == primary && i.op == op)
+        {
+            inc.ios_left -= 1;
+            if let IoResult::Failed(e) = result {
+                inc.error.get_or_insert(e);
+            }
+        }
+        self.answer_rebuilds();
+    }
+
+    /// Acknowledge every copy whose writes are done and whose blocks no older write
+    /// still in flight here covers.
+    pub(super) fn answer_rebuilds(&mut self) {
+        if self.rebuild.incoming.is_empty() {
+            return;
+        }
+        let busy = |ios: &BTreeMap<IoId, IoPurpose>, lba: Lba, blocks: u64| {
+            ios.values().any(|p| {
+                matches!(p, IoPurpose::ReplicaWrite { lba: l, blocks: n, .. }
+                    if l.0 < lba.0 + blocks && lba.0 < l.0 + n)
+            })
+        };
+        let mut i = 0;
+        while i < self.rebuild.incoming.len() {
+            let inc = &self.rebuild.incoming[i];
+            if inc.ios_left > 0 || busy(&self.ios, inc.lba, inc.blocks) {
+                i += 1;
+                continue;
+            }
+            let inc = self.rebuild.incoming.swap_remove(i);
+            let result = inc.error.map_or(Ok(()), Err);
+            self.send(inc.primary, Message::RebuildAck { op: inc.op, result });
+        }
+    }
+}
