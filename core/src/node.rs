@@ -67,7 +67,16 @@ pub struct Node<T, D> {
     scale: u64,
     control: Option<(ControlPlane, std::time::Duration, EventLog)>,
     audit: Option<AuditLog>,
+    /// Device commands in flight, and when each was issued.
+    device_inflight: std::collections::BTreeMap<IoId, tokio::time::Instant>,
+    /// Whether the device answered within [`DEVICE_TIMEOUT`] at the last tick.
+    device_healthy: bool,
 }
+
+/// A device command outstanding this long means the device has stalled: the node
+/// stops heartbeating so its extents fail over (its replicas rebuild once the
+/// device answers again).
+pub const DEVICE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// A node with the given adapters. `pool` supplies the buffers device reads
@@ -112,6 +121,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             scale,
             control: None,
             audit: None,
+            device_inflight: std::collections::BTreeMap::new(),
+            device_healthy: true,
         })
     }
 
@@ -154,12 +165,31 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             tokio::select! {
                 biased;
                 Some((io, result)) = done_rx.recv() => {
+                    self.device_inflight.remove(&io);
                     self.clock();
                     self.engine.handle_io(io, result)
                 }
                 _ = ticker.tick(), if self.control.is_some() => {
                     let now = crate::time::cluster_ns();
+                    let healthy = self
+                        .device_inflight
+                        .values()
+                        .min()
+                        .is_none_or(|&t| crate::time::now() - t < DEVICE_TIMEOUT);
+                    if healthy != self.device_healthy {
+                        self.device_healthy = healthy;
+                        let line = if healthy {
+                            format!("{}'s device answers again", self.engine.id())
+                        } else {
+                            format!(
+                                "{}'s device stalled past {DEVICE_TIMEOUT:?}: its extents fail over",
+                                self.engine.id()
+                            )
+                        };
+                        self.event(start, line);
+                    }
                     if let Some((plane, ..)) = &mut self.control {
+                        plane.set_healthy(healthy);
                         plane.tick(now);
                     }
                     self.clock();
@@ -289,7 +319,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
     }
 
-    fn issue(&self, io: IoId, cmd: IoCmd, done: mpsc::UnboundedSender<(IoId, IoResult)>) {
+    fn issue(&mut self, io: IoId, cmd: IoCmd, done: mpsc::UnboundedSender<(IoId, IoResult)>) {
+        self.device_inflight.insert(io, crate::time::now());
         let device = self.device.clone();
         let queues = u64::from(device.geometry().queues.max(1));
         let queue = (io.0 % queues) as u16;

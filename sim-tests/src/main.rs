@@ -19,8 +19,10 @@ struct Args {
     /// Run the seed twice and fail unless both runs are identical.
     #[arg(long)]
     check_determinism: bool,
-    /// Run the fault campaign's scenario for the seed (replays a campaign seed).
-    #[arg(long, conflicts_with = "scenario")]
+    /// Run the fault campaign's scenario for the seed (replays a campaign seed):
+    /// node crashes, pauses and partitions, link faults, drawn from the seed. The
+    /// report lists the faults injected, failovers and rebuilds, and the verdicts.
+    #[arg(long, visible_alias = "faults", conflicts_with = "scenario")]
     campaign: bool,
     /// Override the scenario's simulated duration, in milliseconds.
     #[arg(long)]

@@ -348,24 +348,23 @@ fn schedule_node_faults(
             format!("node {node} cut off for {} ms", for_us as f64 / 1e3),
         ));
     }
-    // Device stalls, never on the first node (the initial leader keeps the control
-    // plane steady while data-path timeouts do their work).
-    for _ in 0..s.faults.device_hangs {
-        let (node, _, ssd) = hosts[thread_rng()
-            .gen_range(1..hosts.len().max(2))
-            .min(hosts.len() - 1)]
-        .clone();
-        let at_us = thread_rng().gen_range(0..(s.workload.duration_ms * 500).max(1));
-        let hang = Duration::from_millis(s.faults.hang_ms);
+    for _ in 0..f.device_hangs {
+        let (node, _) = victims.remove(thread_rng().gen_range(0..victims.len()));
+        let ssd = hosts
+            .iter()
+            .find(|(n, ..)| *n == node)
+            .map(|(_, _, ssd)| ssd.clone())
+            .expect("a victim is a host");
+        let (at_us, for_us) = (first_half_us(), lasting(f.hang_ms));
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_micros(at_us)).await;
             ssd.hang();
-            tokio::time::sleep(hang).await;
+            tokio::time::sleep(Duration::from_micros(for_us)).await;
             ssd.resume();
         });
         out.push((
             at_us,
-            format!("the device of {node} hangs for {} ms", s.faults.hang_ms),
+            format!("the device of {node} hangs for {} ms", for_us as f64 / 1e3),
         ));
     }
     out

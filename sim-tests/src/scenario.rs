@@ -41,11 +41,12 @@ pub struct FaultSpec {
     pub node_crashes: u32,
     /// The first crash takes the initial Raft leader (the first node).
     pub crash_leader: bool,
-    /// Storage devices (of nodes other than the first) that hang for `hang_ms` at a
-    /// random time in the first half of the run: their node keeps heartbeating, so
-    /// only the primaries' replica timeouts notice.
+    /// Storage devices that hang at a random time in the first half of the run, each
+    /// for 25%..100% of `hang_ms`. Primaries drop the stalled replica after their
+    /// replica timeout; past the device timeout the node stops heartbeating, so its
+    /// own extents fail over too.
     pub device_hangs: u32,
-    /// How long a device hangs, milliseconds.
+    /// Longest device hang, milliseconds.
     pub hang_ms: u64,
     /// Storage nodes that stall (a GC-like pause: no task runs, messages queue) at a
     /// random time in the first half of the run, each for 25%..100% of `pause_ms`.
@@ -264,18 +265,20 @@ impl Scenario {
         s.workload.read_percent = [30, 50, 70][pick(5, 3) as usize];
         s.workload.block_size = [4096, 16384][pick(6, 2) as usize];
         s.workload.duration_ms = 300;
-        // Up to two node faults (crash, pause, partition) on distinct nodes: with 3
-        // replicas an extent always keeps one in-sync copy.
+        // Up to two node faults (crash, pause, device hang, partition) on distinct
+        // nodes: with 3 replicas an extent always keeps one in-sync copy.
         for slot in 0..pick(7, 3) {
-            match pick(13 + slot, 3) {
+            match pick(13 + slot, 4) {
                 0 if s.faults.node_crashes == 0 => s.faults.node_crashes = 1,
                 1 => s.faults.node_pauses += 1,
+                2 => s.faults.device_hangs += 1,
                 _ => s.faults.partitions += 1,
             }
         }
         s.faults.crash_leader = pick(8, 3) == 0;
         s.faults.pause_ms = [120, 300][pick(16, 2) as usize];
         s.faults.partition_ms = [120, 300][pick(17, 2) as usize];
+        s.faults.hang_ms = [120, 300][pick(18, 2) as usize];
         if pick(9, 2) == 0 {
             s.faults.link_loss = [0.0005, 0.002][pick(10, 2) as usize];
             s.faults.link_corrupt = 0.0005;
@@ -380,11 +383,13 @@ impl Scenario {
         }
         // The promise holds while fewer than `replicas` copies fail: each node fault
         // takes a different node.
-        let node_faults =
-            u64::from(x.node_crashes) + u64::from(x.node_pauses) + u64::from(x.partitions);
+        let node_faults = u64::from(x.node_crashes)
+            + u64::from(x.node_pauses)
+            + u64::from(x.partitions)
+            + u64::from(x.device_hangs);
         if node_faults >= u64::from(c.replicas) {
             return bad(
-                "faults.node_crashes/node_pauses/partitions",
+                "faults.node_crashes/node_pauses/partitions/device_hangs",
                 "together must be fewer than cluster.replicas",
             );
         }

@@ -71,6 +71,9 @@ pub struct ControlPlane {
     voter_sent: BTreeMap<NodeId, u64>,
     /// This node's lease (cluster clock, ns): it may serve as a primary until then.
     lease_until_ns: u64,
+    /// False while the node's own device is stalled: it neither heartbeats nor
+    /// renews its own lease, so its extents fail over, and a leader hands over.
+    healthy: bool,
     leader_since_ns: Option<u64>,
     /// Proposals in flight, so the detector does not repeat them every tick.
     proposed: BTreeSet<(NodeId, bool)>,
@@ -114,6 +117,7 @@ impl ControlPlane {
             last_seen: BTreeMap::new(),
             voter_sent: BTreeMap::new(),
             lease_until_ns: 0,
+            healthy: true,
             leader_since_ns: None,
             proposed: BTreeSet::new(),
             actions: VecDeque::new(),
@@ -128,6 +132,14 @@ impl ControlPlane {
     /// The Raft leader this node knows of.
     pub fn leader(&self) -> Option<NodeId> {
         self.raft.leader()
+    }
+
+    /// Whether this node can serve (its device answers). An unhealthy node stops
+    /// heartbeating, so the leader declares it down and its extents fail over once
+    /// its lease runs out; a leader also hands leadership to another voter. When it
+    /// is healthy again its heartbeats bring it back up, and its replicas rebuild.
+    pub fn set_healthy(&mut self, healthy: bool) {
+        self.healthy = healthy;
     }
 
     /// End of this node's lease (cluster clock, ns); 0 if it never held one.
@@ -210,7 +222,9 @@ impl ControlPlane {
             *e = (*e).max(sent);
         }
         let mine = self.leader_lease(now_ns);
-        self.lease_until_ns = self.lease_until_ns.max(mine);
+        if self.healthy {
+            self.lease_until_ns = self.lease_until_ns.max(mine);
+        }
         if mine > now_ns && applied >= self.raft.last_index() {
             let lease_until_ns = mine.min(sent_ns.saturating_add(self.timeouts.lease_ns));
             self.actions.push_back(PlaneAction::Send {
@@ -225,6 +239,9 @@ impl ControlPlane {
 
     /// The leader answered this node's heartbeat of `sent_ns` with a lease.
     pub fn handle_heartbeat_ack(&mut self, from: NodeId, sent_ns: u64, lease_until_ns: u64) {
+        if !self.healthy {
+            return;
+        }
         if !self.voters.contains(&from) {
             tracing::warn!(%from, "lease from a node that cannot lead; ignored");
             return;
@@ -265,13 +282,15 @@ impl ControlPlane {
         self.raft.tick();
         self.drain_raft();
         match self.raft.leader() {
-            Some(leader) if leader != self.me => self.actions.push_back(PlaneAction::Send {
-                to: leader,
-                msg: Message::Heartbeat {
-                    sent_ns: now_ns,
-                    applied: self.raft.applied_index(),
-                },
-            }),
+            Some(leader) if leader != self.me && self.healthy => {
+                self.actions.push_back(PlaneAction::Send {
+                    to: leader,
+                    msg: Message::Heartbeat {
+                        sent_ns: now_ns,
+                        applied: self.raft.applied_index(),
+                    },
+                })
+            }
             _ => {}
         }
         if !self.raft.is_leader() {
@@ -285,6 +304,21 @@ impl ControlPlane {
             self.voter_sent.clear();
         }
         let mine = self.leader_lease(now_ns);
+        if !self.healthy {
+            // Hand over to the voter heard from most recently.
+            let heir = self
+                .voters
+                .iter()
+                .filter(|&&v| v != self.me)
+                .max_by_key(|v| self.voter_sent.get(v).copied().unwrap_or(0))
+                .copied();
+            if let Some(heir) = heir {
+                tracing::info!(%heir, "device stalled; handing leadership over");
+                self.raft.transfer_leader(heir);
+                self.drain_raft();
+            }
+            return;
+        }
         self.lease_until_ns = self.lease_until_ns.max(mine);
         let since = *self.leader_since_ns.get_or_insert(now_ns);
         // Until the volume exists, each new leader proposes the whole bootstrap again

@@ -191,6 +191,12 @@ impl MapRaft {
         Ok(())
     }
 
+    /// Hand leadership to `to` (leader only; raft-rs catches `to` up first).
+    pub fn transfer_leader(&mut self, to: NodeId) {
+        self.node.transfer_leader(u64::from(to.0));
+        self.after_input();
+    }
+
     /// Propose `command` (leader only).
     pub fn propose(&mut self, command: &Command) -> Result<(), RaftError> {
         if !self.is_leader() {

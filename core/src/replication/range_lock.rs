@@ -60,13 +60,20 @@ impl RangeLock {
     /// Release `op`, which must have started. Returns the operations that may start
     /// now, in queue order.
     pub fn release(&mut self, op: OpId) -> Vec<OpId> {
+        let started = self.queue.iter().find(|e| e.op == op).map(|e| e.started);
+        assert!(started != Some(false), "{op} released before it started");
+        self.withdraw(op)
+    }
+
+    /// Remove `op`, started or still waiting (a waiting operation given up).
+    /// Returns the operations that may start now, in queue order.
+    pub fn withdraw(&mut self, op: OpId) -> Vec<OpId> {
         let at = self
             .queue
             .iter()
             .position(|e| e.op == op)
             .unwrap_or_else(|| panic!("{op} released but not held"));
-        let entry = self.queue.remove(at).expect("position is in range");
-        assert!(entry.started, "{op} released before it started");
+        self.queue.remove(at).expect("position is in range");
         let mut ready = Vec::new();
         for i in 0..self.queue.len() {
             if self.queue[i].started {
@@ -131,6 +138,19 @@ mod tests {
         assert_eq!(l.release(OpId(2)), vec![OpId(4)]);
         assert_eq!(l.release(OpId(3)), Vec::<OpId>::new());
         l.self_check();
+    }
+
+    #[test]
+    fn a_waiting_op_withdrawn_lets_those_behind_it_go() {
+        let mut l = RangeLock::default();
+        assert!(l.acquire(OpId(1), Lba(0), Lba(4), Mode::Exclusive));
+        assert!(!l.acquire(OpId(2), Lba(2), Lba(6), Mode::Exclusive));
+        assert!(!l.acquire(OpId(3), Lba(5), Lba(8), Mode::Exclusive));
+        assert_eq!(l.withdraw(OpId(2)), vec![OpId(3)]);
+        l.self_check();
+        assert_eq!(l.release(OpId(1)), Vec::<OpId>::new());
+        assert_eq!(l.release(OpId(3)), Vec::<OpId>::new());
+        assert!(l.is_empty());
     }
 
     proptest! {

@@ -152,6 +152,14 @@ impl Replicator {
                 continue;
             }
             let c = self.rebuild.copies.remove(&(extent, node)).expect("listed");
+            // A chunk still out (to a replica now down) lets go of its range, or
+            // writes to those blocks would wait for an ack that never comes.
+            if let Some(op) = c.chunk.filter(|op| self.ops.contains_key(op)) {
+                self.ops.remove(&op);
+                let state = self.primary.get_mut(&extent).expect("a chunk holds a lock");
+                let ready = state.lock.withdraw(op);
+                self.run_ready(ready);
+            }
             if leads && e.in_sync.contains(&node) {
                 let took_ns = self.now_ns.saturating_sub(c.started_ns).max(1);
                 let line = format!(

@@ -915,3 +915,35 @@ fn a_copy_never_overwrites_a_newer_block_and_hostile_copies_are_refused() {
     );
     assert!(c.ios.is_empty(), "a refused copy reached the disk");
 }
+
+#[test]
+fn a_copy_to_a_replica_that_goes_down_lets_go_of_its_range() {
+    use crate::control::Command;
+    let mut c = cluster(ReplicationConfig::default());
+    fill(&mut c, 1, 2, 1, 1);
+    c.client_sends(NodeId(1), write(10, 1, block(2, 1)));
+    c.settle_without(NodeId(3));
+    drop_n3(&mut c);
+    // The copy of blocks 0..2 goes out to n3, which never answers.
+    c.settle_without(NodeId(3));
+    assert_eq!(c.engines[&NodeId(1)].rebuild_progress().len(), 1);
+    // A write to a copied block queues behind the copy...
+    c.client_sends(NodeId(1), write_at_epoch(11, 0, block(3, 1), 2));
+    c.settle_without(NodeId(3));
+    assert!(!c.replies.contains(&Message::WriteOk { req: RequestId(11) }));
+    // ... until n3 is declared down: the copy is dropped and the write goes on.
+    publish(
+        &mut c,
+        Command::NodeDown {
+            node: NodeId(3),
+            lease_expires_ns: 0,
+        },
+    );
+    c.settle_without(NodeId(3));
+    assert!(c.engines[&NodeId(1)].rebuild_progress().is_empty());
+    assert!(
+        c.replies.contains(&Message::WriteOk { req: RequestId(11) }),
+        "{:?}",
+        c.replies
+    );
+}
