@@ -71,6 +71,8 @@ pub struct Node<T, D> {
     device_inflight: std::collections::BTreeMap<IoId, tokio::time::Instant>,
     /// Whether the device answered within [`DEVICE_TIMEOUT`] at the last tick.
     device_healthy: bool,
+    /// Ticks in a row that found a device command older than [`DEVICE_TIMEOUT`].
+    stalled_ticks: u32,
 }
 
 /// A device command outstanding this long means the device has stalled: the node
@@ -123,6 +125,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             audit: None,
             device_inflight: std::collections::BTreeMap::new(),
             device_healthy: true,
+            stalled_ticks: 0,
         })
     }
 
@@ -158,6 +161,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             .as_ref()
             .map_or(std::time::Duration::from_secs(3600), |c| c.1);
         let mut ticker = tokio::time::interval(tick);
+        // After a stall (a paused process), one tick, not a burst of missed ones.
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.drain_actions(&done_tx, start).await?;
             // `biased`: device completions first (they free resources), and no draw
@@ -171,11 +176,15 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 }
                 _ = ticker.tick(), if self.control.is_some() => {
                     let now = crate::time::cluster_ns();
-                    let healthy = self
+                    // Stalled at two ticks in a row: a node that was itself paused
+                    // finds its commands old at its first tick back.
+                    let stalled = self
                         .device_inflight
                         .values()
                         .min()
-                        .is_none_or(|&t| crate::time::now() - t < DEVICE_TIMEOUT);
+                        .is_some_and(|&t| crate::time::now() - t >= DEVICE_TIMEOUT);
+                    self.stalled_ticks = if stalled { self.stalled_ticks + 1 } else { 0 };
+                    let healthy = self.stalled_ticks < 2;
                     if healthy != self.device_healthy {
                         self.device_healthy = healthy;
                         let line = if healthy {

@@ -13,6 +13,9 @@
 //!   acknowledged write", checked at the moment of each ack rather than only in the
 //!   read-back at the end.
 //!
+//! - Epochs only grow: no replica takes a write carrying an older epoch than its own
+//!   map's for that extent (the fence against a deposed primary).
+//!
 //! Times in the messages are milliseconds since `base_ns` (the run's start).
 
 use crate::checker::Verdict;
@@ -161,6 +164,34 @@ pub fn check_acks_persisted(audit: &[(NodeId, Audit)], base_ns: u64) -> Verdict 
     }
 }
 
+/// Check that no replica took a write from an epoch older than its map's.
+pub fn check_epochs(audit: &[(NodeId, Audit)], base_ns: u64) -> Verdict {
+    let mut accepted = 0usize;
+    let mut violations = Vec::new();
+    for (node, fact) in audit {
+        if let Audit::Accepted {
+            extent,
+            epoch,
+            map_epoch,
+            at_ns,
+        } = *fact
+        {
+            accepted += 1;
+            if epoch < map_epoch {
+                violations.push(format!(
+                    "{extent}: {node} took a write of {epoch} at {}, when its map was at {map_epoch}",
+                    ms(at_ns, base_ns)
+                ));
+            }
+        }
+    }
+    Verdict {
+        name: "epochs only grow",
+        scope: format!("{accepted} replica writes"),
+        violations,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,6 +228,25 @@ mod tests {
         assert!(!check_leases(&shared_epoch, 0).passed());
         let back = [claim(1, 2, 0, 100), claim(2, 1, 100, 200)];
         assert!(!check_leases(&back, 0).passed());
+    }
+
+    #[test]
+    fn a_write_from_an_older_epoch_fails() {
+        let took = |epoch: u64, map_epoch: u64| {
+            (
+                NodeId(2),
+                Audit::Accepted {
+                    extent: ExtentId(1),
+                    epoch: Epoch(epoch),
+                    map_epoch: Epoch(map_epoch),
+                    at_ns: 5,
+                },
+            )
+        };
+        assert!(check_epochs(&[took(3, 3), took(4, 3)], 0).passed());
+        let v = check_epochs(&[took(3, 3), took(2, 3)], 0);
+        assert_eq!(v.violations.len(), 1);
+        assert!(v.violations[0].contains("n2 took a write of e2"), "{v:?}");
     }
 
     #[test]

@@ -34,7 +34,7 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     sample_us: u64,
     /// Turn on a deliberate bug (repeatable), to see the checkers catch it:
-    /// skip-last-replica, ack-before-slowest, serve-before-lease, rebuild-one-short.
+    /// skip-last-replica, ack-before-slowest, serve-before-lease, rebuild-one-short, accept-stale-epoch.
     #[arg(long, value_enum)]
     bug: Vec<Bug>,
 }
@@ -46,6 +46,7 @@ enum Bug {
     AckBeforeSlowest,
     ServeBeforeLease,
     RebuildOneShort,
+    AcceptStaleEpoch,
 }
 
 fn main() -> ExitCode {
@@ -90,6 +91,7 @@ fn main() -> ExitCode {
             Bug::AckBeforeSlowest => scenario.bugs.ack_before_slowest = true,
             Bug::ServeBeforeLease => scenario.bugs.serve_before_lease = true,
             Bug::RebuildOneShort => scenario.bugs.rebuild_one_short = true,
+            Bug::AcceptStaleEpoch => scenario.bugs.accept_stale_epoch = true,
         }
     }
     run(&args, &scenario, &name)

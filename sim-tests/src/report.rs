@@ -268,6 +268,7 @@ impl fmt::Display for Report {
             (b.ack_before_slowest, "ack-before-slowest"),
             (b.serve_before_lease, "serve-before-lease"),
             (b.rebuild_one_short, "rebuild-one-short"),
+            (b.accept_stale_epoch, "accept-stale-epoch"),
         ] {
             if on {
                 write!(f, " --bug {flag}")?;

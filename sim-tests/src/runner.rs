@@ -9,7 +9,7 @@ use crate::checker::{check_linearizable, check_no_lost_writes, Verdict};
 use crate::history::{
     decode_block, encode_block, History, OpKind, OpRecord, ReplicaRead, Tag, Value,
 };
-use crate::invariants::{check_acks_persisted, check_leases};
+use crate::invariants::{check_acks_persisted, check_epochs, check_leases};
 use crate::report::{FabricSummary, Report};
 use crate::scenario::{Pattern, Scenario};
 use crate::telemetry::{Sample as TelemetrySample, Telemetry};
@@ -155,6 +155,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         bug_ack_before_slowest: scenario.bugs.ack_before_slowest,
         bug_serve_before_lease: scenario.bugs.serve_before_lease,
         bug_rebuild_one_short: scenario.bugs.rebuild_one_short,
+        bug_accept_stale_epoch: scenario.bugs.accept_stale_epoch,
         audit: true,
         rebuild_bytes_per_sec: 0,
     };
@@ -216,16 +217,25 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         check_no_lost_writes(&history, scenario.cluster.replicas as usize),
         check_leases(&audit, base_ns),
         check_acks_persisted(&audit, base_ns),
+        check_epochs(&audit, base_ns),
         liveness,
     ];
     let fabric_summary = summarize(&fabric);
     let mut report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
     report.faults = faults;
-    report.events = events
+    // One line per rebuilt extent is too many for a report: one line per node.
+    let mut lines: Vec<(u64, String)> = events
         .lock()
         .expect("event log")
         .iter()
-        .map(|(at, line)| format!("{:.3} ms: {line}", *at as f64 / 1e6))
+        .filter(|(_, line)| !line.contains(" rebuilt in "))
+        .cloned()
+        .collect();
+    lines.extend(summarize_rebuilds(&audit, base_ns));
+    lines.sort();
+    report.events = lines
+        .into_iter()
+        .map(|(at, line)| format!("{:.3} ms: {line}", at as f64 / 1e6))
         .collect();
     let telemetry = options
         .telemetry_interval
@@ -235,6 +245,48 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         history,
         telemetry,
     }
+}
+
+/// One line per rebuilt node: extents, bytes, span and rate (times from `base_ns`,
+/// which is 30 ms warm-up after the cluster's start, like the event log's zero).
+fn summarize_rebuilds(
+    audit: &[(NodeId, weir_core::replication::Audit)],
+    base_ns: u64,
+) -> Vec<(u64, String)> {
+    use weir_core::replication::Audit;
+    let mut per_node: BTreeMap<NodeId, (usize, u64, u64, u64)> = BTreeMap::new();
+    for (_, fact) in audit {
+        if let Audit::Rebuilt {
+            node,
+            bytes,
+            started_ns,
+            at_ns,
+            ..
+        } = *fact
+        {
+            let e = per_node.entry(node).or_insert((0, 0, u64::MAX, 0));
+            e.0 += 1;
+            e.1 += bytes;
+            e.2 = e.2.min(started_ns);
+            e.3 = e.3.max(at_ns);
+        }
+    }
+    let warmup = WARMUP.as_nanos() as u64;
+    per_node
+        .into_iter()
+        .map(|(node, (extents, bytes, from, to))| {
+            let (from, to) = (from - base_ns + warmup, to - base_ns + warmup);
+            let mib = bytes as f64 / f64::from(1 << 20);
+            let line = format!(
+                "{node} rebuilt: {extents} extents, {mib:.1} MiB copied from {:.3} ms to \
+                 {:.3} ms ({:.0} MB/s)",
+                from as f64 / 1e6,
+                to as f64 / 1e6,
+                bytes as f64 * 1e3 / (to - from).max(1) as f64
+            );
+            (to, line)
+        })
+        .collect()
 }
 
 /// Inject the scenario's fabric faults, drawn from the seed; returns them, described,

@@ -202,6 +202,8 @@ pub struct BugSpec {
     pub serve_before_lease: bool,
     /// A rebuild leaves out the extent's newest block.
     pub rebuild_one_short: bool,
+    /// Replicas take writes from an older epoch.
+    pub accept_stale_epoch: bool,
 }
 
 /// A scenario that cannot run.

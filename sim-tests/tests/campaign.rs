@@ -1,9 +1,9 @@
 //! The fault campaign: 100 seeds, each with its own mix of node crashes (sometimes
-//! the Raft leader), node pauses, nodes cut off from the network, link loss,
-//! corruption and flaps, on RoCE or TCP; every history must pass every checker
-//! (linearizability, no lost write, leases, acked-means-persisted) with no client
-//! error. A failing seed prints its report, which ends with the command that
-//! replays it.
+//! the Raft leader), node pauses, nodes cut off from the network, SSD stalls, link
+//! loss, corruption and flaps, on RoCE or TCP; every history must pass every checker
+//! (linearizability, no lost write, leases, acked-means-persisted, epochs only grow,
+//! liveness) with no client error. A failing seed prints its report, which ends
+//! with the command that replays it.
 #![cfg(madsim)]
 
 use weir_sim::runner::run;

@@ -135,6 +135,32 @@ pub enum Audit {
         /// Every replica that must hold it.
         in_sync: Vec<NodeId>,
     },
+    /// This replica took a write of `extent` sent at `epoch`, when its own map was
+    /// at `map_epoch`.
+    Accepted {
+        /// The extent.
+        extent: ExtentId,
+        /// The epoch the write carried.
+        epoch: Epoch,
+        /// This replica's epoch of the extent then.
+        map_epoch: Epoch,
+        /// When.
+        at_ns: u64,
+    },
+    /// This primary's copy of `extent` to `node` finished: `bytes` copied from
+    /// `started_ns` until `at_ns`, when the node joined the in-sync set.
+    Rebuilt {
+        /// The extent.
+        extent: ExtentId,
+        /// The replica rebuilt.
+        node: NodeId,
+        /// Bytes copied.
+        bytes: u64,
+        /// When the copy began.
+        started_ns: u64,
+        /// When the replica was in sync again.
+        at_ns: u64,
+    },
     /// This node's device completed `version` of `[lba, lba + blocks)` at `at_ns`.
     Persisted {
         /// First block.
@@ -168,6 +194,10 @@ pub struct ReplicationConfig {
     /// TEST ONLY, a deliberate bug: a rebuild leaves out the extent's newest
     /// block, so the replica joins the in-sync set one version short.
     pub bug_rebuild_one_short: bool,
+    /// TEST ONLY, a deliberate bug: a replica takes a write that carries an older
+    /// epoch than its map's, trusting the sender's view (no epoch, primary or
+    /// membership check).
+    pub bug_accept_stale_epoch: bool,
     /// Report [`Audit`] facts (the simulator's invariant checkers use them).
     pub audit: bool,
     /// Rebuild bandwidth of one primary over all its rebuilds, bytes per second;
@@ -348,6 +378,12 @@ pub struct Replicator {
     drops_asked: BTreeMap<(ExtentId, Epoch, NodeId), u64>,
     /// Rebuild work: as a primary, its copies out; as a replica, its copies in.
     rebuild: rebuild::RebuildState,
+    /// Device writes of this node, ordered per block: a write waits for any earlier
+    /// one to overlapping blocks (a deposed primary's write still on the device and
+    /// the new primary's must land in version order). Keyed by `IoId` as `OpId`.
+    device_lock: RangeLock,
+    device_writes: std::collections::BTreeSet<IoId>,
+    deferred: BTreeMap<IoId, IoCmd>,
 }
 
 impl Replicator {
@@ -368,6 +404,27 @@ impl Replicator {
             lease_until_ns: 0,
             drops_asked: BTreeMap::new(),
             rebuild: rebuild::RebuildState::default(),
+            device_lock: RangeLock::default(),
+            device_writes: std::collections::BTreeSet::new(),
+            deferred: BTreeMap::new(),
+        }
+    }
+
+    /// Issue device write `io` once no earlier write to overlapping blocks is still
+    /// on the device.
+    fn write_device(&mut self, io: IoId, cmd: IoCmd) {
+        let IoCmd::Write { lba, data, .. } = &cmd else {
+            panic!("{io:?} is not a write");
+        };
+        let blocks = (data.len() / self.map.volume().block_size as usize) as u64;
+        self.device_writes.insert(io);
+        if self
+            .device_lock
+            .acquire(OpId(io.0), *lba, lba.offset(blocks), Mode::Exclusive)
+        {
+            self.actions.push_back(Action::Io { io, cmd });
+        } else {
+            self.deferred.insert(io, cmd);
         }
     }
 
@@ -585,6 +642,18 @@ impl Replicator {
             .ios
             .remove(&io)
             .unwrap_or_else(|| panic!("completion for unknown io {io:?}"));
+        if self.device_writes.remove(&io) {
+            for next in self.device_lock.release(OpId(io.0)) {
+                let cmd = self
+                    .deferred
+                    .remove(&IoId(next.0))
+                    .expect("a deferred write");
+                self.actions.push_back(Action::Io {
+                    io: IoId(next.0),
+                    cmd,
+                });
+            }
+        }
         match purpose {
             IoPurpose::Op(op) => self.local_io_done(op, result),
             IoPurpose::ReplicaWrite {
@@ -901,14 +970,14 @@ impl Replicator {
             panic!("primary {} version regression at {lba}: {e}", self.me);
         }
         let io = self.io(IoPurpose::Op(op));
-        self.actions.push_back(Action::Io {
+        self.write_device(
             io,
-            cmd: IoCmd::Write {
+            IoCmd::Write {
                 lba,
                 data: data.clone(),
                 fua,
             },
-        });
+        );
         for to in forward {
             let msg = Message::ReplicaWrite {
                 op,
@@ -1179,6 +1248,13 @@ impl Replicator {
         if let Err(e) = result {
             return self.send(primary, Message::ReplicaWriteAck { op, result: Err(e) });
         }
+        let fact = Audit::Accepted {
+            extent,
+            epoch,
+            map_epoch: self.map.extent(extent).epoch,
+            at_ns: self.now_ns,
+        };
+        self.audit(fact);
         let blocks = (data.len() / self.map.volume().block_size as usize) as u64;
         let io = self.io(IoPurpose::ReplicaWrite {
             primary,
@@ -1187,10 +1263,7 @@ impl Replicator {
             blocks,
             version,
         });
-        self.actions.push_back(Action::Io {
-            io,
-            cmd: IoCmd::Write { lba, data, fua },
-        });
+        self.write_device(io, IoCmd::Write { lba, data, fua });
     }
 
     fn check_replica_write(
@@ -1208,6 +1281,9 @@ impl Replicator {
         }
         let placement = self.map.extent(extent);
         if epoch < placement.epoch {
+            if self.config.bug_accept_stale_epoch {
+                return Ok(blocks);
+            }
             return Err(WeirError::StaleEpoch {
                 got: epoch,
                 current: placement.epoch,

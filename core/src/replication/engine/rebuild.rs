@@ -169,6 +169,13 @@ impl Replicator {
                     c.bytes_done as f64 * 1e3 / took_ns as f64
                 );
                 self.actions.push_back(Action::Event(line));
+                self.audit(Audit::Rebuilt {
+                    extent,
+                    node,
+                    bytes: c.bytes_done,
+                    started_ns: c.started_ns,
+                    at_ns: self.now_ns,
+                });
             }
         }
         let bs = u64::from(self.map.volume().block_size);
@@ -454,7 +461,7 @@ impl Replicator {
                 data: data.slice(start * bs..(start + len) * bs),
                 fua: false,
             };
-            self.actions.push_back(Action::Io { io, cmd });
+            self.write_device(io, cmd);
         }
         self.answer_rebuilds();
     }

@@ -947,3 +947,215 @@ fn a_copy_to_a_replica_that_goes_down_lets_go_of_its_range() {
         c.replies
     );
 }
+
+/// One step of a random run: the property test below drives the engines through
+/// random interleavings of client writes, per-link message deliveries, device
+/// completions in any order, and a node failing.
+#[derive(Clone, Debug)]
+enum Step {
+    /// The client writes block `.0` (of the first extent) at its primary.
+    Write(u64),
+    /// Deliver the oldest message on the `.0`-th busy link (links stay FIFO).
+    Deliver(usize),
+    /// Complete the `.1`-th pending device command of node `.0`.
+    Complete(u32, usize),
+    /// Node `.0` fails: it stops, and the control plane declares it down.
+    Down(u32),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => (0u64..6).prop_map(Step::Write),
+        6 => (0usize..8).prop_map(Step::Deliver),
+        5 => (1u32..=3, 0usize..4).prop_map(|(n, k)| Step::Complete(n, k)),
+        1 => (1u32..=3).prop_map(Step::Down),
+    ]
+}
+
+/// Runs [`Step`]s and checks, at every acknowledgement, that the block is on the disk
+/// of every replica the primary's map counts in sync, and at the end that those
+/// replicas agree on every block no failed write touched.
+struct Model {
+    c: Cluster,
+    dead: Option<NodeId>,
+    /// Tag of each write, by request.
+    writes: BTreeMap<u64, (u64, u8)>,
+    /// Per block: tag of the last acknowledged write; blocks a write failed on.
+    acked: BTreeMap<u64, u8>,
+    tainted: std::collections::BTreeSet<u64>,
+    /// Replies already checked, by request.
+    seen: std::collections::BTreeSet<u64>,
+    next_req: u64,
+}
+
+impl Model {
+    fn live_map(&self) -> &ClusterMap {
+        let live = (1..=3).map(NodeId).find(|n| Some(*n) != self.dead).unwrap();
+        self.c.engines[&live].map()
+    }
+
+    fn run(&mut self, step: Step) -> Result<(), String> {
+        match step {
+            Step::Write(lba) => {
+                self.next_req += 1;
+                let req = self.next_req;
+                let tag = (req % 250) as u8 + 1;
+                self.writes.insert(req, (lba, tag));
+                let ext = self.live_map().extent(ExtentId(0)).clone();
+                let msg = write_at_epoch(req, lba, block(tag, 1), ext.epoch.0);
+                self.c.net.push_back((CLIENT, ext.primary, msg));
+            }
+            Step::Deliver(k) => {
+                let mut links: Vec<(NodeId, NodeId)> =
+                    self.c.net.iter().map(|(f, t, _)| (*f, *t)).collect();
+                links.sort();
+                links.dedup();
+                if links.is_empty() {
+                    return Ok(());
+                }
+                let link = links[k % links.len()];
+                let at = self
+                    .c
+                    .net
+                    .iter()
+                    .position(|(f, t, _)| (*f, *t) == link)
+                    .unwrap();
+                let (from, to, msg) = self.c.net.remove(at).unwrap();
+                if to == CLIENT {
+                    self.c.replies.push(msg);
+                } else if Some(to) != self.dead {
+                    self.c
+                        .engines
+                        .get_mut(&to)
+                        .unwrap()
+                        .handle_message(from, msg);
+                }
+            }
+            Step::Complete(n, k) => {
+                let node = NodeId(n);
+                let mine: Vec<usize> = (0..self.c.ios.len())
+                    .filter(|&i| self.c.ios[i].0 == node)
+                    .collect();
+                if mine.is_empty() || Some(node) == self.dead {
+                    return Ok(());
+                }
+                let pick = self.c.ios.remove(mine[k % mine.len()]);
+                self.c.ios.insert(0, pick);
+                self.c.complete_one(node);
+            }
+            Step::Down(n) => {
+                if self.dead.is_some() {
+                    return Ok(());
+                }
+                self.dead = Some(NodeId(n));
+                self.c.ios.retain(|(x, ..)| *x != NodeId(n));
+                publish(
+                    &mut self.c,
+                    crate::control::Command::NodeDown {
+                        node: NodeId(n),
+                        lease_expires_ns: 0,
+                    },
+                );
+            }
+        }
+        self.c.collect();
+        self.check_acks()
+    }
+
+    /// Every acknowledgement just sent: the block is on every in-sync replica.
+    fn check_acks(&mut self) -> Result<(), String> {
+        let sent: Vec<(NodeId, Message)> = self
+            .c
+            .net
+            .iter()
+            .filter(|(_, to, _)| *to == CLIENT)
+            .map(|(f, _, m)| (*f, m.clone()))
+            .collect();
+        for (primary, msg) in sent {
+            match msg {
+                Message::WriteOk { req } if self.seen.insert(req.0) => {
+                    let (block, tag) = self.writes[&req.0];
+                    self.acked.insert(block, tag);
+                    let in_sync = self.c.engines[&primary]
+                        .map()
+                        .extent(ExtentId(0))
+                        .in_sync
+                        .clone();
+                    for node in in_sync {
+                        let has = self.c.disk_block(node, block);
+                        if has != Some(tag) {
+                            return Err(format!(
+                                "req{} acked by {primary} but in-sync {node} holds {has:?}, not {tag}",
+                                req.0
+                            ));
+                        }
+                    }
+                }
+                Message::Failed { req, .. } if self.seen.insert(req.0) => {
+                    self.tainted.insert(self.writes[&req.0].0);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Deliver and complete everything left, then compare the in-sync replicas.
+    fn finish(&mut self) -> Result<(), String> {
+        for _ in 0..10_000 {
+            let busy =
+                !self.c.net.is_empty() || self.c.ios.iter().any(|(n, ..)| Some(*n) != self.dead);
+            if !busy {
+                break;
+            }
+            self.run(Step::Deliver(0))?;
+            for n in 1..=3 {
+                self.run(Step::Complete(n, 0))?;
+            }
+        }
+        let ext = self.live_map().extent(ExtentId(0)).clone();
+        for block in 0..6 {
+            if self.tainted.contains(&block) {
+                continue;
+            }
+            let want = self.acked.get(&block).copied();
+            for &node in &ext.in_sync {
+                let has = self.c.disk_block(node, block);
+                if has != want {
+                    return Err(format!(
+                        "block {block}: in-sync {node} holds {has:?}, last ack {want:?}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn random_interleavings_and_a_failure_never_lose_an_acknowledged_write(
+        steps in proptest::collection::vec(step(), 1..120)
+    ) {
+        let mut m = Model {
+            c: cluster(ReplicationConfig::default()),
+            dead: None,
+            writes: BTreeMap::new(),
+            acked: BTreeMap::new(),
+            tainted: Default::default(),
+            seen: Default::default(),
+            next_req: 0,
+        };
+        for s in steps {
+            if let Err(e) = m.run(s) {
+                proptest::prop_assert!(false, "{}", e);
+            }
+        }
+        if let Err(e) = m.finish() {
+            proptest::prop_assert!(false, "{}", e);
+        }
+    }
+}
