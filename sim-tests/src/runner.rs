@@ -175,7 +175,13 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         fabric.enable_sampling(interval);
     }
     let mut faults = schedule_faults(&fabric, &scenario);
-    faults.extend(schedule_node_faults(&fabric, &hosts, &scenario));
+    let mut crashes = Vec::new();
+    faults.extend(schedule_node_faults(
+        &fabric,
+        &hosts,
+        &scenario,
+        &mut crashes,
+    ));
     faults.sort();
     // Fault times are drawn from the workload's start; the report counts from the
     // cluster's start, like the control-plane events.
@@ -232,6 +238,24 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         .cloned()
         .collect();
     lines.extend(summarize_rebuilds(&audit, base_ns));
+    // The failover time of each crash: from the crash to the node declared down.
+    let slowest_us = report.read.max_us.max(report.write.max_us);
+    for (node, at_us) in crashes {
+        let crash_ns = (at_us + WARMUP.as_micros() as u64) * 1000;
+        let down = format!("{node} down:");
+        if let Some(&(down_ns, _)) = lines
+            .iter()
+            .find(|(t, l)| *t >= crash_ns && l.starts_with(&down))
+        {
+            let line = format!(
+                "failover of {node}: declared down {:.1} ms after its crash; the longest \
+                 client operation of the run took {:.1} ms",
+                (down_ns - crash_ns) as f64 / 1e6,
+                slowest_us / 1e3
+            );
+            lines.push((down_ns + 1, line));
+        }
+    }
     lines.sort();
     report.events = lines
         .into_iter()
@@ -341,6 +365,7 @@ fn schedule_node_faults(
     fabric: &Fabric,
     hosts: &[(NodeId, madsim::task::NodeId, Arc<SimSsd>)],
     s: &Scenario,
+    crashes: &mut Vec<(NodeId, u64)>,
 ) -> Vec<(u64, String)> {
     let f = &s.faults;
     let mut victims: Vec<(NodeId, madsim::task::NodeId)> =
@@ -364,6 +389,7 @@ fn schedule_node_faults(
             Handle::current().kill(host);
         });
         out.push((at_us, format!("node {node} crashes")));
+        crashes.push((node, at_us));
     }
     for _ in 0..f.node_pauses {
         let (node, host) = victims.remove(thread_rng().gen_range(0..victims.len()));

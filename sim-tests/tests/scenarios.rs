@@ -150,6 +150,13 @@ fn a_crashed_primary_fails_over_with_no_client_error() {
         r.events.iter().any(|e| e.contains("down")),
         "no failover: {r}"
     );
+    // The report names the failover time.
+    assert!(
+        r.events
+            .iter()
+            .any(|e| e.contains("failover of") && e.contains("after its crash")),
+        "{r}"
+    );
     // The stall is bounded by detection plus one call timeout, far below the retry
     // budget.
     assert!(r.write.max_us < 1_000_000.0, "{r}");
