@@ -29,6 +29,14 @@ fn a_seed_replays_exactly_and_another_seed_differs() {
     );
 }
 
+/// [`short`], with one client at queue depth 8: light enough for failover runs.
+fn small(duration_ms: u64) -> Scenario {
+    let mut s = short(duration_ms);
+    s.workload.clients = 1;
+    s.workload.queue_depth = 8;
+    s
+}
+
 /// The scenario of sweep seed `seed`: each seed draws its own mix (a small swarm),
 /// so the sweep covers random and sequential, small and large requests, 512 B and
 /// 4 KiB blocks, read-heavy and write-heavy mixes, shallow and deep queues, clean and
@@ -132,9 +140,7 @@ fn skipping_a_replica_is_caught_and_named() {
 /// A small workload that runs long enough for a failover (detection takes a lease
 /// timeout, 150 ms).
 fn failover(seed: u64, crash_leader: bool) -> weir_sim::runner::Outcome {
-    let mut s = short(400);
-    s.workload.clients = 1;
-    s.workload.queue_depth = 8;
+    let mut s = small(400);
     s.faults.node_crashes = 1;
     s.faults.crash_leader = crash_leader;
     run(seed, &s, "failover")
@@ -178,9 +184,7 @@ fn losing_the_raft_leader_and_a_replica_of_every_extent_is_survived() {
 
 #[test]
 fn a_hung_replica_device_is_dropped_from_the_in_sync_set_and_writes_go_on() {
-    let mut s = short(400);
-    s.workload.clients = 1;
-    s.workload.queue_depth = 8;
+    let mut s = small(400);
     s.faults.device_hangs = 1;
     s.faults.hang_ms = 250;
     let outcome = run(1, &s, "hang");
@@ -216,9 +220,7 @@ fn acking_before_the_slowest_replica_is_caught_and_named() {
 
 #[test]
 fn serving_before_the_old_lease_ends_is_caught_and_named() {
-    let mut s = short(400);
-    s.workload.clients = 1;
-    s.workload.queue_depth = 8;
+    let mut s = small(400);
     s.faults.node_crashes = 1;
     s.bugs.serve_before_lease = true;
     // Seed 1 crashes a node that is not the Raft leader: a leader's crash is covered
@@ -239,9 +241,7 @@ fn serving_before_the_old_lease_ends_is_caught_and_named() {
 
 #[test]
 fn a_paused_node_and_a_cut_off_node_are_survived_and_come_back() {
-    let mut s = short(500);
-    s.workload.clients = 1;
-    s.workload.queue_depth = 8;
+    let mut s = small(500);
     s.faults.node_pauses = 1;
     s.faults.pause_ms = 250;
     s.faults.partitions = 1;

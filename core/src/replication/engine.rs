@@ -416,7 +416,7 @@ impl Replicator {
         let IoCmd::Write { lba, data, .. } = &cmd else {
             panic!("{io:?} is not a write");
         };
-        let blocks = (data.len() / self.map.volume().block_size as usize) as u64;
+        let blocks = self.blocks_of(data);
         self.device_writes.insert(io);
         if self
             .device_lock
@@ -537,6 +537,11 @@ impl Replicator {
     /// This node's id.
     pub fn id(&self) -> NodeId {
         self.me
+    }
+
+    /// Whole blocks in `data` (already checked to be a whole number of blocks).
+    fn blocks_of(&self, data: &Bytes) -> u64 {
+        (data.len() / self.map.volume().block_size as usize) as u64
     }
 
     /// Report [`Audit`] facts from now on.
@@ -963,7 +968,7 @@ impl Replicator {
                     .insert(op, extent);
             }
         }
-        let blocks = (data.len() / self.map.volume().block_size as usize) as u64;
+        let blocks = self.blocks_of(&data);
         if let Err(e) = self.claim_version(lba, blocks, version) {
             // The primary gives out versions in order under the lock; a regression
             // here means its own state is corrupt.
@@ -1001,7 +1006,7 @@ impl Replicator {
                 if result.is_ok() {
                     let fact = Audit::Persisted {
                         lba: *lba,
-                        blocks: (data.len() / self.map.volume().block_size as usize) as u64,
+                        blocks: self.blocks_of(data),
                         version: *version,
                         at_ns: self.now_ns,
                     };
@@ -1070,7 +1075,7 @@ impl Replicator {
             let fact = Audit::Acked {
                 extent,
                 lba,
-                blocks: (data.len() / self.map.volume().block_size as usize) as u64,
+                blocks: self.blocks_of(&data),
                 version,
                 at_ns: self.now_ns,
                 in_sync: placement.in_sync.iter().copied().collect(),
@@ -1255,7 +1260,7 @@ impl Replicator {
             at_ns: self.now_ns,
         };
         self.audit(fact);
-        let blocks = (data.len() / self.map.volume().block_size as usize) as u64;
+        let blocks = self.blocks_of(&data);
         let io = self.io(IoPurpose::ReplicaWrite {
             primary,
             op,
@@ -1274,27 +1279,47 @@ impl Replicator {
         lba: Lba,
         data: &Bytes,
     ) -> Result<u64, WeirError> {
-        let blocks = self.map.blocks_in(data.len())?;
-        let located = self.map.locate(self.map.volume().id, lba, blocks)?;
-        if located != extent {
+        let blocks = self.blocks_in_extent(extent, lba, data.len())?;
+        if self.config.bug_accept_stale_epoch && epoch < self.map.extent(extent).epoch {
+            return Ok(blocks);
+        }
+        self.check_sender(primary, extent, epoch, true, |p, me| {
+            p.in_sync.contains(&me) || p.rebuilding.contains(&me)
+        })?;
+        Ok(blocks)
+    }
+
+    /// The blocks of a `len`-byte request at `lba`, which must lie in `extent`.
+    fn blocks_in_extent(&self, extent: ExtentId, lba: Lba, len: usize) -> Result<u64, WeirError> {
+        let blocks = self.map.blocks_in(len)?;
+        if self.map.locate(self.map.volume().id, lba, blocks)? != extent {
             return Err(WeirError::CrossesExtent);
         }
+        Ok(blocks)
+    }
+
+    /// Is `primary`, sending at `epoch`, the primary of `extent` to this node, and
+    /// does `role` say this node takes its writes? The epoch must be this node's, or
+    /// newer too if `newer_ok` (this node's map may lag).
+    fn check_sender(
+        &self,
+        primary: NodeId,
+        extent: ExtentId,
+        epoch: Epoch,
+        newer_ok: bool,
+        role: impl Fn(&crate::control::state::ExtentState, NodeId) -> bool,
+    ) -> Result<(), WeirError> {
         let placement = self.map.extent(extent);
-        if epoch < placement.epoch {
-            if self.config.bug_accept_stale_epoch {
-                return Ok(blocks);
-            }
+        if epoch < placement.epoch || (epoch > placement.epoch && !newer_ok) {
             return Err(WeirError::StaleEpoch {
                 got: epoch,
                 current: placement.epoch,
             });
         }
-        let member =
-            placement.in_sync.contains(&self.me) || placement.rebuilding.contains(&self.me);
-        if placement.primary != primary || !member {
+        if placement.primary != primary || !role(placement, self.me) {
             return Err(WeirError::NotPrimary(primary));
         }
-        Ok(blocks)
+        Ok(())
     }
 
     /// Record that `version` is written to `[lba, lba + blocks)`, refusing to go

@@ -292,8 +292,12 @@ impl Replicator {
                 let end = Lba(first.0 + versions.len() as u64);
                 c.cursor = end;
                 self.rebuild.sent_bytes += (end.0 - first.0) * bs;
-                self.next_op += 1;
-                let op = OpId(self.next_op);
+                let op = self.op_id();
+                let c = self
+                    .rebuild
+                    .copies
+                    .get_mut(&(extent, node))
+                    .expect("listed");
                 c.chunk = Some(op);
                 self.ops.insert(
                     op,
@@ -474,8 +478,7 @@ impl Replicator {
             versions,
             data,
         } = copy;
-        let (extent, epoch, lba) = (*extent, *epoch, *lba);
-        let blocks = self.map.blocks_in(data.len())?;
+        let blocks = self.blocks_in_extent(*extent, *lba, data.len())?;
         if blocks != versions.len() as u64 {
             return Err(WeirError::BadLength {
                 len: data.len() as u64,
@@ -483,19 +486,9 @@ impl Replicator {
                 max_bytes: (versions.len() * self.map.volume().block_size as usize) as u32,
             });
         }
-        if self.map.locate(self.map.volume().id, lba, blocks)? != extent {
-            return Err(WeirError::CrossesExtent);
-        }
-        let placement = self.map.extent(extent);
-        if epoch != placement.epoch {
-            return Err(WeirError::StaleEpoch {
-                got: epoch,
-                current: placement.epoch,
-            });
-        }
-        if placement.primary != primary || !placement.rebuilding.contains(&self.me) {
-            return Err(WeirError::NotPrimary(primary));
-        }
+        self.check_sender(primary, *extent, *epoch, false, |p, me| {
+            p.rebuilding.contains(&me)
+        })?;
         Ok(blocks)
     }
 
