@@ -6,16 +6,17 @@
 //! Each device command runs in a task of its own so the device sees real queue depth.
 
 use crate::buf::BufPool;
-use crate::control::{ControlPlane, PlaneAction};
+use crate::control::{ClusterState, Command, ControlPlane, PlaneAction};
 use crate::device::{BlockDevice, DevCommand, DevCompletion};
 use crate::error::WeirError;
 use crate::ids::{Lba, NodeId};
 use crate::map::ClusterMap;
+use crate::replication::engine::RebuildProgress;
 use crate::replication::{Action, Audit, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};
 use crate::transport::{Transport, TransportError};
 use crate::wire::Message;
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// Why a node could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +48,58 @@ pub enum NodeError {
     /// The transport failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// The durable Raft log could not be written: the node stops rather than act
+    /// on a vote or an entry it may forget.
+    #[error("raft log: {0}")]
+    Log(std::io::Error),
+}
+
+/// Where a node keeps its durable Raft log (a file in production).
+pub trait LogStore: Send + 'static {
+    /// Append `record` and make it durable before returning.
+    fn append(&mut self, record: &[u8]) -> std::io::Result<()>;
+}
+
+/// What a running node reports about itself, for status pages and metrics.
+#[derive(Clone, Debug, Default)]
+pub struct NodeReport {
+    /// The cluster map as this node has applied it.
+    pub state: Arc<ClusterState>,
+    /// The Raft leader it knows of.
+    pub leader: Option<NodeId>,
+    /// End of its lease (cluster clock, ns).
+    pub lease_until_ns: u64,
+    /// Whether its device answers in time.
+    pub device_healthy: bool,
+    /// Rebuild copies it runs as a primary.
+    pub rebuilds: Vec<RebuildProgress>,
+    /// Device commands in flight.
+    pub device_inflight: usize,
+}
+
+/// The daemon's handle on a running node: ask for map changes, watch its reports.
+#[derive(Clone, Debug)]
+pub struct NodeHandle {
+    requests: mpsc::UnboundedSender<Command>,
+    reports: watch::Receiver<NodeReport>,
+}
+
+impl NodeHandle {
+    /// Ask the control plane to commit `command` (forwarded to the leader). The
+    /// outcome shows in a later report's map; false if the node has stopped.
+    pub fn request(&self, command: Command) -> bool {
+        self.requests.send(command).is_ok()
+    }
+
+    /// The node's latest report.
+    pub fn report(&self) -> NodeReport {
+        self.reports.borrow().clone()
+    }
+
+    /// Wait for the next report.
+    pub async fn changed(&mut self) -> bool {
+        self.reports.changed().await.is_ok()
+    }
 }
 
 /// Control-plane events a node reports (failovers, nodes down and up), with the
@@ -73,6 +126,9 @@ pub struct Node<T, D> {
     device_healthy: bool,
     /// Ticks in a row that found a device command older than [`DEVICE_TIMEOUT`].
     stalled_ticks: u32,
+    log_store: Option<Box<dyn LogStore>>,
+    requests: Option<mpsc::UnboundedReceiver<Command>>,
+    reports: Option<watch::Sender<NodeReport>>,
 }
 
 /// A device command outstanding this long means the device has stalled: the node
@@ -126,6 +182,9 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             device_inflight: std::collections::BTreeMap::new(),
             device_healthy: true,
             stalled_ticks: 0,
+            log_store: None,
+            requests: None,
+            reports: None,
         })
     }
 
@@ -136,8 +195,51 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         tick: std::time::Duration,
         events: EventLog,
     ) -> Self {
+        if let Some(epochs) = plane.restored_epochs() {
+            self.engine.set_restored(epochs.clone());
+        }
         self.control = Some((plane, tick, events));
         self
+    }
+
+    /// Keep the control plane's Raft log durable in `store` (see
+    /// [`ControlPlane::open`]).
+    pub fn with_log_store(mut self, store: Box<dyn LogStore>) -> Self {
+        self.log_store = Some(store);
+        self
+    }
+
+    /// A handle for the daemon around the node.
+    pub fn handle(&mut self) -> NodeHandle {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (report_tx, report_rx) = watch::channel(NodeReport::default());
+        self.requests = Some(rx);
+        self.reports = Some(report_tx);
+        NodeHandle {
+            requests: tx,
+            reports: report_rx,
+        }
+    }
+
+    /// Publish a report if anyone holds a handle.
+    fn report(&self) {
+        let Some(tx) = &self.reports else {
+            return;
+        };
+        let state = self.engine.map().state();
+        tx.send_modify(|r| {
+            if r.state.applied != state.applied || *r.state != *state {
+                r.state = Arc::new(state.clone());
+            }
+            r.leader = self.control.as_ref().and_then(|(p, ..)| p.leader());
+            r.lease_until_ns = self
+                .control
+                .as_ref()
+                .map_or(0, |(p, ..)| p.lease_until_ns());
+            r.device_healthy = self.device_healthy;
+            r.rebuilds = self.engine.rebuild_progress();
+            r.device_inflight = self.device_inflight.len();
+        });
     }
 
     /// Record the engine's audit facts in `log` (turns them on).
@@ -203,6 +305,12 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     }
                     self.clock();
                     self.engine.handle_tick(now);
+                    self.report();
+                }
+                Some(command) = recv_request(&mut self.requests) => {
+                    if let Some((plane, ..)) = &mut self.control {
+                        plane.request(&command);
+                    }
                 }
                 frame = self.transport.recv() => {
                     let (from, frame) = frame?;
@@ -270,6 +378,11 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         Err(e) => tracing::debug!(error = %e, "map not taken"),
                     },
                     PlaneAction::Event(line) => self.event(start, line),
+                    PlaneAction::Persist(record) => {
+                        if let Some(store) = &mut self.log_store {
+                            store.append(&record).map_err(NodeError::Log)?;
+                        }
+                    }
                 }
             }
             while let Some(action) = self.engine.poll_action() {
@@ -366,5 +479,13 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             // The node may have stopped; then nobody needs the result.
             let _ = done.send((io, result));
         });
+    }
+}
+
+/// The next admin request, or never if the node has no handle.
+async fn recv_request(requests: &mut Option<mpsc::UnboundedReceiver<Command>>) -> Option<Command> {
+    match requests {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }

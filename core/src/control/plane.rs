@@ -35,7 +35,7 @@
 
 use super::raft::{MapRaft, RaftAction, RaftError};
 use super::state::{ClusterState, Command, NodeStatus};
-use crate::ids::NodeId;
+use crate::ids::{Epoch, ExtentId, NodeId};
 use crate::wire::Message;
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -54,6 +54,9 @@ pub enum PlaneAction {
     Map(ClusterState),
     /// A control-plane event worth a line in a report (failover, node down/up).
     Event(String),
+    /// Append this record to the node's Raft log file and make it durable before
+    /// carrying out any later action (nodes opened with [`ControlPlane::open`]).
+    Persist(Bytes),
 }
 
 /// The control plane of one node.
@@ -78,6 +81,10 @@ pub struct ControlPlane {
     /// Proposals in flight, so the detector does not repeat them every tick.
     proposed: BTreeSet<(NodeId, bool)>,
     actions: VecDeque<PlaneAction>,
+    /// The epochs of the map this node had when it restarted (None: a new node).
+    restored: Option<BTreeMap<ExtentId, Epoch>>,
+    /// A restarted node asks for `Restarted` until it sees it applied.
+    restart_pending: bool,
 }
 
 /// The control plane's timeouts, ns.
@@ -107,7 +114,17 @@ impl ControlPlane {
             // leader after one round trip instead of after an election timeout.
             raft.campaign()?;
         }
-        Ok(ControlPlane {
+        Ok(Self::with_raft(me, raft, voters, bootstrap, timeouts))
+    }
+
+    fn with_raft(
+        me: NodeId,
+        raft: MapRaft,
+        voters: &[NodeId],
+        bootstrap: Vec<Command>,
+        timeouts: Timeouts,
+    ) -> Self {
+        ControlPlane {
             me,
             raft,
             bootstrap,
@@ -121,7 +138,47 @@ impl ControlPlane {
             leader_since_ns: None,
             proposed: BTreeSet::new(),
             actions: VecDeque::new(),
-        })
+            restored: None,
+            restart_pending: false,
+        }
+    }
+
+    /// The control plane of `me` with a durable Raft log: `log` is what the node's
+    /// log file holds (empty for a new node). A node with a log restarted: it
+    /// replays it, reaching the map it had, and asks for [`Command::Restarted`]
+    /// (a new epoch for each of its extents) before its data path serves again.
+    /// Also returns where the intact records end (cut the file there).
+    pub fn open(
+        me: NodeId,
+        voters: &[NodeId],
+        bootstrap: Vec<Command>,
+        timeouts: Timeouts,
+        seed: u64,
+        log: &[u8],
+    ) -> Result<(Self, usize), RaftError> {
+        let (mut raft, replayed) = MapRaft::open(me, voters, seed, log)?;
+        if voters.first() == Some(&me) && replayed.records == 0 {
+            raft.campaign()?;
+        }
+        let mut plane = Self::with_raft(me, raft, voters, bootstrap, timeouts);
+        if replayed.records > 0 {
+            let epochs = plane
+                .state()
+                .extents
+                .iter()
+                .map(|(&id, e)| (id, e.epoch))
+                .collect();
+            plane.restored = Some(epochs);
+            plane.restart_pending = true;
+        }
+        plane.drain_raft();
+        Ok((plane, replayed.valid_len))
+    }
+
+    /// For a restarted node, the epoch of each extent in the map it restarted
+    /// with: its data path serves as a primary only at later epochs.
+    pub fn restored_epochs(&self) -> Option<&BTreeMap<ExtentId, Epoch>> {
+        self.restored.as_ref()
     }
 
     /// The applied cluster state.
@@ -182,9 +239,9 @@ impl ControlPlane {
         }
     }
 
-    /// A member asks the leader to propose a command. Only data-path requests are
-    /// taken from others (dropping a replica, a replica rebuilt); membership stays
-    /// the leader's.
+    /// A member asks the leader to propose a command. Only data-path requests
+    /// (dropping a replica, a replica rebuilt, from the extent's primary) and named
+    /// volume changes are taken from others; membership stays the leader's.
     pub fn handle_propose(&mut self, from: NodeId, bytes: &[u8]) {
         if !self.state().nodes.contains_key(&from) || !self.raft.is_leader() {
             return;
@@ -202,6 +259,12 @@ impl ControlPlane {
             {
                 self.propose(&cmd)
             }
+            // Any member may create or delete a named volume for its users.
+            Ok(cmd @ (Command::CreateNamed { .. } | Command::DeleteNamed { .. })) => {
+                self.propose(&cmd)
+            }
+            // A node says it restarted, for itself only.
+            Ok(cmd @ Command::Restarted { node }) if node == from => self.propose(&cmd),
             Ok(other) => tracing::warn!(%from, ?other, "command not taken from a member"),
             Err(e) => tracing::warn!(%from, error = %e, "undecodable proposal"),
         }
@@ -281,6 +344,11 @@ impl ControlPlane {
     pub fn tick(&mut self, now_ns: u64) {
         self.raft.tick();
         self.drain_raft();
+        if self.restart_pending && self.raft.leader().is_some() {
+            // Asked every tick until applied: a lost request costs one tick, a
+            // repeated one only a spare epoch.
+            self.request(&Command::Restarted { node: self.me });
+        }
         match self.raft.leader() {
             Some(leader) if leader != self.me && self.healthy => {
                 self.actions.push_back(PlaneAction::Send {
@@ -402,11 +470,15 @@ impl ControlPlane {
     fn drain_raft(&mut self) {
         while let Some(action) = self.raft.poll_action() {
             match action {
+                RaftAction::Persist(record) => self.actions.push_back(PlaneAction::Persist(record)),
                 RaftAction::Send { to, bytes } => self.actions.push_back(PlaneAction::Send {
                     to,
                     msg: Message::Raft { bytes },
                 }),
                 RaftAction::Applied { command, outcome } => {
+                    if command == (Command::Restarted { node: self.me }) && outcome.is_ok() {
+                        self.restart_pending = false;
+                    }
                     if let Command::NodeDown { node, .. } | Command::NodeUp { node } = &command {
                         self.proposed.retain(|(n, _)| n != node);
                     }
@@ -448,6 +520,13 @@ fn describe(command: &Command, changes: &[super::state::Change]) -> Option<Strin
         Command::NodeUp { node } => Some(format!("{node} up: rebuilding {replicas} extents")),
         Command::DropReplica { extent, node, .. } => Some(format!(
             "{node} dropped from {extent}'s in-sync set (silent past the replica timeout)"
+        )),
+        Command::CreateNamed {
+            name, size_bytes, ..
+        } => Some(format!("volume {name:?} created ({size_bytes} bytes)")),
+        Command::DeleteNamed { name } => Some(format!("volume {name:?} deleted")),
+        Command::Restarted { node } => Some(format!(
+            "{node} restarted: {replicas} extents move to a new epoch"
         )),
         _ => None,
     }
@@ -517,6 +596,19 @@ mod tests {
         cut: &[NodeId],
         events: &mut Vec<String>,
     ) {
+        run_logged(p, from, ticks, dead, cut, events, &mut BTreeMap::new())
+    }
+
+    /// [`run_cut`], appending each node's durable Raft records to `logs`.
+    fn run_logged(
+        p: &mut BTreeMap<NodeId, ControlPlane>,
+        from: u64,
+        ticks: u64,
+        dead: &[NodeId],
+        cut: &[NodeId],
+        events: &mut Vec<String>,
+        logs: &mut BTreeMap<NodeId, Vec<u8>>,
+    ) {
         let dead: Vec<NodeId> = dead.iter().chain(cut).copied().collect();
         for t in from..from + ticks {
             let now = t * 10;
@@ -533,6 +625,9 @@ mod tests {
                             PlaneAction::Send { to, msg } => sent.push((id, to, msg)),
                             PlaneAction::Event(e) => events.push(e),
                             PlaneAction::Map(_) => {}
+                            PlaneAction::Persist(r) => {
+                                logs.entry(id).or_default().extend_from_slice(&r)
+                            }
                         }
                     }
                 }
@@ -553,11 +648,63 @@ mod tests {
                             sent_ns,
                             lease_until_ns,
                         } => plane.handle_heartbeat_ack(from, sent_ns, lease_until_ns),
+                        Message::Propose { command } => plane.handle_propose(from, &command),
                         other => panic!("unexpected {other:?}"),
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_restarted_node_replays_its_log_and_moves_its_extents_to_a_new_epoch() {
+        let ids: Vec<NodeId> = (1..=3).map(NodeId).collect();
+        let boot = planes()[&NodeId(1)].bootstrap.clone();
+        let timeouts = Timeouts {
+            lease_ns: 150,
+            detect_ns: 100,
+        };
+        let open = |id: NodeId, log: &[u8]| {
+            ControlPlane::open(id, &ids, boot.clone(), timeouts, 5 + u64::from(id.0), log).unwrap()
+        };
+        let mut p: BTreeMap<NodeId, ControlPlane> =
+            ids.iter().map(|&id| (id, open(id, &[]).0)).collect();
+        assert!(p.values().all(|x| x.restored_epochs().is_none()));
+        let (mut events, mut logs) = (Vec::new(), BTreeMap::new());
+        run_logged(&mut p, 0, 60, &[], &[], &mut events, &mut logs);
+        let create = Command::CreateNamed {
+            name: "vol".into(),
+            size_bytes: 1 << 20,
+            extents: 2,
+        };
+        p.get_mut(&NodeId(3)).unwrap().request(&create);
+        run_logged(&mut p, 60, 20, &[], &[], &mut events, &mut logs);
+        let before = p[&NodeId(1)].state().clone();
+        assert_eq!(before.named["vol"].extents, 2, "{events:?}");
+
+        // Node 2 restarts from its log (with a torn record at the end).
+        let mut log = logs[&NodeId(2)].clone();
+        let intact = log.len();
+        log.extend_from_slice(&[9, 0, 0, 0, 1, 2]);
+        let (restarted, valid) = open(NodeId(2), &log);
+        assert_eq!(valid, intact);
+        assert_eq!(restarted.state().named, before.named);
+        assert_eq!(restarted.state().extents, before.extents);
+        let epochs = restarted.restored_epochs().unwrap().clone();
+        p.insert(NodeId(2), restarted);
+        run_logged(&mut p, 80, 30, &[], &[], &mut events, &mut logs);
+        let after = p[&NodeId(1)].state();
+        for (id, ext) in &after.extents {
+            assert!(ext.epoch > epochs[id], "{id} stayed at {}", ext.epoch);
+        }
+        assert!(
+            events.iter().any(|e| e.contains("n2 restarted")),
+            "{events:?}"
+        );
+        // Asked until applied, then no more.
+        let settled = p[&NodeId(1)].state().extents.clone();
+        run_logged(&mut p, 110, 30, &[], &[], &mut events, &mut logs);
+        assert_eq!(p[&NodeId(1)].state().extents, settled);
     }
 
     #[test]

@@ -8,8 +8,13 @@
 //! election timeout jitter, is drawn here from a seeded generator after every term or
 //! role change, so a simulated run replays exactly.
 //!
-//! Storage: raft-rs's in-memory `MemStorage`. Persisting the log and snapshots to
-//! the node's device, so a restarted node recovers them, is not built yet.
+//! Storage: raft-rs's in-memory `MemStorage`, and, for a member opened with
+//! [`MapRaft::open`], a durable copy: every round of new entries and hard state
+//! comes out as a [`RaftAction::Persist`] record ([`persist`]) that the driver makes
+//! durable before it carries out the actions after it (the messages that depend on
+//! it). A restarted member replays its records and applies the committed entries
+//! again, reaching the map it had. The log is never compacted (the map's commands
+//! are few and small), so no snapshots are taken or sent.
 
 use super::state::{Change, ClusterState, Command, Refusal};
 use crate::ids::NodeId;
@@ -48,9 +53,15 @@ pub enum RaftError {
     Unexpected(&'static str),
 }
 
+pub mod persist;
+
 /// Something the driver must do.
 #[derive(Debug)]
 pub enum RaftAction {
+    /// Append this record to the member's log file and make it durable before
+    /// carrying out any later action (only for members opened with
+    /// [`MapRaft::open`]).
+    Persist(Bytes),
     /// Send an encoded Raft message to `to` (as `wire::Message::Raft`).
     Send {
         /// Destination.
@@ -79,6 +90,8 @@ pub struct MapRaft {
     actions: VecDeque<RaftAction>,
     /// Index of the last log entry applied (empty entries included).
     applied_index: u64,
+    /// Whether the driver keeps a durable log ([`RaftAction::Persist`]).
+    durable: bool,
 }
 
 impl std::fmt::Debug for MapRaft {
@@ -95,6 +108,31 @@ impl MapRaft {
     /// Member `me` of a group of `voters`, starting from an empty log, with election
     /// jitter drawn from `seed`.
     pub fn new(me: NodeId, voters: &[NodeId], seed: u64) -> Result<Self, RaftError> {
+        Self::build(me, voters, seed, None)
+    }
+
+    /// Member `me` with a durable log: `log` is what its log file holds (empty for
+    /// a new member). The intact records are replayed and the committed commands
+    /// applied again; from then on every change comes out as a
+    /// [`RaftAction::Persist`]. Also returns what the replay found (the driver cuts
+    /// the file at [`persist::Replayed::valid_len`]).
+    pub fn open(
+        me: NodeId,
+        voters: &[NodeId],
+        seed: u64,
+        log: &[u8],
+    ) -> Result<(Self, persist::Replayed), RaftError> {
+        let replayed = persist::replay(log);
+        let raft = Self::build(me, voters, seed, Some(&replayed))?;
+        Ok((raft, replayed))
+    }
+
+    fn build(
+        me: NodeId,
+        voters: &[NodeId],
+        seed: u64,
+        durable: Option<&persist::Replayed>,
+    ) -> Result<Self, RaftError> {
         let config = Config {
             id: u64::from(me.0),
             election_tick: ELECTION_TICKS,
@@ -106,6 +144,11 @@ impl MapRaft {
         config.validate()?;
         let ids: Vec<u64> = voters.iter().map(|n| u64::from(n.0)).collect();
         let storage = MemStorage::new_with_conf_state(ConfState::from((ids, vec![])));
+        if let Some(replayed) = durable {
+            let mut store = storage.wl();
+            store.append(&replayed.entries)?;
+            store.set_hardstate(replayed.hard_state.clone());
+        }
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let node = RawNode::new(&config, storage, &logger)?;
         let mut raft = MapRaft {
@@ -117,8 +160,11 @@ impl MapRaft {
             rng: SmallRng::seed_from_u64(seed),
             actions: VecDeque::new(),
             applied_index: 0,
+            durable: durable.is_some(),
         };
         raft.jitter();
+        // A replayed log's committed commands are applied at once.
+        raft.drain_ready();
         Ok(raft)
     }
 
@@ -240,26 +286,33 @@ impl MapRaft {
             }
             let committed = ready.take_committed_entries();
             self.apply(committed);
-            if !ready.entries().is_empty() {
-                let entries = ready.entries().clone();
+            let entries = ready.entries().clone();
+            if !entries.is_empty() {
                 self.node
                     .mut_store()
                     .wl()
                     .append(&entries)
                     .expect("entries from raft append");
             }
-            if let Some(hs) = ready.hs() {
-                let hs = hs.clone();
-                self.node.mut_store().wl().set_hardstate(hs);
+            let hs = ready.hs().cloned();
+            if let Some(hs) = &hs {
+                self.node.mut_store().wl().set_hardstate(hs.clone());
+            }
+            if self.durable && (!entries.is_empty() || hs.is_some()) {
+                let record = persist::encode_record(hs.as_ref(), &entries);
+                self.actions
+                    .push_back(RaftAction::Persist(Bytes::from(record)));
             }
             self.send_all(ready.take_persisted_messages());
             let mut light = self.node.advance(ready);
             if let Some(commit) = light.commit_index() {
-                self.node
-                    .mut_store()
-                    .wl()
-                    .mut_hard_state()
-                    .set_commit(commit);
+                let mut store = self.node.mut_store().wl();
+                store.mut_hard_state().set_commit(commit);
+                if self.durable {
+                    let record = persist::encode_record(Some(store.hard_state()), &[]);
+                    self.actions
+                        .push_back(RaftAction::Persist(Bytes::from(record)));
+                }
             }
             self.send_all(light.take_messages());
             let committed = light.take_committed_entries();

@@ -8,7 +8,14 @@
 //! - the primary is in sync, and every in-sync or rebuilding node is a replica;
 //! - a node is never both in sync and rebuilding;
 //! - epochs only grow; a command that names an older epoch is refused;
-//! - a down node is in no in-sync set.
+//! - a down node is in no in-sync set;
+//! - named volumes take disjoint runs of the pool's extents.
+//!
+//! Named volumes: the daemon's users see block devices by name (`weir volume create
+//! NAME`). Each is a run of consecutive extents of the one replicated pool volume
+//! that the cluster bootstraps with; the run is handed out in order and not reused
+//! after a delete (a reused run would show the deleted volume's data to the new one
+//! until zeroing on delete exists).
 //!
 //! Failover picks the new primary from the in-sync set only, so it holds every
 //! acknowledged write (a write is acknowledged only once every in-sync replica has
@@ -97,6 +104,29 @@ pub enum Command {
         /// The replica.
         node: NodeId,
     },
+    /// A node restarted and lost what it held in memory (the versions it gave or
+    /// saw): every extent it holds a replica of moves to a new epoch, so versions it
+    /// hands out from now on are above any it gave before, and it serves as a
+    /// primary only at an epoch it has not served in.
+    Restarted {
+        /// The node.
+        node: NodeId,
+    },
+    /// A named volume of `size_bytes` takes the next `extents` free extents of the
+    /// pool.
+    CreateNamed {
+        /// The volume's name.
+        name: String,
+        /// Size the users see, in bytes.
+        size_bytes: u64,
+        /// Pool extents it needs (the proposer rounds the size up to extents).
+        extents: u64,
+    },
+    /// A named volume is deleted (its extents are not handed out again).
+    DeleteNamed {
+        /// The volume's name.
+        name: String,
+    },
 }
 
 /// Why a command was refused (it changes nothing).
@@ -146,6 +176,52 @@ pub enum Refusal {
     /// The node's status already is what the command asks.
     #[error("{0} is already in that state")]
     NoChange(NodeId),
+    /// A named volume of that name exists.
+    #[error("volume {0:?} already exists")]
+    KnownName(String),
+    /// No named volume of that name.
+    #[error("no volume named {0:?}")]
+    UnknownName(String),
+    /// The pool has too few free extents for the volume.
+    #[error("the pool has {free} free extents, the volume needs {needed}")]
+    NoSpace {
+        /// Extents asked for.
+        needed: u64,
+        /// Extents free.
+        free: u64,
+    },
+    /// The name or size is not acceptable.
+    #[error("bad volume: {0}")]
+    BadName(&'static str),
+}
+
+/// Longest volume name, in bytes (NBD export names are strings on the wire).
+pub const MAX_NAME_BYTES: usize = 128;
+
+/// Check a volume name: 1 to [`MAX_NAME_BYTES`] bytes of ASCII letters, digits,
+/// `-`, `_` and `.`, not starting with `.` or `-`.
+pub fn check_name(name: &str) -> Result<(), Refusal> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(Refusal::BadName("a name has 1 to 128 characters"));
+    }
+    if !name.chars().all(ok_char) || name.starts_with(['.', '-']) {
+        return Err(Refusal::BadName(
+            "a name is letters, digits, '-', '_' and '.', not starting with '.' or '-'",
+        ));
+    }
+    Ok(())
+}
+
+/// A named volume: a run of the pool's extents.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedVolume {
+    /// Its first extent.
+    pub first: ExtentId,
+    /// Extents it holds.
+    pub extents: u64,
+    /// Size the users see, in bytes (at most `extents` extents).
+    pub size_bytes: u64,
 }
 
 /// What a command changed, for the log and the report.
@@ -171,6 +247,10 @@ pub struct ClusterState {
     pub volumes: BTreeMap<VolumeId, (ExtentId, u64)>,
     /// Every extent, by id.
     pub extents: BTreeMap<ExtentId, ExtentState>,
+    /// Named volumes, by name.
+    pub named: BTreeMap<String, NamedVolume>,
+    /// First pool extent never handed to a named volume.
+    pub next_free_extent: u64,
     /// Log index of the last command applied (refused ones included).
     pub applied: u64,
 }
@@ -201,6 +281,16 @@ impl ClusterState {
                 epoch,
                 node,
             } => self.rebuild_done(*extent, *epoch, *node),
+            Command::Restarted { node } => self.restarted(*node),
+            Command::CreateNamed {
+                name,
+                size_bytes,
+                extents,
+            } => self.create_named(name, *size_bytes, *extents),
+            Command::DeleteNamed { name } => match self.named.remove(name) {
+                Some(_) => Ok(vec![Change::Membership]),
+                None => Err(Refusal::UnknownName(name.clone())),
+            },
         };
         self.self_check();
         result
@@ -246,6 +336,50 @@ impl ClusterState {
             self.extents.insert(ExtentId(first + i), state);
         }
         self.volumes.insert(volume, (ExtentId(first), extents));
+        Ok(vec![Change::Membership])
+    }
+
+    fn restarted(&mut self, node: NodeId) -> Result<Vec<Change>, Refusal> {
+        if !self.nodes.contains_key(&node) {
+            return Err(Refusal::UnknownNode(node));
+        }
+        let mut changed = Vec::new();
+        for (&id, ext) in self.extents.iter_mut() {
+            if ext.replicas.contains(&node) {
+                ext.epoch = ext.epoch.next();
+                changed.push((id, ext.epoch));
+            }
+        }
+        Ok(vec![Change::Replicas(changed)])
+    }
+
+    fn create_named(
+        &mut self,
+        name: &str,
+        size_bytes: u64,
+        extents: u64,
+    ) -> Result<Vec<Change>, Refusal> {
+        check_name(name)?;
+        if size_bytes == 0 || extents == 0 {
+            return Err(Refusal::BadName("a volume has a size above zero"));
+        }
+        if self.named.contains_key(name) {
+            return Err(Refusal::KnownName(name.to_string()));
+        }
+        let free = (self.extents.len() as u64).saturating_sub(self.next_free_extent);
+        if extents > free {
+            return Err(Refusal::NoSpace {
+                needed: extents,
+                free,
+            });
+        }
+        let volume = NamedVolume {
+            first: ExtentId(self.next_free_extent),
+            extents,
+            size_bytes,
+        };
+        self.next_free_extent += extents;
+        self.named.insert(name.to_string(), volume);
         Ok(vec![Change::Membership])
     }
 
@@ -431,6 +565,23 @@ impl ClusterState {
             {
                 return Err(format!("{id}: down node {n} in sync"));
             }
+        }
+        if self.next_free_extent > self.extents.len() as u64 {
+            return Err("named volumes past the pool's end".into());
+        }
+        for (name, v) in &self.named {
+            if v.extents == 0 || v.first.0.saturating_add(v.extents) > self.next_free_extent {
+                return Err(format!("volume {name:?} outside the handed-out extents"));
+            }
+        }
+        let mut runs: Vec<_> = self
+            .named
+            .values()
+            .map(|v| (v.first.0, v.extents))
+            .collect();
+        runs.sort_unstable();
+        if runs.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+            return Err("named volumes overlap".into());
         }
         Ok(())
     }

@@ -384,6 +384,13 @@ pub struct Replicator {
     device_lock: RangeLock,
     device_writes: std::collections::BTreeSet<IoId>,
     deferred: BTreeMap<IoId, IoCmd>,
+    /// After a restart: each extent's epoch in the map the node restarted with. It
+    /// serves as a primary only at later epochs (its versions from before are
+    /// forgotten; the control plane's `Restarted` moves its extents on).
+    restored: BTreeMap<ExtentId, Epoch>,
+    /// After a restart: (extent, replica) seen in sync at an epoch after the
+    /// restored one. Such a replica lacks only writes this node has seen since.
+    seen_in_sync: std::collections::BTreeSet<(ExtentId, NodeId)>,
 }
 
 impl Replicator {
@@ -407,6 +414,30 @@ impl Replicator {
             device_lock: RangeLock::default(),
             device_writes: std::collections::BTreeSet::new(),
             deferred: BTreeMap::new(),
+            restored: BTreeMap::new(),
+            seen_in_sync: std::collections::BTreeSet::new(),
+        }
+    }
+
+    /// This node restarted with a map whose extents had these epochs: it forgot
+    /// the versions it gave and saw before. It serves as a primary only at later
+    /// epochs, numbers its writes above the first of them, and copies whole extents
+    /// to replicas it has not seen in sync since.
+    pub fn set_restored(&mut self, epochs: BTreeMap<ExtentId, Epoch>) {
+        self.restored = epochs;
+        self.note_in_sync();
+    }
+
+    /// Record the replicas in sync at epochs after the restored ones.
+    fn note_in_sync(&mut self) {
+        if self.restored.is_empty() {
+            return;
+        }
+        for (&id, ext) in &self.map.state().extents {
+            if self.restored.get(&id).is_none_or(|&e| ext.epoch > e) {
+                self.seen_in_sync
+                    .extend(ext.in_sync.iter().map(|&n| (id, n)));
+            }
         }
     }
 
@@ -454,7 +485,14 @@ impl Replicator {
 
     /// May this node serve `extent` now? (It is the primary: checked before.)
     fn may_serve(&self, extent: ExtentId) -> Result<(), WeirError> {
-        if self.now_ns < self.lease_end() && self.now_ns >= self.serve_from(extent) {
+        let restarted_here = self
+            .restored
+            .get(&extent)
+            .is_some_and(|&e| self.map.extent(extent).epoch <= e);
+        if self.now_ns < self.lease_end()
+            && self.now_ns >= self.serve_from(extent)
+            && !restarted_here
+        {
             Ok(())
         } else {
             Err(WeirError::NoLease(self.me))
@@ -1108,7 +1146,11 @@ impl Replicator {
         if !self.primary.contains_key(&extent) {
             let start = Lba(extent.0 * self.map.volume().extent_blocks);
             let end = self.map.extent_end(extent);
-            let floor = Version::epoch_floor(self.map.extent(extent).epoch);
+            let mut epoch = self.map.extent(extent).epoch;
+            if let Some(&restored) = self.restored.get(&extent) {
+                epoch = epoch.max(restored.next());
+            }
+            let floor = Version::epoch_floor(epoch);
             let last_version = self
                 .block_versions
                 .range(start..end)
@@ -1133,6 +1175,7 @@ impl Replicator {
     /// write held up by a silent replica may be acknowledged.
     pub fn handle_map(&mut self, map: ClusterMap) {
         self.map = map;
+        self.note_in_sync();
         self.claim_all();
         // A flush waits only for nodes still up.
         let up = self.map.state().up_nodes();

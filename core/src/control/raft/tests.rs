@@ -34,6 +34,7 @@ impl Group {
                         RaftAction::Applied { command, .. } => {
                             self.applied.entry(id).or_default().push(command)
                         }
+                        RaftAction::Persist(_) => panic!("in-memory members persist nothing"),
                     }
                 }
             }

@@ -190,3 +190,44 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn named_volumes_take_disjoint_runs_and_are_refused_clearly() {
+    let mut s = cluster(3, 10);
+    let create = |name: &str, extents| Command::CreateNamed {
+        name: name.into(),
+        size_bytes: extents * 4096,
+        extents,
+    };
+    s.apply(&create("a", 4)).unwrap();
+    s.apply(&create("b", 5)).unwrap();
+    assert_eq!(s.named["a"].first, ExtentId(0));
+    assert_eq!(s.named["b"].first, ExtentId(4));
+    assert_eq!(
+        s.apply(&create("a", 1)),
+        Err(Refusal::KnownName("a".into()))
+    );
+    assert_eq!(
+        s.apply(&create("c", 2)),
+        Err(Refusal::NoSpace { needed: 2, free: 1 })
+    );
+    assert!(matches!(
+        s.apply(&create("../x", 1)),
+        Err(Refusal::BadName(_))
+    ));
+    assert!(matches!(s.apply(&create("", 1)), Err(Refusal::BadName(_))));
+    assert!(matches!(s.apply(&create("z", 0)), Err(Refusal::BadName(_))));
+    s.apply(&Command::DeleteNamed { name: "a".into() }).unwrap();
+    assert_eq!(
+        s.apply(&Command::DeleteNamed { name: "a".into() }),
+        Err(Refusal::UnknownName("a".into()))
+    );
+    // A deleted run is not handed out again (its old data would show).
+    assert_eq!(
+        s.apply(&create("c", 2)),
+        Err(Refusal::NoSpace { needed: 2, free: 1 })
+    );
+    s.apply(&create("c", 1)).unwrap();
+    assert_eq!(s.named["c"].first, ExtentId(9));
+    s.self_check();
+}

@@ -65,6 +65,10 @@ struct Copy {
     started_ns: u64,
     /// TEST ONLY (`bug_rebuild_one_short`): the block left out.
     skip: Option<Lba>,
+    /// Copy every block of the extent, those this node holds no version of at
+    /// this version: this node restarted, and the replica may lack writes from
+    /// before that (see [`Replicator::set_restored`]).
+    full: Option<Version>,
 }
 
 /// A copy arriving at a rebuilding replica, acknowledged once persisted.
@@ -190,8 +194,12 @@ impl Replicator {
             .collect();
         for (extent, node, epoch) in new {
             let (start, end) = (self.extent_start(extent), self.map.extent_end(extent));
+            let full = self.copies_in_full(extent, node);
             let held = self.block_versions.range(start..end);
-            let written = held.clone().count() as u64;
+            let written = match full {
+                Some(_) => end.0 - start.0,
+                None => held.clone().count() as u64,
+            };
             let skip = self
                 .config
                 .bug_rebuild_one_short
@@ -212,6 +220,7 @@ impl Replicator {
                     bytes_total: written * bs,
                     started_ns: self.now_ns,
                     skip,
+                    full,
                 },
             );
         }
@@ -221,6 +230,17 @@ impl Replicator {
             .unacked
             .retain(|n, _| state.extents.values().any(|e| e.rebuilding.contains(n)));
         self.pump_rebuilds();
+    }
+
+    /// Whether a copy of `extent` to `node` must cover every block, and at what
+    /// version the blocks this node knows nothing of go: only after a restart, for a
+    /// replica not seen in sync since (it may lack writes this node no longer knows
+    /// it holds). Their version is the floor of the first epoch after the restart:
+    /// above any version given before it, below any given since.
+    pub(super) fn copies_in_full(&self, extent: ExtentId, node: NodeId) -> Option<Version> {
+        let restored = *self.restored.get(&extent)?;
+        (!self.seen_in_sync.contains(&(extent, node)))
+            .then(|| Version::epoch_floor(restored.next()))
     }
 
     fn extent_start(&self, extent: ExtentId) -> Lba {
@@ -237,7 +257,10 @@ impl Replicator {
         }
         let now = self.now_ns;
         let bs = u64::from(self.map.volume().block_size);
-        let chunk_blocks = (REBUILD_CHUNK_BYTES / bs).max(1);
+        // A chunk is one message: never longer than the largest request.
+        let chunk_blocks = (REBUILD_CHUNK_BYTES / bs)
+            .min(u64::from(self.map.volume().max_request_blocks))
+            .max(1);
         let rate = match self.config.rebuild_bytes_per_sec {
             0 => DEFAULT_REBUILD_BYTES_PER_SEC,
             r => r,
@@ -267,8 +290,15 @@ impl Replicator {
                 {
                     continue;
                 }
-                let next = self.block_versions.range(c.cursor..c.end).next();
-                let Some((&first, _)) = next else {
+                let next = match c.full {
+                    Some(_) => (c.cursor < c.end).then_some(c.cursor),
+                    None => self
+                        .block_versions
+                        .range(c.cursor..c.end)
+                        .next()
+                        .map(|(&l, _)| l),
+                };
+                let Some(first) = next else {
                     c.joining = true;
                     tracing::debug!(%extent, %node, "rebuild copied; joining");
                     self.ask_rebuild_done(extent, node);
@@ -276,19 +306,24 @@ impl Replicator {
                 };
                 // A run of consecutive blocks this node holds: only they are locked.
                 let limit = (first.0 + chunk_blocks).min(c.end.0);
-                let versions: Vec<Version> = self
-                    .block_versions
-                    .range(first..Lba(limit))
-                    .zip(first.0..)
-                    .take_while(|((l, _), b)| l.0 == *b)
-                    .map(|((l, v), _)| {
-                        if c.skip == Some(*l) {
-                            Version::default()
-                        } else {
-                            *v
-                        }
-                    })
-                    .collect();
+                let versions: Vec<Version> = match c.full {
+                    Some(base) => (first.0..limit)
+                        .map(|b| self.block_versions.get(&Lba(b)).copied().unwrap_or(base))
+                        .collect(),
+                    None => self
+                        .block_versions
+                        .range(first..Lba(limit))
+                        .zip(first.0..)
+                        .take_while(|((l, _), b)| l.0 == *b)
+                        .map(|((l, v), _)| {
+                            if c.skip == Some(*l) {
+                                Version::default()
+                            } else {
+                                *v
+                            }
+                        })
+                        .collect(),
+                };
                 let end = Lba(first.0 + versions.len() as u64);
                 c.cursor = end;
                 self.rebuild.sent_bytes += (end.0 - first.0) * bs;

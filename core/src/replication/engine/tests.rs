@@ -1159,3 +1159,67 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
+    use crate::control::Command;
+    let mut c = rebuild_cluster(ReplicationConfig::default());
+    // Before n3's rebuild is done, n1 restarts: it forgets every version, including
+    // those of the blocks n3 missed (2 and 9).
+    let map = c.engines[&NodeId(1)].map().clone();
+    let epochs: BTreeMap<ExtentId, Epoch> = map
+        .state()
+        .extents
+        .iter()
+        .map(|(&id, e)| (id, e.epoch))
+        .collect();
+    let mut fresh = Replicator::new(NodeId(1), map.clone(), ReplicationConfig::default());
+    fresh.set_clock(0, u64::MAX);
+    fresh.set_restored(epochs.clone());
+    c.engines.insert(NodeId(1), fresh);
+    // Wipe n3's copy of block 9 to see that the restarted primary copies it again.
+    c.disks.get_mut(&NodeId(3)).unwrap().remove(&9);
+    let replies = c.replies.len();
+    c.client_sends(NodeId(1), write_at_epoch(40, 3, block(7, 1), 2));
+    c.settle();
+    assert_eq!(
+        failed_with(&c, 40),
+        Some(WeirError::NoLease(NodeId(1))),
+        "served at an epoch it may have served at before: {:?}",
+        &c.replies[replies..]
+    );
+    publish(&mut c, Command::Restarted { node: NodeId(1) });
+    c.settle();
+    let progress = c.engines[&NodeId(1)].rebuild_progress();
+    assert_eq!(progress.len(), 1, "n1 copies ext0 to n3");
+    assert_eq!(
+        progress[0].bytes_total,
+        16 * BS as u64,
+        "a whole-extent copy"
+    );
+    for lba in 0..16 {
+        // A block never written reads as zeroes, copied or not.
+        assert_eq!(
+            c.disk_block(NodeId(3), lba).unwrap_or(0),
+            c.disk_block(NodeId(1), lba).unwrap_or(0),
+            "block {lba} differs after a rebuild by a restarted primary"
+        );
+    }
+    assert_eq!(c.disk_block(NodeId(3), 9), Some(2));
+    // It serves at the new epoch, numbering above it.
+    c.client_sends(NodeId(1), write_at_epoch(41, 3, block(8, 1), 3));
+    c.settle();
+    assert_eq!(
+        c.replies.last(),
+        Some(&Message::WriteOk { req: RequestId(41) })
+    );
+    let v = c.engines[&NodeId(1)].block_version(Lba(3)).unwrap();
+    assert!(v > Version::epoch_floor(Epoch(3)), "{v}");
+    // n2 was in sync at the new epoch: a later copy to it takes only known blocks.
+    assert!(c.engines[&NodeId(1)]
+        .copies_in_full(ExtentId(0), NodeId(2))
+        .is_none());
+    assert!(c.engines[&NodeId(1)]
+        .copies_in_full(ExtentId(0), NodeId(3))
+        .is_some());
+}
