@@ -1,0 +1,273 @@
+//! One connection once set up: a queue of frames to send, drained by a writer,
+//! and a reader that delivers whole frames to the endpoint's inbox.
+//!
+//! The endpoint holds a [`Conn`]; the connection's task holds the matching
+//! [`ConnTask`]. Dropping the `Conn` stops the connection: its writer and reader
+//! end at their next await and the socket closes. That is how the endpoint resets
+//! a connection, replaces it, or shuts everything down.
+
+use bytes::{Bytes, BytesMut};
+use std::io::{self, IoSlice};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use weir_core::wire::{DecodeError, Message, HEADER_BYTES};
+use weir_core::NodeId;
+
+/// What a queued frame costs the send budget beyond its bytes: the channel slot and
+/// the `Bytes` handle. It also bounds how many empty frames a queue can hold.
+pub(crate) const FRAME_OVERHEAD_BYTES: usize = 64;
+/// Most frames the writer hands the kernel in one vectored write (well under
+/// Linux's IOV_MAX of 1024).
+const BATCH_FRAMES_MAX: usize = 64;
+/// The reader's buffer: small frames (acks, heartbeats) arrive many to a read;
+/// large bodies bypass it and land straight in their own buffer.
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
+/// Identifies one connection for its whole life, so a task that ends never tears
+/// down the connection that replaced it.
+pub(crate) type ConnId = u64;
+
+/// The endpoint's handle on a connection (being dialed, or set up).
+#[derive(Debug)]
+pub(crate) struct Conn {
+    /// This connection.
+    pub(crate) id: ConnId,
+    frames: mpsc::UnboundedSender<Bytes>,
+    /// Bytes queued and not yet written to the socket (with per-frame overhead).
+    queued_bytes: Arc<AtomicUsize>,
+    /// Never sent on: dropping it is the stop signal.
+    _stop: watch::Sender<()>,
+}
+
+/// The connection task's side of a [`Conn`].
+#[derive(Debug)]
+pub(crate) struct ConnTask {
+    /// This connection.
+    pub(crate) id: ConnId,
+    frames: mpsc::UnboundedReceiver<Bytes>,
+    queued_bytes: Arc<AtomicUsize>,
+    stop: watch::Receiver<()>,
+}
+
+/// Outcome of queueing a frame on a connection.
+#[derive(Debug)]
+pub(crate) enum Push {
+    /// Queued for the writer.
+    Queued,
+    /// Not queued: `queued_bytes` plus this frame would pass the budget.
+    OverBudget {
+        /// Bytes queued before this frame.
+        queued_bytes: usize,
+    },
+    /// Not queued: the connection's task has ended; the frame is handed back.
+    Gone(Bytes),
+}
+
+/// Why a connection ended.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// The endpoint dropped its [`Conn`] or shut down.
+    Stopped,
+    /// Writing to the socket failed.
+    Write(io::Error),
+    /// The peer closed the connection cleanly, between frames.
+    PeerClosed,
+    /// Reading from the socket failed.
+    Read(io::Error),
+    /// The peer sent a header that is not a valid frame header: the stream can no
+    /// longer be trusted to be in sync.
+    BadHeader(DecodeError),
+}
+
+/// A new connection's two sides.
+pub(crate) fn pair(id: ConnId) -> (Conn, ConnTask) {
+    let (frames_tx, frames_rx) = mpsc::unbounded_channel();
+    let (stop_tx, stop_rx) = watch::channel(());
+    let queued_bytes = Arc::new(AtomicUsize::new(0));
+    let conn = Conn {
+        id,
+        frames: frames_tx,
+        queued_bytes: Arc::clone(&queued_bytes),
+        _stop: stop_tx,
+    };
+    let task = ConnTask {
+        id,
+        frames: frames_rx,
+        queued_bytes,
+        stop: stop_rx,
+    };
+    (conn, task)
+}
+
+impl Conn {
+    /// Queue `frame` unless that would take the queue past `budget_bytes`. An empty
+    /// queue takes any frame, so a budget below one frame cannot wedge a peer.
+    /// Never waits: the channel is unbounded in frames, bounded here in bytes.
+    pub(crate) fn push(&self, frame: Bytes, budget_bytes: usize) -> Push {
+        let cost = frame.len() + FRAME_OVERHEAD_BYTES;
+        let queued_bytes = self.queued_bytes.load(Ordering::Acquire);
+        if queued_bytes > 0 && queued_bytes + cost > budget_bytes {
+            return Push::OverBudget { queued_bytes };
+        }
+        self.queued_bytes.fetch_add(cost, Ordering::AcqRel);
+        match self.frames.send(frame) {
+            Ok(()) => Push::Queued,
+            Err(mpsc::error::SendError(frame)) => {
+                self.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
+                Push::Gone(frame)
+            }
+        }
+    }
+
+    /// Bytes queued and not yet written to the socket.
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.queued_bytes.load(Ordering::Acquire)
+    }
+}
+
+impl ConnTask {
+    /// Resolves once the endpoint has dropped the matching [`Conn`].
+    pub(crate) async fn stopped(&mut self) {
+        // Nothing is ever sent, so this only returns when the sender is dropped.
+        while self.stop.changed().await.is_ok() {}
+    }
+}
+
+/// Run a set-up connection until it ends: the writer here, the reader in its own
+/// task (so reading and writing proceed on different worker threads). Frames read
+/// go to `inbox` tagged with `peer`. Whichever side ends first ends the other.
+pub(crate) async fn run(
+    stream: TcpStream,
+    peer: NodeId,
+    mut task: ConnTask,
+    inbox: mpsc::Sender<(NodeId, Bytes)>,
+    mut shutdown: watch::Receiver<bool>,
+) -> End {
+    let (read_half, write_half) = stream.into_split();
+    let mut reader = AbortOnDrop(tokio::spawn(read_frames(read_half, peer, inbox)));
+    let end = {
+        let ConnTask {
+            frames,
+            queued_bytes,
+            stop,
+            ..
+        } = &mut task;
+        tokio::select! {
+            result = write_frames(write_half, frames, queued_bytes) => match result {
+                Ok(()) => End::Stopped,
+                Err(e) => End::Write(e),
+            },
+            joined = &mut reader.0 => joined.unwrap_or(End::Stopped),
+            _ = async { while stop.changed().await.is_ok() {} } => End::Stopped,
+            _ = shutdown.wait_for(|closed| *closed) => End::Stopped,
+        }
+    };
+    // Dropping `reader` ends the reader task if the writer side ended first.
+    end
+}
+
+/// Aborts its task when dropped, so a reader never outlives its writer (even if
+/// the future running them is dropped rather than run to the end).
+struct AbortOnDrop(tokio::task::JoinHandle<End>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Write queued frames until the queue's sender is dropped or the socket fails.
+/// Frames go to the kernel in batches by vectored writes straight from their own
+/// buffers: payload bytes are never copied in user space.
+async fn write_frames(
+    mut socket: OwnedWriteHalf,
+    frames: &mut mpsc::UnboundedReceiver<Bytes>,
+    queued_bytes: &AtomicUsize,
+) -> io::Result<()> {
+    let mut batch: Vec<Bytes> = Vec::with_capacity(BATCH_FRAMES_MAX);
+    loop {
+        if frames.recv_many(&mut batch, BATCH_FRAMES_MAX).await == 0 {
+            return Ok(());
+        }
+        write_all_vectored(&mut socket, &batch).await?;
+        let cost: usize = batch.iter().map(|f| f.len() + FRAME_OVERHEAD_BYTES).sum();
+        queued_bytes.fetch_sub(cost, Ordering::AcqRel);
+        batch.clear();
+    }
+}
+
+/// Write every byte of `frames`, in order, with as few system calls as the kernel
+/// allows.
+async fn write_all_vectored(socket: &mut OwnedWriteHalf, frames: &[Bytes]) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = frames.iter().map(|f| IoSlice::new(f)).collect();
+    let mut rest: &mut [IoSlice<'_>] = &mut slices;
+    // Drops leading empty slices, so an all-empty batch writes nothing.
+    IoSlice::advance_slices(&mut rest, 0);
+    while !rest.is_empty() {
+        let written = socket.write_vectored(rest).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, written);
+    }
+    Ok(())
+}
+
+/// Read whole frames and deliver them until the peer closes, the socket fails or a
+/// header is invalid. A frame costs at most one maximum-size body of memory before
+/// it is delivered: the header's length is checked against `MAX_BODY_BYTES` before
+/// the body's buffer is allocated. Waits on the bounded inbox when the node is
+/// slow, which stops reading and lets TCP flow control push back on the peer.
+async fn read_frames(
+    socket: OwnedReadHalf,
+    peer: NodeId,
+    inbox: mpsc::Sender<(NodeId, Bytes)>,
+) -> End {
+    let mut socket = BufReader::with_capacity(READ_BUFFER_BYTES, socket);
+    loop {
+        match read_frame(&mut socket).await {
+            Ok(Some(frame)) => {
+                if inbox.send((peer, frame)).await.is_err() {
+                    // The endpoint is gone.
+                    return End::Stopped;
+                }
+            }
+            Ok(None) => return End::PeerClosed,
+            Err(end) => return end,
+        }
+    }
+}
+
+/// One frame (header and body), or `None` if the peer closed the stream cleanly
+/// before the first byte of a header.
+async fn read_frame(socket: &mut BufReader<OwnedReadHalf>) -> Result<Option<Bytes>, End> {
+    let mut header = [0u8; HEADER_BYTES];
+    let first = socket.read(&mut header).await.map_err(End::Read)?;
+    if first == 0 {
+        return Ok(None);
+    }
+    socket
+        .read_exact(&mut header[first..])
+        .await
+        .map_err(End::Read)?;
+    let body_len = Message::body_len(&header).map_err(End::BadHeader)?;
+    let frame_len = HEADER_BYTES + body_len;
+    let mut frame = BytesMut::with_capacity(frame_len);
+    frame.extend_from_slice(&header);
+    while frame.len() < frame_len {
+        // `limit` keeps the read inside this frame even if the allocation is larger.
+        let want = frame_len - frame.len();
+        let read = socket
+            .read_buf(&mut bytes::BufMut::limit(&mut frame, want))
+            .await
+            .map_err(End::Read)?;
+        if read == 0 {
+            return Err(End::Read(io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
+    Ok(Some(frame.freeze()))
+}
