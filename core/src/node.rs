@@ -55,7 +55,7 @@ pub enum NodeError {
 }
 
 /// Where a node keeps its durable Raft log (a file in production).
-pub trait LogStore: Send + 'static {
+pub trait LogStore: Send + Sync + 'static {
     /// Append `record` and make it durable before returning.
     fn append(&mut self, record: &[u8]) -> std::io::Result<()>;
 }

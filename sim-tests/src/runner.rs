@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use weir_core::client::{ClientError, Volume};
 use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
 use weir_core::congestion::tcp::Algorithm;
-use weir_core::control::{Command, ControlPlane, Timeouts};
+use weir_core::control::{ControlPlane, Timeouts};
 use weir_core::map::{ClusterMap, VolumeSpec};
 use weir_core::node::{AuditLog, EventLog, Node};
 use weir_core::replication::ReplicationConfig;
@@ -516,15 +516,7 @@ fn start_nodes(
     audit: &AuditLog,
 ) -> Vec<(NodeId, madsim::task::NodeId, Arc<SimSsd>)> {
     let voters = map.nodes().to_vec();
-    let mut bootstrap: Vec<Command> = voters
-        .iter()
-        .map(|&node| Command::AddNode { node })
-        .collect();
-    bootstrap.push(Command::CreateVolume {
-        volume: map.volume().id,
-        extents: map.extent_count(),
-        replicas: s.cluster.replicas as u8,
-    });
+    let bootstrap = weir_core::control::plane::bootstrap(map, s.cluster.replicas as u8);
     let mut hosts = Vec::new();
     for &id in map.nodes() {
         let transport = Arc::new(fabric.endpoint(id).expect("new host"));

@@ -6,6 +6,8 @@
 //!   `--check-determinism`, `--duration-ms MS`).
 //! - `cargo xtask bench fabric`: the fabric engine's speed (events per second,
 //!   simulated time per wall time) on the 2:1 and 60:1 scenarios.
+//! - `cargo xtask bench nbd`: fio through the nbd engine against weir (1 and 3
+//!   replicas) and qemu-nbd (`node/examples/bench_nbd.rs`).
 //! - `cargo xtask test`: every check: formatting, clippy on both builds, the normal
 //!   `cargo test --workspace`, and the madsim build of the workspace's tests (device
 //!   model, fabric, seeded scenarios, a determinism check and the seed sweep).
@@ -14,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 const MADSIM_TARGET_DIR: &str = "target/madsim";
+/// Crates of real sockets, files and processes: never built for the simulator.
+const REAL_IO_ONLY: [&str; 3] = ["weir", "weir-transport-tcp", "weir-nvme-uring"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -25,7 +29,7 @@ fn main() -> ExitCode {
         _ => {
             eprintln!("usage: cargo xtask sim [--seed N] [--scenario FILE] [--check-determinism]");
             eprintln!("       cargo xtask test");
-            eprintln!("       cargo xtask bench fabric");
+            eprintln!("       cargo xtask bench fabric|nbd");
             return ExitCode::from(2);
         }
     };
@@ -99,7 +103,27 @@ fn bench(root: &Path, args: &[String]) -> Result<(), String> {
                 ],
             ),
         ),
-        _ => Err("bench: say which one (available: fabric)".into()),
+        Some("nbd") => {
+            run(
+                "build the release weir binary",
+                cargo(
+                    root,
+                    false,
+                    &["build", "--release", "-p", "weir", "--bin", "weir"],
+                ),
+            )?;
+            let mut cmd = cargo(
+                root,
+                false,
+                &["run", "--release", "-p", "weir", "--example", "bench_nbd"],
+            );
+            cmd.env("WEIR_BIN", root.join("target/release/weir"));
+            run(
+                "NBD benchmark (fio: weir 1 replica, qemu-nbd, weir 3 replicas)",
+                cmd,
+            )
+        }
+        _ => Err("bench: say which one (available: fabric, nbd)".into()),
     }
 }
 
@@ -117,12 +141,16 @@ fn test(root: &Path) -> Result<(), String> {
         "warnings",
     ];
     run("clippy", cargo(root, false, &clippy))?;
-    run("clippy (madsim build)", cargo(root, true, &clippy))?;
+    let mut sim_clippy = vec!["clippy", "--workspace"];
+    sim_clippy.extend(REAL_IO_ONLY.iter().flat_map(|p| ["--exclude", p]));
+    sim_clippy.extend(["--all-targets", "--", "-D", "warnings"]);
+    run("clippy (madsim build)", cargo(root, true, &sim_clippy))?;
     run(
         "cargo test --workspace",
         cargo(root, false, &["test", "--workspace"]),
     )?;
-    let sim_tests = ["test", "--workspace", "--exclude", "xtask"];
+    let mut sim_tests = vec!["test", "--workspace", "--exclude", "xtask"];
+    sim_tests.extend(REAL_IO_ONLY.iter().flat_map(|p| ["--exclude", p]));
     run(
         "cargo test --workspace (madsim build)",
         cargo(root, true, &sim_tests),

@@ -161,6 +161,9 @@ impl ControlPlane {
             raft.campaign()?;
         }
         let mut plane = Self::with_raft(me, raft, voters, bootstrap, timeouts);
+        // The replayed commands first: a `Restarted` of an earlier incarnation
+        // among them must not count as this one's.
+        plane.drain_raft();
         if replayed.records > 0 {
             let epochs = plane
                 .state()
@@ -171,7 +174,6 @@ impl ControlPlane {
             plane.restored = Some(epochs);
             plane.restart_pending = true;
         }
-        plane.drain_raft();
         Ok((plane, replayed.valid_len))
     }
 
@@ -532,6 +534,22 @@ fn describe(command: &Command, changes: &[super::state::Change]) -> Option<Strin
     }
 }
 
+/// The commands that build `map` from an empty log: its members, then its volume
+/// with `replicas` replicas per extent (the map every node starts with).
+pub fn bootstrap(map: &crate::map::ClusterMap, replicas: u8) -> Vec<Command> {
+    let mut commands: Vec<Command> = map
+        .nodes()
+        .iter()
+        .map(|&node| Command::AddNode { node })
+        .collect();
+    commands.push(Command::CreateVolume {
+        volume: map.volume().id,
+        extents: map.extent_count(),
+        replicas,
+    });
+    commands
+}
+
 /// Encode a cluster state for `Message::MapState`.
 pub fn encode_state(state: &ClusterState) -> Bytes {
     Bytes::from(postcard::to_allocvec(state).expect("a cluster state always encodes"))
@@ -705,6 +723,20 @@ mod tests {
         let settled = p[&NodeId(1)].state().extents.clone();
         run_logged(&mut p, 110, 30, &[], &[], &mut events, &mut logs);
         assert_eq!(p[&NodeId(1)].state().extents, settled);
+
+        // A second restart: the first incarnation's `Restarted` in the log does
+        // not count for this one.
+        let (again, _) = open(NodeId(2), &logs[&NodeId(2)]);
+        let epochs = again.restored_epochs().unwrap().clone();
+        p.insert(NodeId(2), again);
+        run_logged(&mut p, 140, 30, &[], &[], &mut events, &mut logs);
+        for (id, ext) in &p[&NodeId(1)].state().extents {
+            assert!(
+                ext.epoch > epochs[id],
+                "second restart: {id} stayed at {}",
+                ext.epoch
+            );
+        }
     }
 
     #[test]

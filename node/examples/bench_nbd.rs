@@ -1,0 +1,244 @@
+//! `cargo xtask bench nbd`: the same fio jobs through fio's nbd engine against
+//! (a) weir with 1 replica, (b) qemu-nbd serving the same kind of file, and (c) weir
+//! with 3 replicas on loopback, in alternation; prints IOPS, MB/s and P99 latency of
+//! each and the ratios a/b and c/a. A benchmark, not a test: it asserts nothing.
+//!
+//! Jobs (QD32, 20 s each; `BENCH_RUNTIME_S` overrides): 4 KiB random read, 4 KiB
+//! random write, 128 KiB sequential read, on a 1 GiB volume first filled with a
+//! sequential write so reads hit data. qemu-nbd runs with `--cache=none
+//! --aio=io_uring` (O_DIRECT and io_uring, as weir's device does). Everything runs
+//! on this host; the figures are this machine's.
+//!
+//! Needs the release `weir` binary (`WEIR_BIN`, set by xtask), fio and qemu-nbd.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const VOLUME: &str = "bench";
+const SIZE: &str = "1G";
+
+struct Target {
+    label: &'static str,
+    uri: String,
+    process: Child,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our child's pid.
+        unsafe { libc::kill(self.process.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.process.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+fn weir_cluster(weir: &Path, dir: &Path, label: &'static str, nodes: u32, offset: u16) -> Target {
+    let _ = std::fs::remove_dir_all(dir);
+    let mut child = Command::new(weir)
+        .args(["cluster", "up", "--pool-size", "4G"])
+        .args([
+            "--nodes",
+            &nodes.to_string(),
+            "--replicas",
+            &nodes.to_string(),
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .args(["--port-offset", &offset.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("weir runs");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert!(n > 0, "weir cluster up ended: see {}", dir.display());
+        if line.contains("nodes up") {
+            break;
+        }
+    }
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let admin = format!("127.0.0.1:{}", 9401 + offset);
+    let status = Command::new(weir)
+        .args([
+            "volume", "create", VOLUME, "--size", SIZE, "--admin", &admin,
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "volume create failed");
+    Target {
+        label,
+        uri: format!("nbd://127.0.0.1:{}/{VOLUME}", 10809 + offset),
+        process: child,
+    }
+}
+
+fn qemu_nbd(dir: &Path, port: u16) -> Target {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let file = dir.join("disk.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let child = Command::new("qemu-nbd")
+        .args([
+            "-f",
+            "raw",
+            "-x",
+            VOLUME,
+            "-b",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+        ])
+        .args(["-t", "-e", "64", "--cache=none", "--aio=io_uring"])
+        .arg(&file)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("qemu-nbd is needed (Debian: qemu-utils)");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "qemu-nbd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Target {
+        label: "b qemu-nbd",
+        uri: format!("nbd://127.0.0.1:{port}/{VOLUME}"),
+        process: child,
+    }
+}
+
+struct Job {
+    name: &'static str,
+    rw: &'static str,
+    bs: &'static str,
+}
+
+const JOBS: [Job; 3] = [
+    Job {
+        name: "4k randread",
+        rw: "randread",
+        bs: "4k",
+    },
+    Job {
+        name: "4k randwrite",
+        rw: "randwrite",
+        bs: "4k",
+    },
+    Job {
+        name: "128k seqread",
+        rw: "read",
+        bs: "128k",
+    },
+];
+
+#[derive(Clone, Copy, Default)]
+struct Result {
+    iops: f64,
+    mb_s: f64,
+    p99_us: f64,
+}
+
+fn fio(uri: &str, rw: &str, bs: &str, depth: u32, runtime: Option<u64>) -> Result {
+    let mut cmd = Command::new("fio");
+    cmd.args(["--name=bench", "--ioengine=nbd", &format!("--uri={uri}")])
+        .args([
+            &format!("--rw={rw}"),
+            &format!("--bs={bs}"),
+            &format!("--iodepth={depth}"),
+        ])
+        .args([&format!("--size={SIZE}"), "--output-format=json"]);
+    if let Some(s) = runtime {
+        cmd.args(["--time_based", &format!("--runtime={s}")]);
+    }
+    let out = cmd.output().expect("fio is needed (Debian: fio)");
+    assert!(
+        out.status.success(),
+        "fio failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fio JSON");
+    let job = &v["jobs"][0];
+    let side = if rw.contains("write") {
+        &job["write"]
+    } else {
+        &job["read"]
+    };
+    Result {
+        iops: side["iops"].as_f64().unwrap_or(0.0),
+        mb_s: side["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        p99_us: side["clat_ns"]["percentile"]["99.000000"]
+            .as_f64()
+            .unwrap_or(0.0)
+            / 1e3,
+    }
+}
+
+fn main() {
+    let weir = PathBuf::from(
+        std::env::var("WEIR_BIN").expect("WEIR_BIN: run through cargo xtask bench nbd"),
+    );
+    let runtime: u64 = std::env::var("BENCH_RUNTIME_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let work = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-nbd");
+    let targets = [
+        weir_cluster(&weir, &work.join("a"), "a weir, 1 replica", 1, 3000),
+        qemu_nbd(&work.join("b"), 13809),
+        weir_cluster(&weir, &work.join("c"), "c weir, 3 replicas", 3, 4000),
+    ];
+    for t in &targets {
+        eprintln!("bench: filling {} ({})", t.label, t.uri);
+        fio(&t.uri, "write", "1m", 8, None);
+    }
+    let mut results = vec![[Result::default(); 3]; JOBS.len()];
+    for (j, job) in JOBS.iter().enumerate() {
+        for (i, t) in targets.iter().enumerate() {
+            eprintln!("bench: {} on {} for {runtime} s", job.name, t.label);
+            results[j][i] = fio(&t.uri, job.rw, job.bs, 32, Some(runtime));
+        }
+    }
+    let host = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!("fio nbd engine, QD32, {runtime} s per run, 1 GiB volume; {cpus} CPUs ({host})");
+    println!(
+        "{:<14} {:<20} {:>10} {:>9} {:>10}",
+        "job", "target", "IOPS", "MB/s", "P99 us"
+    );
+    for (j, job) in JOBS.iter().enumerate() {
+        for (i, t) in targets.iter().enumerate() {
+            let r = results[j][i];
+            println!(
+                "{:<14} {:<20} {:>10.0} {:>9.1} {:>10.0}",
+                job.name, t.label, r.iops, r.mb_s, r.p99_us
+            );
+        }
+        let [a, b, c] = results[j];
+        println!(
+            "{:<14} {:<20} a/b IOPS {:.2}, c/a IOPS {:.2}",
+            "",
+            "ratios",
+            a.iops / b.iops,
+            c.iops / a.iops
+        );
+    }
+}

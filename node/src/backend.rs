@@ -1,0 +1,230 @@
+//! The NBD server's backend on weir: named volumes are runs of the replicated
+//! pool's extents; their I/O goes through weir-core's client (`Volume`), which
+//! finds each extent's primary and retries through failovers.
+//!
+//! - Requests are cut into pieces of at most [`PIECE`] bytes on piece boundaries
+//!   (never across an extent) that run concurrently.
+//! - A request not aligned to the 4 KiB block reads the edge blocks, merges and
+//!   writes them back; such writes are serialized so that two of them never lose
+//!   each other's bytes in a shared block. (Clients are told the block size and
+//!   qemu, libnbd and the kernel keep to it; this path is for the others.)
+//! - TRIM and WRITE_ZEROES write zeroes (replicated like any write), so a trimmed
+//!   range reads back as zeroes everywhere.
+
+use crate::metrics::Metrics;
+use crate::nbd::{errno, Backend, Export};
+use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+use weir_core::client::{ClientError, Volume};
+use weir_core::node::NodeHandle;
+use weir_core::{Lba, Transport, WeirError};
+
+/// Largest piece sent to one primary in one request (the map's request limit).
+pub const PIECE: u64 = 1 << 20;
+/// weir's block size.
+const BS: u64 = 4096;
+/// Zeroes for TRIM and WRITE_ZEROES: one request's worth.
+static ZEROES: [u8; crate::nbd::MAX_IO as usize] = [0; crate::nbd::MAX_IO as usize];
+
+/// NBD on weir volumes.
+pub struct WeirBackend<T> {
+    volume: Arc<Volume<T>>,
+    handle: NodeHandle,
+    extent_bytes: u64,
+    metrics: Arc<Metrics>,
+    /// Serializes read-modify-write of partial blocks.
+    rmw: tokio_real::sync::Mutex<()>,
+}
+
+impl<T: Transport> WeirBackend<T> {
+    /// A backend over `volume` (the pool), with the named volumes of `handle`'s map.
+    pub fn new(
+        volume: Arc<Volume<T>>,
+        handle: NodeHandle,
+        extent_bytes: u64,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        WeirBackend {
+            volume,
+            handle,
+            extent_bytes,
+            metrics,
+            rmw: tokio_real::sync::Mutex::new(()),
+        }
+    }
+
+    fn error(&self, op: &str, e: &ClientError) -> u32 {
+        self.metrics.error(op);
+        tracing::warn!(op, error = %e, "volume request failed");
+        match e {
+            ClientError::Weir(WeirError::OutOfRange { .. } | WeirError::BadLength { .. }) => {
+                errno::EINVAL
+            }
+            _ => errno::EIO,
+        }
+    }
+
+    /// Read whole blocks `[start, start + len)` of the pool (aligned), concurrently
+    /// in pieces.
+    async fn read_aligned(&self, start: u64, len: u64) -> Result<Bytes, ClientError> {
+        let pieces = pieces(start, len);
+        if pieces.len() == 1 {
+            return self.volume.read(Lba(start / BS), len / BS).await;
+        }
+        let tasks: Vec<_> = pieces
+            .into_iter()
+            .map(|(at, n)| {
+                let volume = self.volume.clone();
+                tokio_real::spawn(async move { volume.read(Lba(at / BS), n / BS).await })
+            })
+            .collect();
+        let mut out = BytesMut::with_capacity(len as usize);
+        for t in tasks {
+            let data = t.await.map_err(|_| ClientError::Closed)??;
+            out.extend_from_slice(&data);
+        }
+        Ok(out.freeze())
+    }
+
+    /// Write whole blocks at `start` (aligned), concurrently in pieces.
+    async fn write_aligned(&self, start: u64, data: Bytes, fua: bool) -> Result<(), ClientError> {
+        let pieces = pieces(start, data.len() as u64);
+        if pieces.len() == 1 {
+            return self.volume.write(Lba(start / BS), data, fua).await;
+        }
+        let tasks: Vec<_> = pieces
+            .into_iter()
+            .map(|(at, n)| {
+                let volume = self.volume.clone();
+                let from = (at - start) as usize;
+                let chunk = data.slice(from..from + n as usize);
+                tokio_real::spawn(async move { volume.write(Lba(at / BS), chunk, fua).await })
+            })
+            .collect();
+        let mut result = Ok(());
+        for t in tasks {
+            let r = t.await.map_err(|_| ClientError::Closed).and_then(|r| r);
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    }
+
+    /// Write `data` at byte `start` of the pool, merging partial edge blocks.
+    async fn write_any(&self, start: u64, data: Bytes, fua: bool) -> Result<(), ClientError> {
+        let end = start + data.len() as u64;
+        if start.is_multiple_of(BS) && end.is_multiple_of(BS) {
+            return self.write_aligned(start, data, fua).await;
+        }
+        let _serial = self.rmw.lock().await;
+        let (lo, hi) = (start / BS * BS, end.div_ceil(BS) * BS);
+        let mut merged = BytesMut::from(&self.read_edges(lo, hi, start, end).await?[..]);
+        let at = (start - lo) as usize;
+        merged[at..at + data.len()].copy_from_slice(&data);
+        self.write_aligned(lo, merged.freeze(), fua).await
+    }
+
+    /// The blocks `[lo, hi)`, of which only the partial first and last matter.
+    async fn read_edges(
+        &self,
+        lo: u64,
+        hi: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<BytesMut, ClientError> {
+        let mut out = BytesMut::zeroed((hi - lo) as usize);
+        if !start.is_multiple_of(BS) {
+            let head = self.volume.read(Lba(lo / BS), 1).await?;
+            out[..BS as usize].copy_from_slice(&head);
+        }
+        if !end.is_multiple_of(BS) && (hi - BS >= lo + BS || start.is_multiple_of(BS)) {
+            let tail = self.volume.read(Lba(hi / BS - 1), 1).await?;
+            let at = (hi - lo - BS) as usize;
+            out[at..].copy_from_slice(&tail);
+        }
+        Ok(out)
+    }
+}
+
+/// `[start, start + len)` cut at multiples of [`PIECE`].
+fn pieces(start: u64, len: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let (mut at, end) = (start, start + len);
+    while at < end {
+        let stop = ((at / PIECE + 1) * PIECE).min(end);
+        out.push((at, stop - at));
+        at = stop;
+    }
+    out
+}
+
+impl<T: Transport> Backend for WeirBackend<T> {
+    fn exports(&self) -> Vec<Export> {
+        let report = self.handle.report();
+        report
+            .state
+            .named
+            .iter()
+            .map(|(name, v)| Export {
+                name: name.clone(),
+                size: v.size_bytes,
+                base: v.first.0 * self.extent_bytes,
+            })
+            .collect()
+    }
+
+    async fn read(&self, export: &Export, offset: u64, len: u32) -> Result<Bytes, u32> {
+        let start = export.base + offset;
+        let end = start + u64::from(len);
+        let (lo, hi) = (start / BS * BS, end.div_ceil(BS) * BS);
+        match self.read_aligned(lo, hi - lo).await {
+            Ok(data) => Ok(data.slice((start - lo) as usize..(end - lo) as usize)),
+            Err(e) => Err(self.error("read", &e)),
+        }
+    }
+
+    async fn write(&self, export: &Export, offset: u64, data: Bytes, fua: bool) -> Result<(), u32> {
+        self.write_any(export.base + offset, data, fua)
+            .await
+            .map_err(|e| self.error("write", &e))
+    }
+
+    async fn flush(&self, _export: &Export) -> Result<(), u32> {
+        self.volume
+            .flush()
+            .await
+            .map_err(|e| self.error("flush", &e))
+    }
+
+    async fn zero(&self, export: &Export, offset: u64, len: u32, fua: bool) -> Result<(), u32> {
+        // `len` is at most the NBD request limit: the static zeroes cover it, and
+        // their pages are never touched, so they cost no memory.
+        let len = (len as usize).min(ZEROES.len());
+        self.write_any(
+            export.base + offset,
+            Bytes::from_static(&ZEROES[..len]),
+            fua,
+        )
+        .await
+        .map_err(|e| self.error("write_zeroes", &e))
+    }
+
+    fn record(&self, command: &'static str, bytes: u64, latency: std::time::Duration) {
+        self.metrics.record(command, bytes, latency);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_never_cross_a_piece_boundary_and_cover_the_range() {
+        assert_eq!(pieces(0, 4096), vec![(0, 4096)]);
+        let p = pieces(PIECE - 4096, 3 * PIECE);
+        assert_eq!(p.first(), Some(&(PIECE - 4096, 4096)));
+        assert_eq!(p.iter().map(|x| x.1).sum::<u64>(), 3 * PIECE);
+        assert!(p.iter().all(|(at, n)| at / PIECE == (at + n - 1) / PIECE));
+    }
+}

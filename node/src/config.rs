@@ -1,0 +1,509 @@
+//! The node's configuration file (TOML). Every key but `node.id` and the member
+//! list has a default; an unknown key, a bad value or an impossible combination is
+//! an error that names the key and the file.
+//!
+//! ```toml
+//! [node]
+//! id = 1                      # this node's id, one of cluster.members
+//! data_dir = "data/node1"     # Raft log and (by default) the device file; default:
+//!                             # the directory holding this file
+//!
+//! [cluster]
+//! id = 1                      # connections from other clusters are refused
+//! replicas = 3                # replicas per extent (at most the member count)
+//! pool_size = "64G"           # the replicated pool that volumes are carved from
+//! extent_size = "64M"         # unit of placement, replication and rebuild
+//! members = [                 # every node: id and its replication address; the
+//!   { id = 1, addr = "127.0.0.1:7401" },   # first 5 (all, up to 5) vote in Raft
+//!   { id = 2, addr = "127.0.0.1:7402" },
+//!   { id = 3, addr = "127.0.0.1:7403" },
+//! ]
+//!
+//! [device]
+//! path = "device.img"         # file or block device, relative to data_dir; a file
+//!                             # is created sparse at pool_size (default device.img)
+//! queues = 2                  # io_uring submission queues
+//! queue_depth = 128           # entries per queue
+//!
+//! [nbd]
+//! listen = "127.0.0.1:10809"  # NBD front end; export name = volume name
+//!
+//! [admin]
+//! listen = "127.0.0.1:9401"   # /metrics, /status, /volumes (default 9400 + id)
+//!
+//! [timeouts]
+//! tick_ms = 10                # control-plane tick
+//! lease_ms = 1500             # primary lease; a new primary waits this long
+//! detect_ms = 1000            # a node silent this long is declared down
+//! ```
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Largest member count: all members vote in Raft, and a group of more than 5
+/// voters only slows commits (learners are not built yet).
+pub const MAX_MEMBERS: usize = 5;
+/// Most extents a pool may have (the map travels in one wire frame).
+pub const MAX_EXTENTS: u64 = 16_384;
+
+/// A size in bytes, written as a number or as a string with a binary suffix
+/// (`"64M"`, `"10G"`, `"1T"`; `K`, `M`, `G`, `T`, optionally followed by `iB` or `B`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "SizeRepr")]
+pub struct Size(pub u64);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeRepr {
+    Bytes(u64),
+    Text(String),
+}
+
+impl TryFrom<SizeRepr> for Size {
+    type Error = String;
+    fn try_from(r: SizeRepr) -> Result<Self, String> {
+        match r {
+            SizeRepr::Bytes(b) => Ok(Size(b)),
+            SizeRepr::Text(t) => parse_size(&t).map(Size),
+        }
+    }
+}
+
+/// Parse `"10G"`, `"512M"`, `"4096"`, `"1.5G"` (binary units) into bytes.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let unit = unit.trim();
+    let shift = match unit.trim_end_matches("iB").trim_end_matches('B') {
+        "" => 0,
+        "K" | "k" => 10,
+        "M" | "m" => 20,
+        "G" | "g" => 30,
+        "T" | "t" => 40,
+        _ => return Err(format!("{text:?}: unknown unit (use K, M, G or T)")),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size"))?;
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("{text:?} is out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+/// A node's whole configuration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This node.
+    pub node: NodeSection,
+    /// The cluster it belongs to.
+    pub cluster: ClusterSection,
+    /// Its device.
+    #[serde(default)]
+    pub device: DeviceSection,
+    /// The NBD front end.
+    #[serde(default)]
+    pub nbd: NbdSection,
+    /// The admin and metrics endpoint.
+    #[serde(default)]
+    pub admin: AdminSection,
+    /// Control-plane timing.
+    #[serde(default)]
+    pub timeouts: TimeoutSection,
+}
+
+/// `[node]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSection {
+    /// This node's id (one of the members).
+    pub id: u32,
+    /// Where the Raft log and the default device file live.
+    pub data_dir: Option<PathBuf>,
+}
+
+/// `[cluster]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// Cluster id: connections from another cluster are refused.
+    #[serde(default = "one")]
+    pub id: u64,
+    /// Replicas per extent.
+    #[serde(default = "three")]
+    pub replicas: u8,
+    /// Size of the replicated pool.
+    #[serde(default = "default_pool")]
+    pub pool_size: Size,
+    /// Extent size.
+    #[serde(default = "default_extent")]
+    pub extent_size: Size,
+    /// Every member.
+    pub members: Vec<Member>,
+}
+
+/// One member of `cluster.members`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Member {
+    /// Node id (1 and up).
+    pub id: u32,
+    /// Its replication (and Raft) address.
+    pub addr: SocketAddr,
+}
+
+/// `[device]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSection {
+    /// File or block device; relative paths are under `data_dir`.
+    #[serde(default = "default_device")]
+    pub path: PathBuf,
+    /// io_uring submission queues.
+    #[serde(default = "two")]
+    pub queues: u16,
+    /// Entries per queue.
+    #[serde(default = "default_depth")]
+    pub queue_depth: u16,
+}
+
+/// `[nbd]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NbdSection {
+    /// Listen address.
+    #[serde(default = "default_nbd")]
+    pub listen: SocketAddr,
+}
+
+/// `[admin]`
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSection {
+    /// Listen address (default `127.0.0.1:` 9400 + node id).
+    pub listen: Option<SocketAddr>,
+}
+
+/// `[timeouts]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutSection {
+    /// Control-plane tick.
+    #[serde(default = "ten")]
+    pub tick_ms: u64,
+    /// Primary lease.
+    #[serde(default = "default_lease")]
+    pub lease_ms: u64,
+    /// Failure detection.
+    #[serde(default = "default_detect")]
+    pub detect_ms: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+fn two() -> u16 {
+    2
+}
+fn three() -> u8 {
+    3
+}
+fn ten() -> u64 {
+    10
+}
+fn default_pool() -> Size {
+    Size(64 << 30)
+}
+fn default_extent() -> Size {
+    Size(64 << 20)
+}
+fn default_device() -> PathBuf {
+    PathBuf::from("device.img")
+}
+fn default_depth() -> u16 {
+    128
+}
+fn default_nbd() -> SocketAddr {
+    "127.0.0.1:10809".parse().expect("a valid address")
+}
+fn default_lease() -> u64 {
+    1500
+}
+fn default_detect() -> u64 {
+    1000
+}
+
+impl Default for DeviceSection {
+    fn default() -> Self {
+        DeviceSection {
+            path: default_device(),
+            queues: two(),
+            queue_depth: default_depth(),
+        }
+    }
+}
+
+impl Default for NbdSection {
+    fn default() -> Self {
+        NbdSection {
+            listen: default_nbd(),
+        }
+    }
+}
+
+impl Default for TimeoutSection {
+    fn default() -> Self {
+        TimeoutSection {
+            tick_ms: ten(),
+            lease_ms: default_lease(),
+            detect_ms: default_detect(),
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {error}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The file is not valid TOML for a weir config (the message names the key).
+    #[error("{path}: {error}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with the key and the line.
+        error: Box<toml::de::Error>,
+    },
+    /// A value is out of range or contradicts another.
+    #[error("{path}: key `{key}`: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The key at fault.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Read and check the config at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let mut config = Config::parse(&text, path)?;
+        if config.node.data_dir.is_none() {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            config.node.data_dir = Some(dir.to_path_buf());
+        }
+        Ok(config)
+    }
+
+    /// Parse and check `text` (from `path`, for messages).
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|error| ConfigError::Parse {
+            path: path.to_path_buf(),
+            error: Box::new(error),
+        })?;
+        config.check(path)?;
+        Ok(config)
+    }
+
+    fn check(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |key: &'static str, message: String| {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                key,
+                message,
+            })
+        };
+        let members = &self.cluster.members;
+        if members.is_empty() || members.len() > MAX_MEMBERS {
+            return bad(
+                "cluster.members",
+                format!(
+                    "{} members; 1 to {MAX_MEMBERS} are supported (learners are not built yet)",
+                    members.len()
+                ),
+            );
+        }
+        let mut ids: Vec<u32> = members.iter().map(|m| m.id).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) || ids.contains(&0) {
+            return bad("cluster.members", "ids must be distinct and above 0".into());
+        }
+        if ids.iter().any(|&id| id >= crate::CLIENT_ID_BASE) {
+            return bad(
+                "cluster.members",
+                format!("ids must be below {}", crate::CLIENT_ID_BASE),
+            );
+        }
+        if !ids.contains(&self.node.id) {
+            return bad(
+                "node.id",
+                format!("{} is not one of cluster.members {ids:?}", self.node.id),
+            );
+        }
+        let r = usize::from(self.cluster.replicas);
+        if r == 0 || r > members.len() {
+            return bad(
+                "cluster.replicas",
+                format!("{r}: must be 1 to the member count ({})", members.len()),
+            );
+        }
+        let extent = self.cluster.extent_size.0;
+        if extent < (1 << 20) || !extent.is_power_of_two() {
+            return bad(
+                "cluster.extent_size",
+                format!("{extent} bytes: must be a power of two of at least 1M"),
+            );
+        }
+        let pool = self.cluster.pool_size.0;
+        if pool == 0 || !pool.is_multiple_of(extent) {
+            return bad(
+                "cluster.pool_size",
+                format!("{pool} bytes: must be a whole number of extents ({extent} bytes)"),
+            );
+        }
+        if pool / extent > MAX_EXTENTS {
+            return bad(
+                "cluster.pool_size",
+                format!(
+                    "{} extents; at most {MAX_EXTENTS} (raise cluster.extent_size)",
+                    pool / extent
+                ),
+            );
+        }
+        if self.device.queues == 0 || self.device.queue_depth == 0 {
+            return bad(
+                "device.queues",
+                "queues and queue_depth must be above 0".into(),
+            );
+        }
+        let t = &self.timeouts;
+        if t.tick_ms == 0 || t.detect_ms < 4 * t.tick_ms || t.lease_ms <= t.detect_ms {
+            return bad(
+                "timeouts",
+                "need tick_ms > 0, detect_ms >= 4 x tick_ms and lease_ms > detect_ms".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The data directory (set by [`Config::load`]).
+    pub fn data_dir(&self) -> PathBuf {
+        self.node
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("."))
+    }
+
+    /// The device path, resolved against the data directory.
+    pub fn device_path(&self) -> PathBuf {
+        self.data_dir().join(&self.device.path)
+    }
+
+    /// The admin listen address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.listen.unwrap_or_else(|| {
+            SocketAddr::from(([127, 0, 0, 1], 9400 + self.node.id.min(600) as u16))
+        })
+    }
+
+    /// This node's replication address.
+    pub fn my_addr(&self) -> SocketAddr {
+        self.cluster
+            .members
+            .iter()
+            .find(|m| m.id == self.node.id)
+            .expect("checked: node.id is a member")
+            .addr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        [node]
+        id = 2
+        [cluster]
+        members = [
+          { id = 1, addr = "127.0.0.1:7401" },
+          { id = 2, addr = "127.0.0.1:7402" },
+          { id = 3, addr = "127.0.0.1:7403" },
+        ]
+    "#;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("weir.toml"))
+    }
+
+    #[test]
+    fn defaults_fill_everything_but_the_members() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.cluster.replicas, 3);
+        assert_eq!(c.cluster.pool_size, Size(64 << 30));
+        assert_eq!(c.nbd.listen, "127.0.0.1:10809".parse().unwrap());
+        assert_eq!(c.admin_addr(), "127.0.0.1:9402".parse().unwrap());
+        assert_eq!(c.my_addr(), "127.0.0.1:7402".parse().unwrap());
+        assert_eq!(c.timeouts.lease_ms, 1500);
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_file() {
+        let typo = GOOD.replace("[cluster]", "[cluster]\nreplica = 2");
+        let e = parse(&typo).unwrap_err().to_string();
+        assert!(e.contains("weir.toml") && e.contains("replica"), "{e}");
+        let e = parse(&GOOD.replace("id = 2\n", "id = 9\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("node.id") && e.contains("weir.toml"), "{e}");
+        let e = parse(&GOOD.replace("[cluster]", "[cluster]\nreplicas = 4"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cluster.replicas"), "{e}");
+        let e = parse(&GOOD.replace("[cluster]", "[cluster]\npool_size = \"10Q\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pool_size") || e.contains("10Q"), "{e}");
+        let e = parse(&GOOD.replace("[cluster]", "[cluster]\npool_size = \"100M\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cluster.pool_size"), "{e}");
+        let e = parse(&GOOD.replace("7403", "99999"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("weir.toml"), "{e}");
+        let e = parse(&format!("{GOOD}\n[timeouts]\nlease_ms = 5"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("timeouts"), "{e}");
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("10G"), Ok(10 << 30));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1.5K"), Ok(1536));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("ten").is_err());
+        assert!(parse_size("5X").is_err());
+        assert!(parse_size("").is_err());
+    }
+}

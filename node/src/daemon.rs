@@ -1,0 +1,215 @@
+//! `weir node`: one storage node, from its config to a clean shutdown.
+//!
+//! Start-up, in order: lock the data directory; open the device (io_uring,
+//! O_DIRECT; a file is created sparse at the pool's size); replay the Raft log; bind
+//! the replication transport; start weir-core's `Node` (data path + control plane);
+//! open the NBD front end's client endpoint; serve NBD and the admin endpoint.
+//! On SIGINT or SIGTERM: stop taking NBD clients, flush the device, exit. Every
+//! acknowledged write is on every in-sync replica's device already, and every Raft
+//! record was synced before it was acted on, so nothing acknowledged is lost.
+
+use crate::admin::Admin;
+use crate::backend::WeirBackend;
+use crate::config::Config;
+use crate::logfile::LogFile;
+use crate::metrics::Metrics;
+use anyhow::Context;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use weir_core::client::Volume;
+use weir_core::control::{ControlPlane, Timeouts};
+use weir_core::map::VolumeSpec;
+use weir_core::node::{EventLog, Node};
+use weir_core::replication::ReplicationConfig;
+use weir_core::{BlockDevice, BufPool, ClusterMap, DevCommand, NodeId, VolumeId};
+use weir_nvme_uring::{UringDevice, UringOptions};
+use weir_transport_tcp::{TcpConfig, TcpTransport};
+
+/// Bytes of aligned buffers a node holds for device reads at once.
+const POOL_BYTES: usize = 512 << 20;
+/// The pool's block size.
+pub const BLOCK_SIZE: u32 = 4096;
+/// The largest request to one primary (a wire frame carries it whole).
+const MAX_REQUEST_BLOCKS: u32 = 256;
+
+/// The pool volume every node holds replicas of; named volumes are runs of its
+/// extents.
+pub fn pool_spec(config: &Config) -> VolumeSpec {
+    VolumeSpec {
+        id: VolumeId(1),
+        block_size: BLOCK_SIZE,
+        capacity_blocks: config.cluster.pool_size.0 / u64::from(BLOCK_SIZE),
+        extent_blocks: config.cluster.extent_size.0 / u64::from(BLOCK_SIZE),
+        max_request_blocks: MAX_REQUEST_BLOCKS,
+    }
+}
+
+/// Run the node of `config` until `shutdown` resolves or the node fails.
+pub async fn run(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let me = NodeId(config.node.id);
+    let dir = config.data_dir();
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("creating data_dir {}", dir.display()))?;
+    let lock_path = dir.join("weir.lock");
+    let lock = std::fs::File::create(&lock_path)
+        .with_context(|| format!("creating {}", lock_path.display()))?;
+    lock.try_lock().map_err(|_| {
+        anyhow::anyhow!(
+            "another weir node is running on {} (it holds {})",
+            dir.display(),
+            lock_path.display()
+        )
+    })?;
+    std::fs::write(dir.join("weir.pid"), format!("{}\n", std::process::id()))?;
+
+    let device_path = config.device_path();
+    let device = UringDevice::open(
+        &device_path,
+        UringOptions {
+            capacity_bytes: Some(config.cluster.pool_size.0),
+            queues: config.device.queues,
+            queue_depth: config.device.queue_depth,
+            create: true,
+            ..UringOptions::default()
+        },
+    )
+    .with_context(|| format!("opening device {}", device_path.display()))?;
+    let device = Arc::new(device);
+
+    let members: Vec<NodeId> = config
+        .cluster
+        .members
+        .iter()
+        .map(|m| NodeId(m.id))
+        .collect();
+    let spec = pool_spec(&config);
+    let map = ClusterMap::new_static(members.clone(), spec, usize::from(config.cluster.replicas))
+        .context("building the cluster map")?;
+    let bootstrap = weir_core::control::plane::bootstrap(&map, config.cluster.replicas);
+    let t = &config.timeouts;
+    let timeouts = Timeouts {
+        lease_ns: t.lease_ms * 1_000_000,
+        detect_ns: t.detect_ms * 1_000_000,
+    };
+    let log_path = dir.join("raft.log");
+    let (mut log, bytes) =
+        LogFile::open(&log_path).with_context(|| format!("opening {}", log_path.display()))?;
+    let (plane, valid) = ControlPlane::open(me, &members, bootstrap, timeouts, rand_seed(), &bytes)
+        .context("replaying the raft log")?;
+    log.truncate(valid as u64)?;
+    if plane.restored_epochs().is_some() {
+        tracing::info!(%me, records = bytes.len(), "restarted from the raft log");
+    }
+
+    let peers: BTreeMap<NodeId, std::net::SocketAddr> = config
+        .cluster
+        .members
+        .iter()
+        .map(|m| (NodeId(m.id), m.addr))
+        .collect();
+    let tcp = TcpConfig {
+        cluster_id: config.cluster.id,
+        ..TcpConfig::default()
+    };
+    let node_peers = peers
+        .iter()
+        .filter(|(n, _)| **n != me)
+        .map(|(n, a)| (*n, *a))
+        .collect();
+    let transport = TcpTransport::bind(me, Some(config.my_addr()), node_peers, tcp.clone())
+        .await
+        .with_context(|| format!("listening on {}", config.my_addr()))?;
+
+    let events: EventLog = Arc::default();
+    let mut node = Node::new(
+        transport.clone(),
+        device.clone(),
+        map.clone(),
+        ReplicationConfig::default(),
+        BufPool::new(POOL_BYTES),
+    )?
+    .with_control(plane, Duration::from_millis(t.tick_ms), events.clone())
+    .with_log_store(Box::new(log));
+    let handle = node.handle();
+    let mut node_task = tokio_real::spawn(node.run());
+
+    let client_id = NodeId(crate::CLIENT_ID_BASE + me.0);
+    let client = TcpTransport::bind(client_id, None, peers, tcp)
+        .await
+        .context("starting the NBD front end's client endpoint")?;
+    let volume = Volume::open(client.clone(), map.clone());
+    let metrics = Arc::new(Metrics::new());
+    let extent_bytes = config.cluster.extent_size.0;
+    let backend = Arc::new(WeirBackend::new(
+        volume,
+        handle.clone(),
+        extent_bytes,
+        metrics.clone(),
+    ));
+    let nbd = tokio_real::net::TcpListener::bind(config.nbd.listen)
+        .await
+        .with_context(|| format!("NBD listen address {}", config.nbd.listen))?;
+    let nbd_task = tokio_real::spawn(crate::nbd::serve(nbd, backend));
+
+    let admin_addr = config.admin_addr();
+    let server = Arc::new(
+        tiny_http::Server::http(admin_addr)
+            .map_err(|e| anyhow::anyhow!("admin listen address {admin_addr}: {e}"))?,
+    );
+    let admin = Admin {
+        me,
+        handle,
+        metrics,
+        events,
+        extent_bytes,
+    };
+    let admin_server = server.clone();
+    let admin_thread = std::thread::Builder::new()
+        .name("weir-admin".into())
+        .spawn(move || crate::admin::serve(admin_server, admin))?;
+    tracing::info!(
+        %me,
+        replication = %config.my_addr(),
+        nbd = %config.nbd.listen,
+        admin = %admin_addr,
+        device = %device_path.display(),
+        "weir node up"
+    );
+
+    let outcome = tokio_real::select! {
+        biased;
+        () = shutdown => {
+            tracing::info!(%me, "shutting down");
+            Ok(())
+        }
+        r = &mut node_task => match r {
+            Ok(Ok(())) => Err(anyhow::anyhow!("the node stopped")),
+            Ok(Err(e)) => Err(anyhow::Error::from(e).context("the node failed")),
+            Err(e) => Err(anyhow::anyhow!("the node task panicked: {e}")),
+        },
+    };
+    nbd_task.abort();
+    server.unblock();
+    // Whatever the device caches reaches media before the process goes.
+    if let Err(e) = device.submit(0, DevCommand::Flush).await {
+        tracing::error!(error = %e, "device flush at shutdown failed");
+    }
+    node_task.abort();
+    transport.close();
+    client.close();
+    let _ = admin_thread.join();
+    let _ = std::fs::remove_file(dir.join("weir.pid"));
+    outcome
+}
+
+fn rand_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // Election jitter only needs to differ between nodes and runs.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id().into());
+    h.finish()
+}

@@ -1,0 +1,172 @@
+//! `weir`: run a node, a local cluster, and manage volumes.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use weir_node::{admin_client, cluster, config, daemon};
+
+#[derive(Parser)]
+#[command(
+    name = "weir",
+    version,
+    about = "weir: a replicated block store with an NBD front end"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run one node (control plane member, replica server, NBD server, /metrics).
+    Node {
+        /// The node's config file (TOML; see the README for every key).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// A local cluster on loopback with file-backed devices.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCmd,
+    },
+    /// Create, list and delete volumes.
+    Volume {
+        #[command(subcommand)]
+        command: VolumeCmd,
+        /// A node's admin address.
+        #[arg(
+            long,
+            global = true,
+            env = "WEIR_ADMIN",
+            default_value = "127.0.0.1:9401"
+        )]
+        admin: String,
+    },
+    /// The cluster as a node sees it.
+    Status {
+        /// A node's admin address.
+        #[arg(long, env = "WEIR_ADMIN", default_value = "127.0.0.1:9401")]
+        admin: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Start the cluster and keep it up until Ctrl-C.
+    Up {
+        /// Number of nodes.
+        #[arg(long, default_value_t = 3)]
+        nodes: u32,
+        /// Where the nodes keep their data.
+        #[arg(long, default_value = "./weir-data")]
+        dir: PathBuf,
+        /// Size of the replicated pool that volumes are carved from (sparse files).
+        #[arg(long, default_value = "64G")]
+        pool_size: String,
+        /// Replicas per extent (default: 3, or the node count if smaller).
+        #[arg(long)]
+        replicas: Option<u8>,
+        /// Added to every port, to run several clusters on one host.
+        #[arg(long, default_value_t = 0)]
+        port_offset: u16,
+    },
+}
+
+#[derive(Subcommand)]
+enum VolumeCmd {
+    /// Create a volume.
+    Create {
+        /// Its name (the NBD export name).
+        name: String,
+        /// Its size, like 10G.
+        #[arg(long)]
+        size: String,
+    },
+    /// List the volumes.
+    List,
+    /// Delete a volume.
+    Delete {
+        /// Its name.
+        name: String,
+    },
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn signalled() {
+    use tokio_real::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio_real::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match cli.command {
+        Cmd::Node { config } => {
+            let config = config::Config::load(&config)?;
+            runtime()?.block_on(daemon::run(config, signalled()))
+        }
+        Cmd::Cluster {
+            command:
+                ClusterCmd::Up {
+                    nodes,
+                    dir,
+                    pool_size,
+                    replicas,
+                    port_offset,
+                },
+        } => {
+            let pool_size =
+                config::parse_size(&pool_size).map_err(|e| anyhow::anyhow!("--pool-size: {e}"))?;
+            let up = cluster::ClusterUp {
+                nodes,
+                dir,
+                pool_size,
+                replicas: replicas.unwrap_or(3.min(nodes as u8)),
+                port_offset,
+            };
+            runtime()?.block_on(cluster::up(up, signalled()))
+        }
+        Cmd::Volume { command, admin } => {
+            let out = match command {
+                VolumeCmd::Create { name, size } => {
+                    config::parse_size(&size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
+                    admin_client::post(&admin, &format!("/volumes/{name}?size={size}"))
+                }
+                VolumeCmd::List => admin_client::get(&admin, "/volumes"),
+                VolumeCmd::Delete { name } => {
+                    admin_client::delete(&admin, &format!("/volumes/{name}"))
+                }
+            }?;
+            print!("{out}");
+            Ok(())
+        }
+        Cmd::Status { admin } => {
+            print!("{}", admin_client::get(&admin, "/status")?);
+            Ok(())
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio_real::runtime::Runtime> {
+    tokio_real::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}

@@ -1,0 +1,231 @@
+//! The node's Prometheus metrics (text exposition at `/metrics`): NBD requests,
+//! bytes and latency by command, and the node's view of its replicas, rebuilds,
+//! device queue and the cluster, refreshed at each scrape.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::Mutex;
+use std::time::Duration;
+use weir_core::control::NodeStatus;
+use weir_core::node::NodeReport;
+use weir_core::NodeId;
+
+/// A label naming an NBD command.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Op {
+    /// read, write, flush, trim, write_zeroes.
+    pub op: String,
+}
+
+/// A label naming a replica state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct State {
+    /// primary, in_sync, rebuilding, out (a replica neither in sync nor rebuilding).
+    pub state: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 10 us to ~5 s.
+    Histogram::new(exponential_buckets(10e-6, 2.0, 20))
+}
+
+/// Every metric of one node.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    requests: Family<Op, Counter>,
+    bytes: Family<Op, Counter>,
+    errors: Family<Op, Counter>,
+    latency: Family<Op, Histogram, fn() -> Histogram>,
+    replicas: Family<State, Gauge>,
+    rebuild_done: Gauge,
+    rebuild_total: Gauge,
+    device_inflight: Gauge,
+    device_healthy: Gauge,
+    nodes_up: Gauge,
+    leader: Gauge,
+    volumes: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Metrics, all zero.
+    pub fn new() -> Self {
+        let m = Metrics {
+            registry: Mutex::new(Registry::with_prefix("weir")),
+            requests: Family::default(),
+            bytes: Family::default(),
+            errors: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            replicas: Family::default(),
+            rebuild_done: Gauge::default(),
+            rebuild_total: Gauge::default(),
+            device_inflight: Gauge::default(),
+            device_healthy: Gauge::default(),
+            nodes_up: Gauge::default(),
+            leader: Gauge::default(),
+            volumes: Gauge::default(),
+        };
+        {
+            let mut r = m.registry.lock().expect("registry");
+            r.register("nbd_requests", "NBD requests served", m.requests.clone());
+            r.register(
+                "nbd_bytes",
+                "Bytes read or written through NBD",
+                m.bytes.clone(),
+            );
+            r.register("nbd_errors", "NBD requests that failed", m.errors.clone());
+            r.register(
+                "nbd_latency_seconds",
+                "NBD request latency",
+                m.latency.clone(),
+            );
+            r.register(
+                "replicas",
+                "Extent replicas this node holds, by state",
+                m.replicas.clone(),
+            );
+            r.register(
+                "rebuild_done_bytes",
+                "Bytes copied by the rebuilds this node runs as a primary",
+                m.rebuild_done.clone(),
+            );
+            r.register(
+                "rebuild_total_bytes",
+                "Bytes to copy in the rebuilds this node runs as a primary",
+                m.rebuild_total.clone(),
+            );
+            r.register(
+                "device_inflight",
+                "Device commands in flight (queue depth)",
+                m.device_inflight.clone(),
+            );
+            r.register(
+                "device_healthy",
+                "1 while the device answers in time",
+                m.device_healthy.clone(),
+            );
+            r.register("nodes_up", "Members the map marks up", m.nodes_up.clone());
+            r.register(
+                "raft_leader",
+                "Id of the Raft leader known here, 0 if none",
+                m.leader.clone(),
+            );
+            r.register("volumes", "Named volumes", m.volumes.clone());
+        }
+        m
+    }
+
+    /// A request finished.
+    pub fn record(&self, op: &str, bytes: u64, latency: Duration) {
+        let label = Op { op: op.to_string() };
+        self.requests.get_or_create(&label).inc();
+        self.bytes.get_or_create(&label).inc_by(bytes);
+        self.latency
+            .get_or_create(&label)
+            .observe(latency.as_secs_f64());
+    }
+
+    /// A request failed.
+    pub fn error(&self, op: &str) {
+        self.errors.get_or_create(&Op { op: op.to_string() }).inc();
+    }
+
+    /// The text exposition, with the gauges refreshed from `report` of node `me`.
+    pub fn render(&self, me: NodeId, report: &NodeReport) -> String {
+        let (mut primary, mut in_sync, mut rebuilding, mut out) = (0, 0, 0, 0);
+        for ext in report.state.extents.values() {
+            if !ext.replicas.contains(&me) {
+                continue;
+            }
+            if ext.primary == me && ext.in_sync.contains(&me) {
+                primary += 1;
+            }
+            if ext.in_sync.contains(&me) {
+                in_sync += 1;
+            } else if ext.rebuilding.contains(&me) {
+                rebuilding += 1;
+            } else {
+                out += 1;
+            }
+        }
+        for (state, n) in [
+            ("primary", primary),
+            ("in_sync", in_sync),
+            ("rebuilding", rebuilding),
+            ("out", out),
+        ] {
+            self.replicas
+                .get_or_create(&State {
+                    state: state.into(),
+                })
+                .set(n);
+        }
+        let done: u64 = report.rebuilds.iter().map(|r| r.bytes_done).sum();
+        let total: u64 = report.rebuilds.iter().map(|r| r.bytes_total).sum();
+        self.rebuild_done.set(done as i64);
+        self.rebuild_total.set(total as i64);
+        self.device_inflight.set(report.device_inflight as i64);
+        self.device_healthy.set(i64::from(report.device_healthy));
+        let up = report
+            .state
+            .nodes
+            .values()
+            .filter(|s| **s == NodeStatus::Up)
+            .count();
+        self.nodes_up.set(up as i64);
+        self.leader.set(report.leader.map_or(0, |l| i64::from(l.0)));
+        self.volumes.set(report.state.named.len() as i64);
+        let mut out = String::new();
+        let registry = self.registry.lock().expect("registry");
+        encode(&mut out, &registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_and_histograms_show_in_the_exposition() {
+        let m = Metrics::new();
+        m.record("read", 4096, Duration::from_micros(80));
+        m.record("read", 4096, Duration::from_micros(120));
+        m.error("write");
+        let text = m.render(NodeId(1), &NodeReport::default());
+        assert!(
+            text.contains("weir_nbd_requests_total{op=\"read\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("weir_nbd_bytes_total{op=\"read\"} 8192"),
+            "{text}"
+        );
+        assert!(
+            text.contains("weir_nbd_errors_total{op=\"write\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("weir_nbd_latency_seconds_count{op=\"read\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("weir_device_healthy 0"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}

@@ -1,0 +1,522 @@
+//! The NBD front end: the fixed-newstyle handshake and the transmission phase, so
+//! that real clients (qemu, nbdcopy, nbdfuse, fio's nbd engine, the kernel's
+//! nbd-client) use a weir volume with no weir code on their side.
+//!
+//! Handshake: `NBD_OPT_GO`, `NBD_OPT_INFO`, `NBD_OPT_LIST`, `NBD_OPT_ABORT` and the
+//! old `NBD_OPT_EXPORT_NAME`; every other option is answered `NBD_REP_ERR_UNSUP`
+//! (so clients fall back to simple replies). Export name = volume name.
+//!
+//! Transmission: READ, WRITE (with FUA), FLUSH, TRIM, WRITE_ZEROES, DISC, with
+//! simple replies. Requests run concurrently (a client may have many in flight);
+//! replies go out as they finish. Hostile input is bounded:
+//! - an option payload is at most [`MAX_OPTION`] bytes, a request at most
+//!   [`MAX_IO`]; a larger WRITE (its payload would follow) closes the connection,
+//!   a larger READ gets `EINVAL`;
+//! - a bad request magic closes the connection (the stream cannot be resynced);
+//! - unknown commands and flags get `EINVAL`, ranges past the end `EINVAL`
+//!   (reads) or `ENOSPC` (writes);
+//! - at most [`MAX_INFLIGHT_BYTES`] of request payloads are held per connection;
+//!   the reader waits for room before it reads another payload, so a client that
+//!   floods writes is slowed by TCP, not by the server's memory.
+//!
+//! The protocol is the NBD project's `proto.md`; numbers below are from it.
+
+use bytes::{Bytes, BytesMut};
+use std::future::Future;
+use std::sync::Arc;
+use tokio_real::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio_real::net::{TcpListener, TcpStream};
+use tokio_real::sync::{mpsc, Semaphore};
+
+const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
+const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
+const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
+const REQUEST_MAGIC: u32 = 0x2560_9513;
+const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+
+const FLAG_FIXED_NEWSTYLE: u16 = 1;
+const FLAG_NO_ZEROES: u16 = 2;
+const CLIENT_FLAGS_KNOWN: u32 = 1 | 2;
+
+const OPT_EXPORT_NAME: u32 = 1;
+const OPT_ABORT: u32 = 2;
+const OPT_LIST: u32 = 3;
+const OPT_INFO: u32 = 6;
+const OPT_GO: u32 = 7;
+
+const REP_ACK: u32 = 1;
+const REP_SERVER: u32 = 2;
+const REP_INFO: u32 = 3;
+const REP_ERR_UNSUP: u32 = (1 << 31) | 1;
+const REP_ERR_INVALID: u32 = (1 << 31) | 3;
+const REP_ERR_UNKNOWN: u32 = (1 << 31) | 6;
+const REP_ERR_TOO_BIG: u32 = (1 << 31) | 9;
+
+const INFO_EXPORT: u16 = 0;
+const INFO_BLOCK_SIZE: u16 = 3;
+
+const TFLAG_HAS_FLAGS: u16 = 1;
+const TFLAG_SEND_FLUSH: u16 = 1 << 2;
+const TFLAG_SEND_FUA: u16 = 1 << 3;
+const TFLAG_SEND_TRIM: u16 = 1 << 5;
+const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
+const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
+
+const CMD_READ: u16 = 0;
+const CMD_WRITE: u16 = 1;
+const CMD_DISC: u16 = 2;
+const CMD_FLUSH: u16 = 3;
+const CMD_TRIM: u16 = 4;
+const CMD_WRITE_ZEROES: u16 = 6;
+const CMD_FLAG_FUA: u16 = 1;
+const CMD_FLAG_NO_HOLE: u16 = 2;
+
+/// NBD error numbers (the protocol's, not the host's).
+pub mod errno {
+    /// Input/output error.
+    pub const EIO: u32 = 5;
+    /// Out of memory.
+    pub const ENOMEM: u32 = 12;
+    /// Invalid argument.
+    pub const EINVAL: u32 = 22;
+    /// No space left (a write past the end).
+    pub const ENOSPC: u32 = 28;
+    /// The server is shutting down.
+    pub const ESHUTDOWN: u32 = 108;
+}
+
+/// Largest option payload read during the handshake.
+pub const MAX_OPTION: u32 = 4096;
+/// Largest READ or WRITE (the protocol recommends clients stay at or below 32 MiB).
+pub const MAX_IO: u32 = 32 << 20;
+/// Request payload bytes held at once per connection.
+pub const MAX_INFLIGHT_BYTES: u32 = 64 << 20;
+/// Preferred and minimum I/O size advertised (weir's block size).
+pub const BLOCK: u32 = 4096;
+
+/// An export as the server lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Export {
+    /// Its name (the volume's).
+    pub name: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Where it starts in the backend's address space (the backend's business).
+    pub base: u64,
+}
+
+/// What the NBD server serves. Offsets and lengths are checked against the
+/// export's size before a call; errors are NBD error numbers ([`errno`]).
+pub trait Backend: Send + Sync + 'static {
+    /// Every export, in a stable order.
+    fn exports(&self) -> Vec<Export>;
+    /// Read `len` bytes at `offset`.
+    fn read(
+        &self,
+        export: &Export,
+        offset: u64,
+        len: u32,
+    ) -> impl Future<Output = Result<Bytes, u32>> + Send;
+    /// Write `data` at `offset`; with `fua`, durable before the reply.
+    fn write(
+        &self,
+        export: &Export,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> impl Future<Output = Result<(), u32>> + Send;
+    /// Make every completed write durable.
+    fn flush(&self, export: &Export) -> impl Future<Output = Result<(), u32>> + Send;
+    /// Zero `len` bytes at `offset` (TRIM and WRITE_ZEROES).
+    fn zero(
+        &self,
+        export: &Export,
+        offset: u64,
+        len: u32,
+        fua: bool,
+    ) -> impl Future<Output = Result<(), u32>> + Send;
+    /// Note one finished request (for metrics): command, bytes, latency.
+    fn record(&self, _command: &'static str, _bytes: u64, _latency: std::time::Duration) {}
+}
+
+/// Serve NBD on `listener` until it fails; one task per client.
+pub async fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>) -> std::io::Result<()> {
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        let backend = backend.clone();
+        tokio_real::spawn(async move {
+            if let Err(e) = handle(stream, backend).await {
+                tracing::info!(%peer, error = %e, "NBD client disconnected");
+            }
+        });
+    }
+}
+
+/// Why a connection ended (all are the client's doing or the network's).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    /// The socket failed or the client went away.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The client broke the protocol; the server closed the connection.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// The handshake took too long.
+    #[error("handshake timed out")]
+    Timeout,
+}
+
+/// How long a client has to finish the handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Serve one client: handshake, then transmission.
+pub async fn handle<B: Backend>(stream: TcpStream, backend: Arc<B>) -> Result<(), ConnError> {
+    stream.set_nodelay(true)?;
+    let (read, write) = stream.into_split();
+    let mut r = BufReader::new(read);
+    let mut w = BufWriter::new(write);
+    let export =
+        match tokio_real::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut r, &mut w, &*backend))
+            .await
+        {
+            Ok(Ok(Some(export))) => export,
+            Ok(Ok(None)) => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(ConnError::Timeout),
+        };
+    tracing::debug!(export = %export.name, "NBD transmission starts");
+    transmission(r, w, backend, export).await
+}
+
+fn transmission_flags() -> u16 {
+    // Multi-conn is true: a write is acknowledged once on every in-sync replica's
+    // device, and FLUSH flushes every replica's device, so a flush on one
+    // connection covers writes completed on any.
+    TFLAG_HAS_FLAGS
+        | TFLAG_SEND_FLUSH
+        | TFLAG_SEND_FUA
+        | TFLAG_SEND_TRIM
+        | TFLAG_SEND_WRITE_ZEROES
+        | TFLAG_CAN_MULTI_CONN
+}
+
+type Reader = BufReader<tokio_real::net::tcp::OwnedReadHalf>;
+type Writer = BufWriter<tokio_real::net::tcp::OwnedWriteHalf>;
+
+/// The handshake; `Some(export)` to go on to transmission, `None` if the client
+/// ended it (ABORT).
+async fn handshake<B: Backend>(
+    r: &mut Reader,
+    w: &mut Writer,
+    backend: &B,
+) -> Result<Option<Export>, ConnError> {
+    w.write_u64(NBDMAGIC).await?;
+    w.write_u64(IHAVEOPT).await?;
+    w.write_u16(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).await?;
+    w.flush().await?;
+    let client_flags = r.read_u32().await?;
+    if client_flags & !CLIENT_FLAGS_KNOWN != 0 || client_flags & 1 == 0 {
+        return Err(ConnError::Protocol(format!(
+            "client flags {client_flags:#x}"
+        )));
+    }
+    let no_zeroes = client_flags & 2 != 0;
+    loop {
+        let magic = r.read_u64().await?;
+        if magic != IHAVEOPT {
+            return Err(ConnError::Protocol(format!("option magic {magic:#x}")));
+        }
+        let option = r.read_u32().await?;
+        let len = r.read_u32().await?;
+        if len > MAX_OPTION {
+            if option == OPT_EXPORT_NAME || len > MAX_IO {
+                // No error reply exists for EXPORT_NAME; and a huge payload is not
+                // worth reading. The spec allows closing here.
+                return Err(ConnError::Protocol(format!(
+                    "option {option} of {len} bytes"
+                )));
+            }
+            // Skip it in bounded memory and say it was too big.
+            let skipped = tokio_real::io::copy(
+                &mut (&mut *r).take(u64::from(len)),
+                &mut tokio_real::io::sink(),
+            )
+            .await?;
+            if skipped != u64::from(len) {
+                return Err(ConnError::Protocol("option payload cut short".into()));
+            }
+            reply(w, option, REP_ERR_TOO_BIG, b"option payload too large").await?;
+            w.flush().await?;
+            continue;
+        }
+        let mut data = vec![0; len as usize];
+        r.read_exact(&mut data).await?;
+        match option {
+            OPT_EXPORT_NAME => {
+                let name = String::from_utf8_lossy(&data);
+                let Some(export) = find(backend, &name) else {
+                    return Err(ConnError::Protocol(format!("unknown export {name:?}")));
+                };
+                w.write_u64(export.size).await?;
+                w.write_u16(transmission_flags()).await?;
+                if !no_zeroes {
+                    w.write_all(&[0; 124]).await?;
+                }
+                w.flush().await?;
+                return Ok(Some(export));
+            }
+            OPT_ABORT => {
+                reply(w, option, REP_ACK, &[]).await?;
+                w.flush().await?;
+                return Ok(None);
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    reply(w, option, REP_ERR_INVALID, b"LIST takes no data").await?;
+                } else {
+                    for e in backend.exports() {
+                        let mut body = (e.name.len() as u32).to_be_bytes().to_vec();
+                        body.extend_from_slice(e.name.as_bytes());
+                        reply(w, option, REP_SERVER, &body).await?;
+                    }
+                    reply(w, option, REP_ACK, &[]).await?;
+                }
+            }
+            OPT_INFO | OPT_GO => match parse_info_request(&data) {
+                Err(msg) => reply(w, option, REP_ERR_INVALID, msg.as_bytes()).await?,
+                Ok((name, _requests)) => match find(backend, &name) {
+                    None => {
+                        let msg = format!("no volume named {name:?}");
+                        reply(w, option, REP_ERR_UNKNOWN, msg.as_bytes()).await?
+                    }
+                    Some(export) => {
+                        let mut info = INFO_EXPORT.to_be_bytes().to_vec();
+                        info.extend_from_slice(&export.size.to_be_bytes());
+                        info.extend_from_slice(&transmission_flags().to_be_bytes());
+                        reply(w, option, REP_INFO, &info).await?;
+                        // Always sent: clients that did not ask may ignore it.
+                        let mut sizes = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                        sizes.extend_from_slice(&1u32.to_be_bytes());
+                        sizes.extend_from_slice(&BLOCK.to_be_bytes());
+                        sizes.extend_from_slice(&MAX_IO.to_be_bytes());
+                        reply(w, option, REP_INFO, &sizes).await?;
+                        reply(w, option, REP_ACK, &[]).await?;
+                        if option == OPT_GO {
+                            w.flush().await?;
+                            return Ok(Some(export));
+                        }
+                    }
+                },
+            },
+            _ => reply(w, option, REP_ERR_UNSUP, &[]).await?,
+        }
+        w.flush().await?;
+    }
+}
+
+/// Parse an INFO/GO payload: name length, name, request count, requests.
+fn parse_info_request(data: &[u8]) -> Result<(String, Vec<u16>), &'static str> {
+    let name_len = data.get(..4).ok_or("short payload")?;
+    let name_len = u32::from_be_bytes(name_len.try_into().expect("4 bytes")) as usize;
+    let name = data.get(4..4 + name_len).ok_or("name past the payload")?;
+    let name = std::str::from_utf8(name).map_err(|_| "name is not UTF-8")?;
+    let rest = &data[4 + name_len..];
+    let count = rest.get(..2).ok_or("no request count")?;
+    let count = u16::from_be_bytes(count.try_into().expect("2 bytes")) as usize;
+    let list = &rest[2..];
+    if list.len() != count * 2 {
+        return Err("request count does not match the payload");
+    }
+    let requests = list
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        .collect();
+    Ok((name.to_string(), requests))
+}
+
+fn find<B: Backend>(backend: &B, name: &str) -> Option<Export> {
+    backend.exports().into_iter().find(|e| e.name == name)
+}
+
+async fn reply(w: &mut Writer, option: u32, kind: u32, data: &[u8]) -> std::io::Result<()> {
+    w.write_u64(OPT_REPLY_MAGIC).await?;
+    w.write_u32(option).await?;
+    w.write_u32(kind).await?;
+    w.write_u32(data.len() as u32).await?;
+    w.write_all(data).await
+}
+
+/// A reply on its way to the writer task.
+struct Reply {
+    cookie: u64,
+    error: u32,
+    data: Option<Bytes>,
+}
+
+async fn transmission<B: Backend>(
+    mut r: Reader,
+    w: Writer,
+    backend: Arc<B>,
+    export: Export,
+) -> Result<(), ConnError> {
+    let (tx, rx) = mpsc::unbounded_channel::<Reply>();
+    let writer = tokio_real::spawn(write_replies(w, rx));
+    let budget = Arc::new(Semaphore::new(MAX_INFLIGHT_BYTES as usize));
+    let export = Arc::new(export);
+    let result = loop {
+        let mut header = [0u8; 28];
+        match r.read_exact(&mut header).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
+            Err(e) => break Err(e.into()),
+        }
+        let magic = u32::from_be_bytes(header[0..4].try_into().expect("4"));
+        let flags = u16::from_be_bytes(header[4..6].try_into().expect("2"));
+        let command = u16::from_be_bytes(header[6..8].try_into().expect("2"));
+        let cookie = u64::from_be_bytes(header[8..16].try_into().expect("8"));
+        let offset = u64::from_be_bytes(header[16..24].try_into().expect("8"));
+        let len = u32::from_be_bytes(header[24..28].try_into().expect("4"));
+        if magic != REQUEST_MAGIC {
+            break Err(ConnError::Protocol(format!("request magic {magic:#x}")));
+        }
+        if command == CMD_WRITE && len > MAX_IO {
+            // Its payload follows and is too large to take: close.
+            break Err(ConnError::Protocol(format!("write of {len} bytes")));
+        }
+        if command == CMD_DISC {
+            break Ok(());
+        }
+        // Hold payload room for writes (read below) and reads (filled later).
+        let held = match command {
+            CMD_READ | CMD_WRITE => len.min(MAX_IO),
+            _ => 0,
+        };
+        let permit = match budget.clone().acquire_many_owned(held).await {
+            Ok(p) => p,
+            Err(_) => break Ok(()),
+        };
+        let payload = if command == CMD_WRITE {
+            let mut buf = BytesMut::zeroed(len as usize);
+            if let Err(e) = r.read_exact(&mut buf).await {
+                break Err(e.into());
+            }
+            Some(buf.freeze())
+        } else {
+            None
+        };
+        let check = check_request(command, flags, offset, len, export.size);
+        let (backend, export, tx) = (backend.clone(), export.clone(), tx.clone());
+        tokio_real::spawn(async move {
+            let started = std::time::Instant::now();
+            let (error, data) = match check {
+                Err(e) => (e, None),
+                Ok(()) => run(&*backend, &export, command, flags, offset, len, payload).await,
+            };
+            if error == 0 {
+                backend.record(command_name(command), u64::from(len), started.elapsed());
+            }
+            drop(permit);
+            let _ = tx.send(Reply {
+                cookie,
+                error,
+                data,
+            });
+        });
+    };
+    drop(tx);
+    // Replies to requests already taken still go out (DISC waits for them).
+    let _ = writer.await;
+    result
+}
+
+fn command_name(command: u16) -> &'static str {
+    match command {
+        CMD_READ => "read",
+        CMD_WRITE => "write",
+        CMD_FLUSH => "flush",
+        CMD_TRIM => "trim",
+        CMD_WRITE_ZEROES => "write_zeroes",
+        _ => "other",
+    }
+}
+
+/// Check a request's command, flags and range; the NBD error if it is bad.
+fn check_request(command: u16, flags: u16, offset: u64, len: u32, size: u64) -> Result<(), u32> {
+    let allowed = match command {
+        CMD_READ | CMD_FLUSH | CMD_TRIM => 0,
+        CMD_WRITE => CMD_FLAG_FUA,
+        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+        _ => return Err(errno::EINVAL),
+    };
+    if flags & !allowed != 0 {
+        return Err(errno::EINVAL);
+    }
+    if command == CMD_FLUSH {
+        return Ok(());
+    }
+    if command == CMD_READ && len > MAX_IO {
+        return Err(errno::EINVAL);
+    }
+    match offset.checked_add(u64::from(len)) {
+        Some(end) if end <= size => Ok(()),
+        _ if command == CMD_READ => Err(errno::EINVAL),
+        _ => Err(errno::ENOSPC),
+    }
+}
+
+async fn run<B: Backend>(
+    backend: &B,
+    export: &Export,
+    command: u16,
+    flags: u16,
+    offset: u64,
+    len: u32,
+    payload: Option<Bytes>,
+) -> (u32, Option<Bytes>) {
+    let fua = flags & CMD_FLAG_FUA != 0;
+    if len == 0 && command != CMD_FLUSH {
+        return (0, (command == CMD_READ).then(Bytes::new));
+    }
+    let result = match command {
+        CMD_READ => {
+            return match backend.read(export, offset, len).await {
+                Ok(data) if data.len() == len as usize => (0, Some(data)),
+                Ok(_) => (errno::EIO, None),
+                Err(e) => (e, None),
+            }
+        }
+        CMD_WRITE => {
+            backend
+                .write(export, offset, payload.unwrap_or_default(), fua)
+                .await
+        }
+        CMD_FLUSH => backend.flush(export).await,
+        CMD_TRIM | CMD_WRITE_ZEROES => backend.zero(export, offset, len, fua).await,
+        _ => Err(errno::EINVAL),
+    };
+    (result.err().unwrap_or(0), None)
+}
+
+async fn write_replies(
+    mut w: Writer,
+    mut rx: mpsc::UnboundedReceiver<Reply>,
+) -> std::io::Result<()> {
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        // Batch whatever is ready into one flush.
+        while let Some(reply) = next {
+            w.write_u32(SIMPLE_REPLY_MAGIC).await?;
+            w.write_u32(reply.error).await?;
+            w.write_u64(reply.cookie).await?;
+            if let (0, Some(data)) = (reply.error, &reply.data) {
+                w.write_all(data).await?;
+            }
+            next = rx.try_recv().ok();
+        }
+        w.flush().await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

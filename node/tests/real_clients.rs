@@ -1,0 +1,503 @@
+//! weir used by real clients that no weir code controls: qemu-io, nbdcopy, fio's
+//! nbd engine, nbdfuse with mkfs.ext4 and e2fsck, against a 3-node cluster started
+//! with `weir cluster up`, as a user would. `.ci/run` installs the clients
+//! (Debian's qemu-utils, libnbd-bin, fio, fuse3, e2fsprogs); a missing one fails
+//! the test with its name.
+//!
+//! Each test runs its own cluster on its own ports (`--port-offset`).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+const MIB: usize = 1 << 20;
+
+/// A `weir cluster up` in the background; stopped (SIGTERM) on drop.
+struct Cluster {
+    child: Option<Child>,
+    dir: PathBuf,
+    offset: u16,
+}
+
+impl Cluster {
+    fn start(dir: &Path, offset: u16) -> Cluster {
+        let mut child = Command::new(WEIR)
+            .args(["cluster", "up", "--nodes", "3", "--pool-size", "8G"])
+            .arg("--dir")
+            .arg(dir)
+            .args(["--port-offset", &offset.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("weir runs");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                println!("[cluster] {line}");
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) if line.contains("nodes up") => break,
+                Ok(_) => {}
+                Err(_) => {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        panic!("weir cluster up exited: {status}");
+                    }
+                    assert!(Instant::now() < deadline, "the cluster did not come up");
+                }
+            }
+        }
+        Cluster {
+            child: Some(child),
+            dir: dir.to_path_buf(),
+            offset,
+        }
+    }
+
+    fn nbd(&self, node: u16, volume: &str) -> String {
+        format!("nbd://127.0.0.1:{}/{volume}", 10808 + node + self.offset)
+    }
+
+    fn admin(&self) -> String {
+        format!("127.0.0.1:{}", 9401 + self.offset)
+    }
+
+    fn weir(&self, args: &[&str]) -> Output {
+        let out = Command::new(WEIR)
+            .args(args)
+            .args(["--admin", &self.admin()])
+            .output()
+            .expect("weir runs");
+        println!(
+            "weir {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    fn node_pid(&self, node: u32) -> i32 {
+        let text = std::fs::read_to_string(self.dir.join(format!("node{node}/weir.pid")))
+            .expect("a running node has a pid file");
+        text.trim().parse().unwrap()
+    }
+
+    /// Stop the cluster with SIGTERM and wait for it.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on our child's pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let status = wait(&mut child, Duration::from_secs(60)).expect("the cluster stops");
+            assert!(status.success(), "weir cluster up ended with {status}");
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = wait(&mut child, Duration::from_secs(30));
+            let _ = child.kill();
+        }
+    }
+}
+
+/// An nbdfuse mount; unmounted (and nbdfuse ended) on drop.
+struct Fuse {
+    child: Option<Child>,
+    mnt: PathBuf,
+}
+
+impl Fuse {
+    fn mount(mnt: &Path, pidfile: &Path, uri: &str) -> Fuse {
+        let child = Command::new("nbdfuse")
+            .args(["-P", pidfile.to_str().unwrap()])
+            .arg(mnt.join("disk"))
+            .arg(uri)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nbdfuse is needed; .ci/run installs it");
+        let mut fuse = Fuse {
+            child: Some(child),
+            mnt: mnt.to_path_buf(),
+        };
+        let deadline = Instant::now() + MINUTE;
+        while !pidfile.exists() {
+            assert!(Instant::now() < deadline, "nbdfuse did not mount");
+            let child = fuse.child.as_mut().unwrap();
+            assert!(child.try_wait().unwrap().is_none(), "nbdfuse exited");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        fuse
+    }
+
+    fn unmount(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            run("fusermount3", &["-u", self.mnt.to_str().unwrap()], MINUTE);
+            wait(&mut child, MINUTE).expect("nbdfuse ends after unmount");
+        }
+    }
+}
+
+impl Drop for Fuse {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.mnt)
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn wait(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Run a client program to completion within `limit`; panic with its output if it
+/// is missing, fails or hangs.
+fn run(program: &str, args: &[&str], limit: Duration) -> String {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{program} is needed ({e}); .ci/run installs it"));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let status = wait(&mut child, limit);
+    let text = reader.join().unwrap();
+    println!("$ {program} {}\n{text}", args.join(" "));
+    match status {
+        Some(s) if s.success() => text,
+        Some(s) => panic!("{program} failed ({s}):\n{text}"),
+        None => panic!("{program} did not finish within {limit:?}:\n{text}"),
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `len` bytes from a seeded generator (xorshift), so a failure replays.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// The patterns written through qemu-io at the start read back through `uri`.
+fn check_patterns(uri: &str) {
+    let out = run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            uri,
+            "-c",
+            "read -P 0xcd 1M 64k",
+            "-c",
+            "read -P 0x11 3000 1000",
+        ],
+        MINUTE,
+    );
+    assert!(!out.contains("verification failed"), "{out}");
+    assert_eq!(out.matches("read ").count(), 2, "{out}");
+}
+
+/// Copy the volume at `uri` out to `path` with nbdcopy; it must hold `expected`.
+fn copy_out(uri: &str, path: &Path, expected: &[u8]) {
+    run("nbdcopy", &[uri, path.to_str().unwrap()], 5 * MINUTE);
+    let got = std::fs::read(path).unwrap();
+    let first = got.iter().zip(expected).position(|(a, b)| a != b);
+    assert!(
+        got.len() == expected.len() && first.is_none(),
+        "{uri} differs from what was copied in: {} bytes, first difference at {first:?}",
+        got.len()
+    );
+}
+
+/// fio's job ended without error and with no verify failure.
+fn assert_fio_clean(out: &str) {
+    assert!(out.contains("err= 0"), "{out}");
+    for bad in [
+        "verify failed",
+        "bad magic",
+        "bad header",
+        "fio: io_u error",
+    ] {
+        assert!(!out.contains(bad), "fio reported {bad:?}:\n{out}");
+    }
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[test]
+fn real_clients_on_a_three_node_cluster_and_a_restart() {
+    let dir = scratch("real-clients");
+    let mut cluster = Cluster::start(&dir.join("data"), 1000);
+
+    // Volumes.
+    assert!(cluster
+        .weir(&["volume", "create", "vol", "--size", "256M"])
+        .status
+        .success());
+    assert!(cluster
+        .weir(&["volume", "create", "copy", "--size", "256M"])
+        .status
+        .success());
+    assert!(cluster
+        .weir(&["volume", "create", "fs", "--size", "256M"])
+        .status
+        .success());
+    let again = cluster.weir(&["volume", "create", "vol", "--size", "1G"]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+    let bad = cluster.weir(&["volume", "create", "../x", "--size", "1G"]);
+    assert!(!bad.status.success());
+    let list = cluster.weir(&["volume", "list"]);
+    assert_eq!(
+        String::from_utf8_lossy(&list.stdout),
+        "copy 268435456\nfs 268435456\nvol 268435456\n"
+    );
+
+    // qemu-io: patterns written through node 1, read back through nodes 1 and 2.
+    let vol1 = cluster.nbd(1, "vol");
+    let out = run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &vol1,
+            "-c",
+            "write -P 0xab 0 1M",
+            "-c",
+            "write -P 0xcd 1M 64k",
+            "-c",
+            "write -P 0x11 3000 1000",
+            "-c",
+            "read -P 0xab 0 3000",
+            "-c",
+            "read -P 0x11 3000 1000",
+            "-c",
+            "read -P 0xcd 1M 64k",
+            "-c",
+            "flush",
+        ],
+        MINUTE,
+    );
+    assert!(!out.contains("verification failed"), "{out}");
+    check_patterns(&cluster.nbd(2, "vol"));
+
+    // nbdcopy: 256 MiB of seeded random data in and out.
+    let input = dir.join("in.bin");
+    let data = pattern(256 * MIB, 7);
+    std::fs::write(&input, &data).unwrap();
+    let copy = cluster.nbd(1, "copy");
+    run("nbdcopy", &[input.to_str().unwrap(), &copy], 5 * MINUTE);
+    copy_out(&cluster.nbd(3, "copy"), &dir.join("out.bin"), &data);
+
+    // fio's nbd engine: a crc32c verify job over 3 replicas.
+    let out = run(
+        "fio",
+        &[
+            "--name=weirjob",
+            "--ioengine=nbd",
+            &format!("--uri={vol1}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32M",
+            "--iodepth=32",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--offset=64M",
+        ],
+        5 * MINUTE,
+    );
+    assert_fio_clean(&out);
+
+    // nbdfuse: the volume as a file; mkfs.ext4 on it and e2fsck finds it clean.
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let pidfile = dir.join("nbdfuse.pid");
+    let mut fuse = Fuse::mount(&mnt, &pidfile, &cluster.nbd(1, "fs"));
+    let disk = mnt.join("disk");
+    let disk = disk.to_str().unwrap();
+    run("mkfs.ext4", &["-q", "-F", disk], 5 * MINUTE);
+    // e2fsck -n exits 0 only when the file system is clean (run() checks that).
+    let fsck = run("e2fsck", &["-fn", disk], 5 * MINUTE);
+    assert!(fsck.contains("non-contiguous"), "{fsck}");
+    fuse.unmount();
+
+    // Hostile clients: garbage, a truncated request, a 4 GiB write. The node
+    // disconnects them, its memory stays put, and the others are still served.
+    let nbd_addr = format!("127.0.0.1:{}", 10809 + cluster.offset);
+    let pid = cluster.node_pid(1);
+    let before = rss_kib(pid);
+    for i in 0..200u32 {
+        let mut s = std::net::TcpStream::connect(&nbd_addr).unwrap();
+        let mut hello = [0u8; 18];
+        s.read_exact(&mut hello).unwrap();
+        match i % 3 {
+            0 => s.write_all(&[0xee; 4096]).unwrap(),
+            1 => {
+                // Fixed newstyle, GO on "vol", then a 4 GiB write header.
+                s.write_all(&3u32.to_be_bytes()).unwrap();
+                let mut opt = Vec::new();
+                opt.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
+                opt.extend_from_slice(&7u32.to_be_bytes());
+                opt.extend_from_slice(&9u32.to_be_bytes());
+                opt.extend_from_slice(&3u32.to_be_bytes());
+                opt.extend_from_slice(b"vol");
+                opt.extend_from_slice(&0u16.to_be_bytes());
+                s.write_all(&opt).unwrap();
+                let mut req = Vec::new();
+                req.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+                req.extend_from_slice(&0u16.to_be_bytes());
+                req.extend_from_slice(&1u16.to_be_bytes());
+                req.extend_from_slice(&1u64.to_be_bytes());
+                req.extend_from_slice(&0u64.to_be_bytes());
+                req.extend_from_slice(&u32::MAX.to_be_bytes());
+                s.write_all(&req).unwrap();
+            }
+            _ => s.write_all(&3u32.to_be_bytes()[..2]).unwrap(),
+        }
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut rest = Vec::new();
+        if i % 3 != 2 {
+            // Closed by the server (EOF or reset), never left hanging.
+            let _ = s.read_to_end(&mut rest);
+        }
+    }
+    let after = rss_kib(pid);
+    assert!(
+        after < before + 64 * 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    let out = run(
+        "qemu-io",
+        &["-f", "raw", &vol1, "-c", "read -P 0xcd 1M 64k"],
+        MINUTE,
+    );
+    assert!(!out.contains("verification failed"), "{out}");
+
+    // Stop the whole cluster and start it again: volumes and data are still there.
+    cluster.stop();
+    let cluster = Cluster::start(&dir.join("data"), 1000);
+    let list = cluster.weir(&["volume", "list"]);
+    assert_eq!(
+        String::from_utf8_lossy(&list.stdout),
+        "copy 268435456\nfs 268435456\nvol 268435456\n"
+    );
+    copy_out(&cluster.nbd(2, "copy"), &dir.join("again.bin"), &data);
+    check_patterns(&cluster.nbd(1, "vol"));
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn killing_a_node_during_a_fio_verify_run_loses_nothing() {
+    let dir = scratch("kill-node");
+    let cluster = Cluster::start(&dir.join("data"), 2000);
+    assert!(cluster
+        .weir(&["volume", "create", "vol", "--size", "512M"])
+        .status
+        .success());
+    let uri = cluster.nbd(1, "vol");
+    let mut fio = Command::new("fio")
+        .args([
+            "--name=weirjob",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=128M",
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fio is needed; .ci/run installs it");
+    // Let the write phase run, then kill node 3 outright (no clean shutdown).
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        fio.try_wait().unwrap().is_none(),
+        "fio finished before the kill; make the job longer"
+    );
+    let victim = cluster.node_pid(3);
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let status = wait(&mut fio, 5 * MINUTE).expect("fio finishes");
+    let mut text = String::new();
+    fio.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    fio.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    println!("{text}");
+    assert!(
+        status.success(),
+        "fio failed after a node was killed:\n{text}"
+    );
+    assert_fio_clean(&text);
+    let status = cluster.weir(&["status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(status.contains("n3 DOWN"), "{status}");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
