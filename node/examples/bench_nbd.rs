@@ -168,7 +168,10 @@ fn fio(uri: &str, rw: &str, bs: &str, depth: u32, runtime: Option<u64>) -> Resul
         "fio failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fio JSON");
+    // fio may print notes before its JSON.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = &text[text.find('{').expect("fio printed JSON")..];
+    let v: serde_json::Value = serde_json::from_str(json).expect("fio JSON");
     let job = &v["jobs"][0];
     let side = if rw.contains("write") {
         &job["write"]
@@ -196,7 +199,7 @@ fn main() {
     let work = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-nbd");
     let targets = [
         weir_cluster(&weir, &work.join("a"), "a weir, 1 replica", 1, 3000),
-        qemu_nbd(&work.join("b"), 13809),
+        qemu_nbd(&work.join("b"), 15809),
         weir_cluster(&weir, &work.join("c"), "c weir, 3 replicas", 3, 4000),
     ];
     for t in &targets {

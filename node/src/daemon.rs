@@ -124,9 +124,17 @@ pub async fn run(
         .await
         .with_context(|| format!("listening on {}", config.my_addr()))?;
 
+    let client_id = NodeId(crate::CLIENT_ID_BASE + me.0);
+    let client = TcpTransport::bind(client_id, None, peers, tcp)
+        .await
+        .context("starting the NBD front end's client endpoint")?;
+    // The front end and its own node talk through a channel, not loopback TCP.
+    let (node_side, client_side) =
+        crate::splice::splice(me, Some(transport.clone()), client_id, Some(client.clone()));
+
     let events: EventLog = Arc::default();
     let mut node = Node::new(
-        transport.clone(),
+        node_side,
         device.clone(),
         map.clone(),
         ReplicationConfig::default(),
@@ -137,11 +145,7 @@ pub async fn run(
     let handle = node.handle();
     let mut node_task = tokio_real::spawn(node.run());
 
-    let client_id = NodeId(crate::CLIENT_ID_BASE + me.0);
-    let client = TcpTransport::bind(client_id, None, peers, tcp)
-        .await
-        .context("starting the NBD front end's client endpoint")?;
-    let volume = Volume::open(client.clone(), map.clone());
+    let volume = Volume::open(client_side, map.clone());
     let metrics = Arc::new(Metrics::new());
     let extent_bytes = config.cluster.extent_size.0;
     let backend = Arc::new(WeirBackend::new(
