@@ -360,7 +360,8 @@ fn schedule_faults(fabric: &Fabric, scenario: &Scenario) -> Vec<(u64, String)> {
 
 /// Node faults, each on a distinct storage node (the scenario keeps them fewer than
 /// the replicas, so every extent keeps an in-sync copy), at seeded times in the
-/// first half of the run: crashes (for good), pauses and partitions (both heal).
+/// first half of the run: crashes (for good), pauses and partitions (both heal),
+/// device hangs, and crashes followed by a restart.
 fn schedule_node_faults(
     fabric: &Fabric,
     hosts: &[(NodeId, madsim::task::NodeId, Arc<SimSsd>)],
@@ -445,6 +446,23 @@ fn schedule_node_faults(
             format!("the device of {node} hangs for {} ms", for_us as f64 / 1e3),
         ));
     }
+    for _ in 0..f.node_restarts {
+        let (node, host) = victims.remove(thread_rng().gen_range(0..victims.len()));
+        let (at_us, for_us) = (first_half_us(), lasting(f.restart_ms));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_micros(at_us)).await;
+            Handle::current().kill(host);
+            tokio::time::sleep(Duration::from_micros(for_us)).await;
+            Handle::current().restart(host);
+        });
+        out.push((
+            at_us,
+            format!(
+                "node {node} crashes and restarts {} ms later",
+                for_us as f64 / 1e3
+            ),
+        ));
+    }
     out
 }
 
@@ -526,25 +544,59 @@ fn start_nodes(
         };
         let ssd = Arc::new(SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config"));
         let device = ssd.clone();
-        let pool = BufPool::new(NODE_POOL_BYTES);
-        let plane = ControlPlane::new(id, &voters, bootstrap.clone(), TIMEOUTS, thread_rng().gen())
+        // What survives a crash: the device and the durable Raft log.
+        let log = MemLog::default();
+        let (map, voters, bootstrap) = (map.clone(), voters.clone(), bootstrap.clone());
+        let (events, audit) = (events.clone(), audit.clone());
+        // Run at start and again at every restart: a new incarnation of the node
+        // from what survived.
+        let incarnation = move || {
+            let bytes = log.0.lock().expect("raft log").clone();
+            let (plane, _) = ControlPlane::open(
+                id,
+                &voters,
+                bootstrap.clone(),
+                TIMEOUTS,
+                thread_rng().gen(),
+                &bytes,
+            )
             .expect("valid raft group");
-        let node = Node::new(transport, ssd, map.clone(), config, pool)
+            let node = Node::new(
+                transport.clone(),
+                ssd.clone(),
+                map.clone(),
+                config,
+                BufPool::new(NODE_POOL_BYTES),
+            )
             .expect("node fits")
             .with_control(plane, TICK, events.clone())
-            .with_audit(audit.clone());
+            .with_audit(audit.clone())
+            .with_log_store(Box::new(log.clone()));
+            async move {
+                if let Err(e) = node.run().await {
+                    tracing::error!(error = %e, "node stopped");
+                }
+            }
+        };
         let host = Handle::current()
             .create_node()
             .name(format!("node-{}", id.0))
+            .init(incarnation)
             .build();
         hosts.push((id, host.id(), device));
-        host.spawn(async move {
-            if let Err(e) = node.run().await {
-                tracing::error!(error = %e, "node stopped");
-            }
-        });
     }
     hosts
+}
+
+/// A node's durable Raft log in the simulator: it survives the node's crashes.
+#[derive(Clone, Debug, Default)]
+struct MemLog(Arc<Mutex<Vec<u8>>>);
+
+impl weir_core::node::LogStore for MemLog {
+    fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
+        self.0.lock().expect("raft log").extend_from_slice(record);
+        Ok(())
+    }
 }
 
 fn summarize(fabric: &Fabric) -> FabricSummary {

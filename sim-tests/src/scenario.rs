@@ -59,6 +59,12 @@ pub struct FaultSpec {
     pub partitions: u32,
     /// Longest partition, milliseconds.
     pub partition_ms: u64,
+    /// Storage nodes that crash at a random time in the first half of the run and
+    /// restart 25%..100% of `restart_ms` later, from what survived: their device
+    /// and their durable Raft log.
+    pub node_restarts: u32,
+    /// Longest time a restarting node stays down, milliseconds.
+    pub restart_ms: u64,
 }
 
 impl Default for FaultSpec {
@@ -76,6 +82,8 @@ impl Default for FaultSpec {
             pause_ms: 300,
             partitions: 0,
             partition_ms: 300,
+            node_restarts: 0,
+            restart_ms: 200,
         }
     }
 }
@@ -271,7 +279,15 @@ impl Scenario {
         // nodes: with 3 replicas an extent always keeps one in-sync copy.
         for slot in 0..pick(7, 3) {
             match pick(13 + slot, 4) {
-                0 if s.faults.node_crashes == 0 => s.faults.node_crashes = 1,
+                // Half the crashed nodes come back: a restart from the device
+                // and the Raft log.
+                0 if s.faults.node_crashes + s.faults.node_restarts == 0 => {
+                    if pick(19, 2) == 0 {
+                        s.faults.node_restarts = 1
+                    } else {
+                        s.faults.node_crashes = 1
+                    }
+                }
                 1 => s.faults.node_pauses += 1,
                 2 => s.faults.device_hangs += 1,
                 _ => s.faults.partitions += 1,
@@ -281,6 +297,7 @@ impl Scenario {
         s.faults.pause_ms = [120, 300][pick(16, 2) as usize];
         s.faults.partition_ms = [120, 300][pick(17, 2) as usize];
         s.faults.hang_ms = [120, 300][pick(18, 2) as usize];
+        s.faults.restart_ms = [60, 300][pick(20, 2) as usize];
         if pick(9, 2) == 0 {
             s.faults.link_loss = [0.0005, 0.002][pick(10, 2) as usize];
             s.faults.link_corrupt = 0.0005;
@@ -388,19 +405,27 @@ impl Scenario {
         let node_faults = u64::from(x.node_crashes)
             + u64::from(x.node_pauses)
             + u64::from(x.partitions)
-            + u64::from(x.device_hangs);
+            + u64::from(x.device_hangs)
+            + u64::from(x.node_restarts);
         if node_faults >= u64::from(c.replicas) {
             return bad(
-                "faults.node_crashes/node_pauses/partitions/device_hangs",
+                "faults.node_crashes/node_pauses/partitions/device_hangs/node_restarts",
                 "together must be fewer than cluster.replicas",
             );
         }
         if (x.node_pauses > 0 && x.pause_ms == 0) || (x.partitions > 0 && x.partition_ms == 0) {
             return bad("faults.pause_ms/partition_ms", "must be > 0 when used");
         }
-        if x.pause_ms > 10_000 || x.partition_ms > 10_000 || x.hang_ms > 10_000 {
+        if x.node_restarts > 0 && x.restart_ms == 0 {
+            return bad("faults.restart_ms", "must be > 0 when nodes restart");
+        }
+        if x.pause_ms > 10_000
+            || x.partition_ms > 10_000
+            || x.hang_ms > 10_000
+            || x.restart_ms > 10_000
+        {
             return bad(
-                "faults.pause_ms/partition_ms/hang_ms",
+                "faults.pause_ms/partition_ms/hang_ms/restart_ms",
                 "must be at most 10000",
             );
         }

@@ -1,5 +1,5 @@
 //! The fault campaign: 100 seeds, each with its own mix of node crashes (sometimes
-//! the Raft leader), node pauses, nodes cut off from the network, SSD stalls, link
+//! the Raft leader; half of them restart from their device and Raft log), node pauses, nodes cut off from the network, SSD stalls, link
 //! loss, corruption and flaps, on RoCE or TCP; every history must pass every checker
 //! (linearizability, no lost write, leases, acked-means-persisted, epochs only grow,
 //! liveness) with no client error. A failing seed prints its report, which ends
@@ -24,6 +24,12 @@ fn campaign(part: u64) {
         let r = &outcome.report;
         if !r.passed() {
             failed.push(r.to_string());
+        }
+        if s.faults.node_restarts > 0 && !r.events.iter().any(|e| e.contains(" restarted: ")) {
+            // The restarted node replayed its log and moved its extents on.
+            failed.push(format!(
+                "seed {seed}: a node restarted but never asked for a new epoch\n{r}"
+            ));
         }
         if s.faults.node_crashes > 0 {
             // The crash must have been noticed and failed over.

@@ -223,9 +223,9 @@ fn serving_before_the_old_lease_ends_is_caught_and_named() {
     let mut s = small(400);
     s.faults.node_crashes = 1;
     s.bugs.serve_before_lease = true;
-    // Seed 1 crashes a node that is not the Raft leader: a leader's crash is covered
+    // Seed 2 crashes a node that is not the Raft leader: a leader's crash is covered
     // anyway, since the next leader waits out a lease before failing anything over.
-    let outcome = run(1, &s, "bug");
+    let outcome = run(2, &s, "bug");
     let v = verdict(&outcome.report, "leases");
     assert!(!v.passed(), "the checker missed overlapping leases");
     assert!(
@@ -235,7 +235,7 @@ fn serving_before_the_old_lease_ends_is_caught_and_named() {
     );
     // Without the bug the same seed passes.
     s.bugs.serve_before_lease = false;
-    let r = run(1, &s, "failover").report;
+    let r = run(2, &s, "failover").report;
     assert!(r.passed(), "{r}");
 }
 
@@ -246,7 +246,7 @@ fn a_paused_node_and_a_cut_off_node_are_survived_and_come_back() {
     s.faults.pause_ms = 250;
     s.faults.partitions = 1;
     s.faults.partition_ms = 250;
-    let outcome = run(3, &s, "pause-partition");
+    let outcome = run(2, &s, "pause-partition");
     let r = &outcome.report;
     assert!(r.passed(), "{r}");
     assert!(r.faults.iter().any(|f| f.contains("pauses")), "{r}");
@@ -261,13 +261,14 @@ fn a_paused_node_and_a_cut_off_node_are_survived_and_come_back() {
     assert!(verdict(r, "liveness").passed(), "{r}");
 }
 
-/// Campaign seed 1 with a bug switched on: the first violation `checker` names.
-/// (Seed 1 pauses n3 long enough to be declared down; it comes back with writes of
-/// its old epoch in flight, and rebuilds.)
-fn first_violation_of_seed_1(bug: fn(&mut Scenario), checker: &str) -> String {
-    let mut s = Scenario::campaign(1);
+/// Campaign seed `seed` with a bug switched on: the first violation `checker`
+/// names. (Seed 1 pauses n3 long enough to be declared down; it comes back with
+/// writes of its old epoch in flight, and rebuilds. Seed 6 crashes n5 and restarts
+/// it 121 ms later, while n1 pauses.)
+fn first_violation(seed: u64, bug: fn(&mut Scenario), checker: &str) -> String {
+    let mut s = Scenario::campaign(seed);
     bug(&mut s);
-    let outcome = run(1, &s, "campaign");
+    let outcome = run(seed, &s, "campaign");
     let v = verdict(&outcome.report, checker);
     assert!(!v.passed(), "{checker} missed the bug");
     v.violations[0].clone()
@@ -275,7 +276,8 @@ fn first_violation_of_seed_1(bug: fn(&mut Scenario), checker: &str) -> String {
 
 #[test]
 fn rebuilding_one_version_short_is_caught_and_named() {
-    let first = first_violation_of_seed_1(
+    let first = first_violation(
+        1,
         |s| s.bugs.rebuild_one_short = true,
         "no acknowledged write lost",
     );
@@ -287,12 +289,29 @@ fn rebuilding_one_version_short_is_caught_and_named() {
 
 #[test]
 fn accepting_a_stale_epoch_is_caught_and_named() {
-    let first = first_violation_of_seed_1(|s| s.bugs.accept_stale_epoch = true, "epochs only grow");
+    let first = first_violation(6, |s| s.bugs.accept_stale_epoch = true, "epochs only grow");
     assert!(
         first.contains("took a write of") && first.contains("its map was at"),
         "unreadable violation: {first}"
     );
     // Without the bug the same seed passes.
-    let r = run(1, &Scenario::campaign(1), "campaign").report;
+    let r = run(6, &Scenario::campaign(6), "campaign").report;
     assert!(r.passed(), "{r}");
+}
+
+#[test]
+fn a_crashed_node_restarts_from_its_log_and_its_replicas_rebuild() {
+    let mut s = small(600);
+    s.faults.node_restarts = 1;
+    s.faults.restart_ms = 300;
+    let outcome = run(2, &s, "restart");
+    let r = &outcome.report;
+    assert!(r.passed(), "{r}");
+    assert!(r.faults.iter().any(|f| f.contains("restarts")), "{r}");
+    // It replayed its Raft log and asked for a new epoch for its extents; declared
+    // down while away, it came back up and was rebuilt.
+    assert!(r.events.iter().any(|e| e.contains(" restarted: ")), "{r}");
+    assert!(r.events.iter().any(|e| e.contains(" up:")), "{r}");
+    assert!(r.events.iter().any(|e| e.contains(" rebuilt: ")), "{r}");
+    assert!(verdict(r, "liveness").passed(), "{r}");
 }

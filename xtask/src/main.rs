@@ -156,7 +156,7 @@ fn test(root: &Path) -> Result<(), String> {
         cargo(root, true, &sim_tests),
     )?;
     // One seed of the default scenario, and a faulty seed: campaign seed 19
-    // crashes the Raft leader, pauses another node and flaps a link.
+    // pauses a node, crashes the Raft leader and restarts it, and flaps a link.
     for sim_args in [
         &["--seed", "1", "--duration-ms", "50"][..],
         &["--campaign", "--seed", "19"][..],

@@ -40,6 +40,9 @@ use crate::wire::Message;
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+/// Ticks between a restarted node's requests for `Restarted`.
+const RESTART_ASK_TICKS: u32 = 5;
+
 /// Something the driver must do.
 #[derive(Debug)]
 pub enum PlaneAction {
@@ -85,6 +88,8 @@ pub struct ControlPlane {
     restored: Option<BTreeMap<ExtentId, Epoch>>,
     /// A restarted node asks for `Restarted` until it sees it applied.
     restart_pending: bool,
+    /// Ticks until it asks again.
+    restart_wait: u32,
 }
 
 /// The control plane's timeouts, ns.
@@ -140,6 +145,7 @@ impl ControlPlane {
             actions: VecDeque::new(),
             restored: None,
             restart_pending: false,
+            restart_wait: 0,
         }
     }
 
@@ -347,9 +353,13 @@ impl ControlPlane {
         self.raft.tick();
         self.drain_raft();
         if self.restart_pending && self.raft.leader().is_some() {
-            // Asked every tick until applied: a lost request costs one tick, a
-            // repeated one only a spare epoch.
-            self.request(&Command::Restarted { node: self.me });
+            // Asked until applied, every few ticks: a lost request costs that
+            // long, a repeated one only a spare epoch.
+            if self.restart_wait == 0 {
+                self.request(&Command::Restarted { node: self.me });
+                self.restart_wait = RESTART_ASK_TICKS;
+            }
+            self.restart_wait -= 1;
         }
         match self.raft.leader() {
             Some(leader) if leader != self.me && self.healthy => {
