@@ -63,7 +63,11 @@ impl Admin {
                 self.create(&p["/volumes/".len()..], query)
             }
             (Method::Delete, p) if p.starts_with("/volumes/") => {
-                self.delete(&p["/volumes/".len()..])
+                let name = &p["/volumes/".len()..];
+                match check_name(name) {
+                    Ok(()) => self.delete(name),
+                    Err(e) => (400, format!("{e}\n")),
+                }
             }
             _ => (404, format!("no route {} {path}\n", request.method())),
         }
@@ -87,8 +91,13 @@ impl Admin {
             .find_map(|kv| kv.strip_prefix("size="))
             .map(crate::config::parse_size);
         let size = match size {
-            Some(Ok(s)) if s > 0 => s,
-            Some(Ok(_)) => return (400, "size must be above 0\n".into()),
+            Some(Ok(s)) if s > 0 && s % u64::from(crate::nbd::BLOCK) == 0 => s,
+            Some(Ok(_)) => {
+                return (
+                    400,
+                    "size must be above 0 and a multiple of 4096 bytes (4K)\n".into(),
+                )
+            }
             Some(Err(e)) => return (400, format!("size: {e}\n")),
             None => return (400, "say the size: ?size=10G\n".into()),
         };

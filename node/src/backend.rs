@@ -5,9 +5,11 @@
 //! - Requests are cut into pieces of at most [`PIECE`] bytes on piece boundaries
 //!   (never across an extent) that run concurrently.
 //! - A request not aligned to the 4 KiB block reads the edge blocks, merges and
-//!   writes them back; such writes are serialized so that two of them never lose
-//!   each other's bytes in a shared block. (Clients are told the block size and
-//!   qemu, libnbd and the kernel keep to it; this path is for the others.)
+//!   writes them back; such writes are serialized with each other on this node,
+//!   but not with aligned writes nor across nodes: a client that writes parts of
+//!   one block concurrently may lose one part. The export advertises a minimum
+//!   block size of 1 (nbdfuse passes on unaligned I/O, and libnbd refuses requests
+//!   below an advertised minimum) and a preferred size of 4 KiB.
 //! - TRIM and WRITE_ZEROES write zeroes (replicated like any write), so a trimmed
 //!   range reads back as zeroes everywhere.
 
@@ -134,12 +136,19 @@ impl<T: Transport> WeirBackend<T> {
         end: u64,
     ) -> Result<BytesMut, ClientError> {
         let mut out = BytesMut::zeroed((hi - lo) as usize);
+        let block = |data: Bytes| {
+            (data.len() == BS as usize)
+                .then_some(data)
+                .ok_or(ClientError::UnexpectedReply(
+                    "a block read of the wrong length",
+                ))
+        };
         if !start.is_multiple_of(BS) {
-            let head = self.volume.read(Lba(lo / BS), 1).await?;
+            let head = block(self.volume.read(Lba(lo / BS), 1).await?)?;
             out[..BS as usize].copy_from_slice(&head);
         }
         if !end.is_multiple_of(BS) && (hi - BS >= lo + BS || start.is_multiple_of(BS)) {
-            let tail = self.volume.read(Lba(hi / BS - 1), 1).await?;
+            let tail = block(self.volume.read(Lba(hi / BS - 1), 1).await?)?;
             let at = (hi - lo - BS) as usize;
             out[at..].copy_from_slice(&tail);
         }
@@ -179,7 +188,17 @@ impl<T: Transport> Backend for WeirBackend<T> {
         let end = start + u64::from(len);
         let (lo, hi) = (start / BS * BS, end.div_ceil(BS) * BS);
         match self.read_aligned(lo, hi - lo).await {
-            Ok(data) => Ok(data.slice((start - lo) as usize..(end - lo) as usize)),
+            Ok(data) if data.len() as u64 == hi - lo => {
+                Ok(data.slice((start - lo) as usize..(end - lo) as usize))
+            }
+            Ok(data) => {
+                tracing::error!(
+                    got = data.len(),
+                    wanted = hi - lo,
+                    "short read from the volume"
+                );
+                Err(errno::EIO)
+            }
             Err(e) => Err(self.error("read", &e)),
         }
     }
@@ -198,16 +217,18 @@ impl<T: Transport> Backend for WeirBackend<T> {
     }
 
     async fn zero(&self, export: &Export, offset: u64, len: u32, fua: bool) -> Result<(), u32> {
-        // `len` is at most the NBD request limit: the static zeroes cover it, and
-        // their pages are never touched, so they cost no memory.
-        let len = (len as usize).min(ZEROES.len());
-        self.write_any(
-            export.base + offset,
-            Bytes::from_static(&ZEROES[..len]),
-            fua,
-        )
-        .await
-        .map_err(|e| self.error("write_zeroes", &e))
+        // TRIM and WRITE_ZEROES carry no payload, so their length may exceed the
+        // request limit: zero it in turns of at most the static zeroes' length
+        // (whose pages are never touched, so they cost no memory).
+        let (mut at, end) = (export.base + offset, export.base + offset + u64::from(len));
+        while at < end {
+            let n = (end - at).min(ZEROES.len() as u64) as usize;
+            self.write_any(at, Bytes::from_static(&ZEROES[..n]), fua)
+                .await
+                .map_err(|e| self.error("write_zeroes", &e))?;
+            at += n as u64;
+        }
+        Ok(())
     }
 
     fn record(&self, command: &'static str, bytes: u64, latency: std::time::Duration) {

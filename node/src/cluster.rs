@@ -112,9 +112,15 @@ pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> a
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting node {n}"))?;
-        children.push((n, child));
+            .spawn();
+        match child {
+            Ok(child) => children.push((n, child)),
+            Err(e) => {
+                // Leave no node of a half-started cluster running.
+                stop_all(&mut children);
+                return Err(anyhow::Error::from(e).context(format!("starting node {n}")));
+            }
+        }
     }
     if let Err(e) = wait_ready(&up, &mut children).await {
         stop_all(&mut children);
@@ -190,10 +196,13 @@ fn tail(path: &Path) -> String {
 
 /// SIGTERM every node, wait for each (15 s), then kill what is left.
 fn stop_all(children: &mut [(u32, Child)]) {
-    for (_, child) in children.iter() {
-        // SAFETY: kill(2) on a child's pid; no memory is involved.
-        unsafe {
-            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    for (_, child) in children.iter_mut() {
+        // Only children not yet reaped: a reaped child's pid may be reused.
+        if matches!(child.try_wait(), Ok(None)) {
+            // SAFETY: kill(2) on a running child's pid; no memory is involved.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+            }
         }
     }
     let deadline = Instant::now() + Duration::from_secs(15);

@@ -15,11 +15,18 @@ pub struct LogFile {
 impl LogFile {
     /// Open (creating) the log at `path` and return it with its contents.
     pub fn open(path: &Path) -> std::io::Result<(LogFile, Vec<u8>)> {
+        let existed = path.exists();
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
             .open(path)?;
+        if !existed {
+            // A new file's directory entry must survive a power loss too.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                File::open(dir)?.sync_all()?;
+            }
+        }
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
         Ok((

@@ -144,13 +144,21 @@ fn main() -> anyhow::Result<()> {
             runtime()?.block_on(cluster::up(up, signalled()))
         }
         Cmd::Volume { command, admin } => {
+            // A name is checked here too, before it goes into a URL.
+            let check = |name: &str| {
+                weir_core::control::state::check_name(name)
+                    .map_err(|e| anyhow::anyhow!("volume name {name:?}: {e}"))
+            };
             let out = match command {
                 VolumeCmd::Create { name, size } => {
-                    config::parse_size(&size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
-                    admin_client::post(&admin, &format!("/volumes/{name}?size={size}"))
+                    check(&name)?;
+                    let bytes =
+                        config::parse_size(&size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
+                    admin_client::post(&admin, &format!("/volumes/{name}?size={bytes}"))
                 }
                 VolumeCmd::List => admin_client::get(&admin, "/volumes"),
                 VolumeCmd::Delete { name } => {
+                    check(&name)?;
                     admin_client::delete(&admin, &format!("/volumes/{name}"))
                 }
             }?;

@@ -14,10 +14,13 @@
 //!   a larger READ gets `EINVAL`;
 //! - a bad request magic closes the connection (the stream cannot be resynced);
 //! - unknown commands and flags get `EINVAL`, ranges past the end `EINVAL`
-//!   (reads) or `ENOSPC` (writes);
-//! - at most [`MAX_INFLIGHT_BYTES`] of request payloads are held per connection;
-//!   the reader waits for room before it reads another payload, so a client that
-//!   floods writes is slowed by TCP, not by the server's memory.
+//!   (reads) or `ENOSPC` (writes); a failed READ closes the connection after its
+//!   error reply (a simple reply cannot stand in for the data the client expects);
+//! - per connection at most [`MAX_INFLIGHT_BYTES`] of request data and
+//!   [`MAX_INFLIGHT_REQUESTS`] requests are held, from the request until its reply
+//!   is on the socket; the reader waits for room before it reads another request,
+//!   so a client that floods requests, or never reads its replies, is slowed by
+//!   TCP, not by the server's memory.
 //!
 //! The protocol is the NBD project's `proto.md`; numbers below are from it.
 
@@ -26,7 +29,7 @@ use std::future::Future;
 use std::sync::Arc;
 use tokio_real::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio_real::net::{TcpListener, TcpStream};
-use tokio_real::sync::{mpsc, Semaphore};
+use tokio_real::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
@@ -91,7 +94,10 @@ pub const MAX_OPTION: u32 = 4096;
 pub const MAX_IO: u32 = 32 << 20;
 /// Request payload bytes held at once per connection.
 pub const MAX_INFLIGHT_BYTES: u32 = 64 << 20;
-/// Preferred and minimum I/O size advertised (weir's block size).
+/// Requests in flight at once per connection (until their replies are written).
+pub const MAX_INFLIGHT_REQUESTS: usize = 256;
+/// Preferred I/O size advertised (weir's block size). The minimum advertised is 1
+/// byte: unaligned requests are served by read-modify-write (see `backend.rs`).
 pub const BLOCK: u32 = 4096;
 
 /// An export as the server lists it.
@@ -296,8 +302,12 @@ async fn handshake<B: Backend>(
                         reply(w, option, REP_INFO, &info).await?;
                         // Always sent: clients that did not ask may ignore it.
                         let mut sizes = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                        // Minimum 1: clients such as nbdfuse pass on unaligned I/O,
+                        // and libnbd refuses requests below an advertised minimum.
                         sizes.extend_from_slice(&1u32.to_be_bytes());
-                        sizes.extend_from_slice(&BLOCK.to_be_bytes());
+                        // Minimum 1: clients such as nbdfuse pass on unaligned I/O,
+                        // and libnbd refuses requests below an advertised minimum.
+                        sizes.extend_from_slice(&1u32.to_be_bytes());
                         sizes.extend_from_slice(&MAX_IO.to_be_bytes());
                         reply(w, option, REP_INFO, &sizes).await?;
                         reply(w, option, REP_ACK, &[]).await?;
@@ -346,11 +356,16 @@ async fn reply(w: &mut Writer, option: u32, kind: u32, data: &[u8]) -> std::io::
     w.write_all(data).await
 }
 
-/// A reply on its way to the writer task.
+/// A reply on its way to the writer task, with the budget it holds until written.
 struct Reply {
     cookie: u64,
     error: u32,
     data: Option<Bytes>,
+    /// Released once the reply is on the socket.
+    _held: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    /// A failed READ: the connection closes after this reply (simple replies
+    /// cannot carry an error in place of the data the client expects).
+    close: bool,
 }
 
 async fn transmission<B: Backend>(
@@ -362,10 +377,20 @@ async fn transmission<B: Backend>(
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
     let writer = tokio_real::spawn(write_replies(w, rx));
     let budget = Arc::new(Semaphore::new(MAX_INFLIGHT_BYTES as usize));
+    let slots = Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS));
     let export = Arc::new(export);
     let result = loop {
+        if tx.is_closed() {
+            // The writer ended (a failed READ, or the socket broke).
+            break Ok(());
+        }
         let mut header = [0u8; 28];
-        match r.read_exact(&mut header).await {
+        let read = tokio_real::select! {
+            r = r.read_exact(&mut header) => r,
+            // The writer ended (a failed READ, or the socket broke): stop reading.
+            () = tx.closed() => break Ok(()),
+        };
+        match read {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
             Err(e) => break Err(e.into()),
@@ -386,14 +411,19 @@ async fn transmission<B: Backend>(
         if command == CMD_DISC {
             break Ok(());
         }
-        // Hold payload room for writes (read below) and reads (filled later).
+        // Hold room for the data each request makes: a write's payload (read
+        // below), a read's reply, the zeroes a TRIM or WRITE_ZEROES sends; and a
+        // slot, so that replies to cheap requests cannot pile up either. Both are
+        // held until the reply is on the socket.
         let held = match command {
-            CMD_READ | CMD_WRITE => len.min(MAX_IO),
+            CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES => len.min(MAX_IO),
             _ => 0,
         };
-        let permit = match budget.clone().acquire_many_owned(held).await {
-            Ok(p) => p,
-            Err(_) => break Ok(()),
+        let (Ok(slot), Ok(bytes)) = (
+            slots.clone().acquire_owned().await,
+            budget.clone().acquire_many_owned(held).await,
+        ) else {
+            break Ok(());
         };
         let payload = if command == CMD_WRITE {
             let mut buf = BytesMut::zeroed(len as usize);
@@ -415,11 +445,13 @@ async fn transmission<B: Backend>(
             if error == 0 {
                 backend.record(command_name(command), u64::from(len), started.elapsed());
             }
-            drop(permit);
+            let close = command == CMD_READ && error != 0;
             let _ = tx.send(Reply {
                 cookie,
                 error,
                 data,
+                _held: (slot, bytes),
+                close,
             });
         });
     };
@@ -442,9 +474,9 @@ fn command_name(command: u16) -> &'static str {
 
 /// Check a request's command, flags and range; the NBD error if it is bad.
 fn check_request(command: u16, flags: u16, offset: u64, len: u32, size: u64) -> Result<(), u32> {
+    // FUA is accepted on every command once negotiated (it matters for writes).
     let allowed = match command {
-        CMD_READ | CMD_FLUSH | CMD_TRIM => 0,
-        CMD_WRITE => CMD_FLAG_FUA,
+        CMD_READ | CMD_FLUSH | CMD_TRIM | CMD_WRITE => CMD_FLAG_FUA,
         CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
         _ => return Err(errno::EINVAL),
     };
@@ -510,6 +542,10 @@ async fn write_replies(
             w.write_u64(reply.cookie).await?;
             if let (0, Some(data)) = (reply.error, &reply.data) {
                 w.write_all(data).await?;
+            }
+            if reply.close {
+                w.flush().await?;
+                return Ok(());
             }
             next = rx.try_recv().ok();
         }

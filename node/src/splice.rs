@@ -68,8 +68,9 @@ impl Transport for Spliced {
     async fn recv(&self) -> Result<(NodeId, Bytes), TransportError> {
         let mut local = self.from_peer.lock().await;
         match &self.inner {
+            // Unbiased: a busy front end must not starve the node's TCP peers
+            // (Raft, heartbeats, replica acks).
             Some(tcp) => tokio_real::select! {
-                biased;
                 Some(m) = local.recv() => Ok(m),
                 r = tcp.recv() => r,
             },

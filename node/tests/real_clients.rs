@@ -368,7 +368,33 @@ fn real_clients_on_a_three_node_cluster_and_a_restart() {
     let mnt = dir.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let pidfile = dir.join("nbdfuse.pid");
-    let mut fuse = Fuse::mount(&mnt, &pidfile, &cluster.nbd(1, "fs"));
+    // WRITE_ZEROES over more than one request's worth (64 MiB) zeroes it all.
+    let fs = cluster.nbd(1, "fs");
+    let out = run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &fs,
+            "-c",
+            "write -P 0x5a 40M 1M",
+            "-c",
+            "write -P 0x5b 63M 1M",
+            "-c",
+            "write -z 0 64M",
+            "-c",
+            "read -P 0 40M 1M",
+            "-c",
+            "read -P 0 63M 1M",
+            "-c",
+            "write -P 0x5c 64M 4k",
+            "-c",
+            "read -P 0x5c 64M 4k",
+        ],
+        MINUTE,
+    );
+    assert!(!out.contains("verification failed"), "{out}");
+    let mut fuse = Fuse::mount(&mnt, &pidfile, &fs);
     let disk = mnt.join("disk");
     let disk = disk.to_str().unwrap();
     run("mkfs.ext4", &["-q", "-F", disk], 5 * MINUTE);
@@ -459,7 +485,7 @@ fn killing_a_node_during_a_fio_verify_run_loses_nothing() {
             &format!("--uri={uri}"),
             "--rw=randwrite",
             "--bs=4k",
-            "--size=128M",
+            "--size=192M",
             "--iodepth=16",
             "--verify=crc32c",
             "--do_verify=1",

@@ -537,6 +537,7 @@ impl Replicator {
     /// to drop that replica, after which the write is acknowledged without it.
     pub fn handle_tick(&mut self, now_ns: u64) {
         self.now_ns = self.now_ns.max(now_ns);
+        self.expire_rebuild_chunks();
         self.pump_rebuilds();
         let mut asks = Vec::new();
         for op in self.ops.values() {

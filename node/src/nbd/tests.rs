@@ -190,20 +190,35 @@ async fn list_info_and_go_then_every_command() {
         assert!(d[8192..10240].iter().all(|&b| b == 0));
         assert!(d[10240..12288].iter().all(|&b| b == 0xab));
     }
-    // Errors: past the end, an unknown command, an unknown flag.
-    request(&mut s, CMD_READ, 0, 6, (1 << 20) - 512, 1024).await;
-    assert_eq!(simple_reply(&mut s).await, (6, errno::EINVAL));
+    // Errors that leave the connection up: a write past the end, an unknown
+    // command, FUA on a read (accepted, meaningless).
     request(&mut s, CMD_WRITE, 0, 7, 1 << 20, 512).await;
     s.write_all(&[1; 512]).await.unwrap();
     assert_eq!(simple_reply(&mut s).await, (7, errno::ENOSPC));
     request(&mut s, 42, 0, 8, 0, 0).await;
     assert_eq!(simple_reply(&mut s).await, (8, errno::EINVAL));
-    request(&mut s, CMD_READ, 0x80, 9, 0, 512).await;
-    assert_eq!(simple_reply(&mut s).await, (9, errno::EINVAL));
-    request(&mut s, CMD_READ, 0, 10, u64::MAX - 10, 512).await;
+    request(&mut s, CMD_READ, CMD_FLAG_FUA, 9, 0, 512).await;
+    assert_eq!(simple_reply(&mut s).await, (9, 0));
+    let mut data = vec![0; 512];
+    s.read_exact(&mut data).await.unwrap();
+    // A failed READ: its error reply, then the connection closes (a simple
+    // reply cannot stand in for the data the client expects).
+    request(&mut s, CMD_READ, 0x80, 10, 0, 512).await;
     assert_eq!(simple_reply(&mut s).await, (10, errno::EINVAL));
-    // Still serving; DISC closes after the replies.
-    request(&mut s, CMD_DISC, 0, 11, 0, 0).await;
+    assert!(closed(&mut s).await);
+    for (cookie, offset) in [(11, (1 << 20) - 512), (12, u64::MAX - 10)] {
+        let mut s = greet(addr).await;
+        go(&mut s, "disk").await;
+        request(&mut s, CMD_READ, 0, cookie, offset, 1024).await;
+        assert_eq!(simple_reply(&mut s).await, (cookie, errno::EINVAL));
+        assert!(closed(&mut s).await);
+    }
+    // DISC closes after the replies.
+    let mut s = greet(addr).await;
+    go(&mut s, "disk").await;
+    request(&mut s, CMD_FLUSH, 0, 13, 0, 0).await;
+    request(&mut s, CMD_DISC, 0, 14, 0, 0).await;
+    assert_eq!(simple_reply(&mut s).await, (13, 0));
     assert!(closed(&mut s).await);
 }
 
@@ -218,11 +233,20 @@ async fn hostile_clients_are_disconnected_and_others_go_on() {
     go(&mut huge, "disk").await;
     request(&mut huge, CMD_WRITE, 0, 1, 0, u32::MAX).await;
     assert!(closed(&mut huge).await);
-    // A 4 GiB read gets EINVAL, and the connection goes on.
+    // A 4 GiB read gets EINVAL, then the connection closes.
     let mut big_read = greet(addr).await;
     go(&mut big_read, "disk").await;
     request(&mut big_read, CMD_READ, 0, 1, 0, u32::MAX).await;
     assert_eq!(simple_reply(&mut big_read).await, (1, errno::EINVAL));
+    assert!(closed(&mut big_read).await);
+    // A client that floods reads and never reads its replies is held back by the
+    // budget (the server stops reading its requests), not by the server's memory:
+    // the good client below is still served.
+    let mut flood = greet(addr).await;
+    go(&mut flood, "disk").await;
+    for cookie in 0..2000 {
+        request(&mut flood, CMD_READ, 0, cookie, 0, 512 << 10).await;
+    }
     // Garbage instead of a request.
     let mut garbage = greet(addr).await;
     go(&mut garbage, "disk").await;

@@ -27,6 +27,10 @@ pub const REBUILD_CHUNK_BYTES: u64 = 128 << 10;
 pub const DEFAULT_REBUILD_BYTES_PER_SEC: u64 = 1 << 30;
 /// Chunks one primary has in flight at once, over all its copies.
 const REBUILD_CHUNKS_IN_FLIGHT: usize = 4;
+/// A chunk unanswered this long is given up and sent again: its ack was lost (the
+/// replica restarted too quickly to be declared down), and its range lock must
+/// not hold writes to those blocks back for ever.
+pub(super) const REBUILD_CHUNK_TIMEOUT_NS: u64 = 1_000_000_000;
 /// `RebuildDone` is asked again after this long if the map has not moved (the
 /// request may have been lost with a leader); a failed chunk is retried after it.
 const REBUILD_RETRY_NS: u64 = 10_000_000;
@@ -60,6 +64,8 @@ struct Copy {
     asked_ns: Option<u64>,
     /// No new chunk before this time (after a failed one).
     backoff_until_ns: u64,
+    /// When the chunk in flight was started.
+    chunk_since_ns: u64,
     bytes_done: u64,
     bytes_total: u64,
     started_ns: u64,
@@ -131,6 +137,40 @@ impl Replicator {
             self.pump_rebuilds();
         }
         known
+    }
+
+    /// Give up chunks unanswered for [`REBUILD_CHUNK_TIMEOUT_NS`]: let go of
+    /// their ranges and copy those blocks again after a pause.
+    pub(super) fn expire_rebuild_chunks(&mut self) {
+        let now = self.now_ns;
+        let stale: Vec<((ExtentId, NodeId), OpId)> = self
+            .rebuild
+            .copies
+            .iter()
+            .filter(|(_, c)| now.saturating_sub(c.chunk_since_ns) >= REBUILD_CHUNK_TIMEOUT_NS)
+            .filter_map(|(&key, c)| c.chunk.map(|op| (key, op)))
+            .collect();
+        for ((extent, node), op) in stale {
+            tracing::warn!(%extent, %node, "rebuild chunk unanswered; sending it again");
+            let lba = match self.ops.remove(&op) {
+                Some(Op::Rebuild { lba, .. }) => Some(lba),
+                _ => None,
+            };
+            let c = self
+                .rebuild
+                .copies
+                .get_mut(&(extent, node))
+                .expect("listed");
+            c.chunk = None;
+            c.joining = false;
+            c.backoff_until_ns = now + REBUILD_RETRY_NS;
+            if let Some(lba) = lba {
+                c.cursor = c.cursor.min(lba);
+                let state = self.primary.get_mut(&extent).expect("a chunk holds a lock");
+                let ready = state.lock.withdraw(op);
+                self.run_ready(ready);
+            }
+        }
     }
 
     /// The map changed: drop copies that no longer apply, restart those whose
@@ -216,6 +256,7 @@ impl Replicator {
                     joining: false,
                     asked_ns: None,
                     backoff_until_ns: 0,
+                    chunk_since_ns: 0,
                     bytes_done: 0,
                     bytes_total: written * bs,
                     started_ns: self.now_ns,
@@ -334,6 +375,7 @@ impl Replicator {
                     .get_mut(&(extent, node))
                     .expect("listed");
                 c.chunk = Some(op);
+                c.chunk_since_ns = now;
                 self.ops.insert(
                     op,
                     Op::Rebuild {

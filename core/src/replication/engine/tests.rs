@@ -1223,3 +1223,42 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
         .copies_in_full(ExtentId(0), NodeId(3))
         .is_some());
 }
+
+#[test]
+fn a_rebuild_chunk_whose_ack_is_lost_lets_go_of_its_range_and_is_sent_again() {
+    let mut c = cluster(ReplicationConfig::default());
+    fill(&mut c, 1, 4, 1, 1);
+    c.client_sends(NodeId(1), write(10, 2, block(2, 1)));
+    c.settle_without(NodeId(3));
+    drop_n3(&mut c);
+    // The copy to n3 goes out and is lost (n3 restarted before it was declared
+    // down, say): its chunk holds a shared lock on blocks 0.. for good.
+    c.settle_without(NodeId(3));
+    assert_eq!(c.engines[&NodeId(1)].rebuild_progress()[0].bytes_done, 0);
+    c.client_sends(NodeId(1), write_at_epoch(20, 1, block(7, 1), 2));
+    c.settle_without(NodeId(3));
+    assert!(
+        !c.replies.contains(&Message::WriteOk { req: RequestId(20) }),
+        "the write should wait behind the chunk's lock"
+    );
+    // Past the chunk timeout the range is let go: the write goes through.
+    let later = super::rebuild::REBUILD_CHUNK_TIMEOUT_NS + 1;
+    c.engines.get_mut(&NodeId(1)).unwrap().handle_tick(later);
+    c.settle_without(NodeId(3));
+    assert!(
+        c.replies.contains(&Message::WriteOk { req: RequestId(20) }),
+        "{:?}",
+        c.replies
+    );
+    // ... and the chunk goes again after its pause; now n3 answers.
+    let again = later + super::rebuild::REBUILD_CHUNK_TIMEOUT_NS;
+    c.engines.get_mut(&NodeId(1)).unwrap().handle_tick(again);
+    c.settle();
+    for lba in 0..16 {
+        assert_eq!(
+            c.disk_block(NodeId(3), lba),
+            c.disk_block(NodeId(1), lba),
+            "block {lba} differs after the copy was sent again"
+        );
+    }
+}
