@@ -95,11 +95,6 @@ impl NodeHandle {
     pub fn report(&self) -> NodeReport {
         self.reports.borrow().clone()
     }
-
-    /// Wait for the next report.
-    pub async fn changed(&mut self) -> bool {
-        self.reports.changed().await.is_ok()
-    }
 }
 
 /// Control-plane events a node reports (failovers, nodes down and up), with the
@@ -228,7 +223,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         };
         let state = self.engine.map().state();
         tx.send_modify(|r| {
-            if r.state.applied != state.applied || *r.state != *state {
+            // Every map comes from the one log: its applied index names it.
+            if r.state.applied != state.applied {
                 r.state = Arc::new(state.clone());
             }
             r.leader = self.control.as_ref().and_then(|(p, ..)| p.leader());

@@ -106,7 +106,7 @@ impl Admin {
         if state.named.contains_key(name) {
             return (409, format!("volume {name:?} already exists\n"));
         }
-        let free = (state.extents.len() as u64).saturating_sub(state.next_free_extent);
+        let free = state.free_extents();
         if extents > free {
             return (
                 507,

@@ -98,8 +98,9 @@ pub async fn run(
     let log_path = dir.join("raft.log");
     let (mut log, bytes) =
         LogFile::open(&log_path).with_context(|| format!("opening {}", log_path.display()))?;
-    let (plane, valid) = ControlPlane::open(me, &members, bootstrap, timeouts, rand_seed(), &bytes)
-        .context("replaying the raft log")?;
+    let (plane, valid) =
+        ControlPlane::open(me, &members, bootstrap, timeouts, rand::random(), &bytes)
+            .context("replaying the raft log")?;
     log.truncate(valid as u64)?;
     if plane.restored_epochs().is_some() {
         tracing::info!(%me, records = bytes.len(), "restarted from the raft log");
@@ -208,12 +209,4 @@ pub async fn run(
     let _ = admin_thread.join();
     let _ = std::fs::remove_file(dir.join("weir.pid"));
     outcome
-}
-
-fn rand_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    // Election jitter only needs to differ between nodes and runs.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::process::id().into());
-    h.finish()
 }

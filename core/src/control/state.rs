@@ -366,7 +366,7 @@ impl ClusterState {
         if self.named.contains_key(name) {
             return Err(Refusal::KnownName(name.to_string()));
         }
-        let free = (self.extents.len() as u64).saturating_sub(self.next_free_extent);
+        let free = self.free_extents();
         if extents > free {
             return Err(Refusal::NoSpace {
                 needed: extents,
@@ -521,6 +521,11 @@ impl ClusterState {
         ext.in_sync.insert(node);
         ext.epoch = ext.epoch.next();
         Ok(vec![Change::Replicas(vec![(extent, ext.epoch)])])
+    }
+
+    /// Pool extents not yet handed to a named volume.
+    pub fn free_extents(&self) -> u64 {
+        (self.extents.len() as u64).saturating_sub(self.next_free_extent)
     }
 
     /// Members that are up, in id order.

@@ -152,10 +152,7 @@ impl Replicator {
             .collect();
         for ((extent, node), op) in stale {
             tracing::warn!(%extent, %node, "rebuild chunk unanswered; sending it again");
-            let lba = match self.ops.remove(&op) {
-                Some(Op::Rebuild { lba, .. }) => Some(lba),
-                _ => None,
-            };
+            let lba = self.withdraw_chunk(extent, op);
             let c = self
                 .rebuild
                 .copies
@@ -166,11 +163,21 @@ impl Replicator {
             c.backoff_until_ns = now + REBUILD_RETRY_NS;
             if let Some(lba) = lba {
                 c.cursor = c.cursor.min(lba);
-                let state = self.primary.get_mut(&extent).expect("a chunk holds a lock");
-                let ready = state.lock.withdraw(op);
-                self.run_ready(ready);
             }
         }
+    }
+
+    /// Forget chunk `op` of `extent` if it is still out, and let go of its range
+    /// (or writes to those blocks would wait for an ack that never comes); the
+    /// chunk's first block if it was out.
+    fn withdraw_chunk(&mut self, extent: ExtentId, op: OpId) -> Option<Lba> {
+        let Some(Op::Rebuild { lba, .. }) = self.ops.remove(&op) else {
+            return None;
+        };
+        let state = self.primary.get_mut(&extent).expect("a chunk holds a lock");
+        let ready = state.lock.withdraw(op);
+        self.run_ready(ready);
+        Some(lba)
     }
 
     /// The map changed: drop copies that no longer apply, restart those whose
@@ -196,13 +203,9 @@ impl Replicator {
                 continue;
             }
             let c = self.rebuild.copies.remove(&(extent, node)).expect("listed");
-            // A chunk still out (to a replica now down) lets go of its range, or
-            // writes to those blocks would wait for an ack that never comes.
-            if let Some(op) = c.chunk.filter(|op| self.ops.contains_key(op)) {
-                self.ops.remove(&op);
-                let state = self.primary.get_mut(&extent).expect("a chunk holds a lock");
-                let ready = state.lock.withdraw(op);
-                self.run_ready(ready);
+            // A chunk still out (to a replica now down) lets go of its range.
+            if let Some(op) = c.chunk {
+                self.withdraw_chunk(extent, op);
             }
             if leads && e.in_sync.contains(&node) {
                 let took_ns = self.now_ns.saturating_sub(c.started_ns).max(1);
