@@ -7,7 +7,9 @@
 //! Failover is hidden behind bounded retries: a request that times out, or is
 //! answered `NotPrimary`, `StaleEpoch` or `Busy`, makes the client fetch the current
 //! map from a node and try again, until [`RETRY_BUDGET`] is spent. Retrying a write
-//! is idempotent: it writes the same data to the same blocks again.
+//! is idempotent: it writes the same data to the same blocks again, under the same
+//! request id, so a node that applied the first attempt and has seen it
+//! overwritten since does not bring the old data back (see the engine's `applied`).
 
 use crate::error::WeirError;
 use crate::ids::{Lba, NodeId, RequestId};
@@ -87,12 +89,16 @@ pub struct Volume<T> {
 
 impl<T: Transport> Volume<T> {
     /// Open the map's volume over `transport`. Spawns the reply task.
-    pub fn open(transport: Arc<T>, map: ClusterMap) -> Arc<Self> {
+    ///
+    /// Request ids are `incarnation << 32` plus a counter: draw `incarnation` at
+    /// random each time the client starts, so a restarted client's ids do not
+    /// repeat its predecessor's (nodes remember the requests of recent writes).
+    pub fn open(transport: Arc<T>, map: ClusterMap, incarnation: u32) -> Arc<Self> {
         let waiters: Waiters = Arc::new(Mutex::new(Some(BTreeMap::new())));
         let volume = Arc::new(Volume {
             transport: transport.clone(),
             map: Mutex::new(Arc::new(map)),
-            next_req: AtomicU64::new(1),
+            next_req: AtomicU64::new((u64::from(incarnation) << 32) + 1),
             waiters: waiters.clone(),
             retries: AtomicU64::new(0),
         });
@@ -220,13 +226,15 @@ impl<T: Transport> Volume<T> {
         for (start, count) in split(&map, lba, blocks)? {
             let from = ((start.0 - lba.0) as usize) * bs;
             let chunk = data.slice(from..from + count as usize * bs);
+            // Every attempt of this write carries the same request id.
+            let req = self.new_request();
             self.with_retry(|map| {
                 let chunk = chunk.clone();
                 async move {
                     let extent = map.extent(map.extent_of(start));
                     let (to, epoch) = (extent.primary, extent.epoch);
                     let reply = self
-                        .call(to, |req| Message::Write {
+                        .call_as(req, to, |req| Message::Write {
                             req,
                             volume: v.id,
                             epoch,
@@ -325,13 +333,28 @@ impl<T: Transport> Volume<T> {
         }
     }
 
-    /// Send one request and wait for its reply; `Failed` becomes an error.
+    fn new_request(&self) -> RequestId {
+        RequestId(self.next_req.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Send one request with a new id and wait for its reply; `Failed` becomes an
+    /// error.
     async fn call(
         &self,
         to: NodeId,
         make: impl FnOnce(RequestId) -> Message,
     ) -> Result<Message, ClientError> {
-        let req = RequestId(self.next_req.fetch_add(1, Ordering::Relaxed));
+        self.call_as(self.new_request(), to, make).await
+    }
+
+    /// [`Volume::call`] with request id `req` (a retry reuses its write's id; its
+    /// earlier attempt is no longer waited for, so a late reply to it is dropped).
+    async fn call_as(
+        &self,
+        req: RequestId,
+        to: NodeId,
+        make: impl FnOnce(RequestId) -> Message,
+    ) -> Result<Message, ClientError> {
         let frame = make(req).encode()?;
         let (tx, rx) = oneshot::channel();
         match self.waiters.lock().expect("waiters lock").as_mut() {

@@ -19,14 +19,14 @@
 //! [`DecodeError::Body`].
 
 use crate::error::WeirError;
-use crate::ids::{Epoch, ExtentId, Lba, OpId, RequestId, Version, VolumeId};
+use crate::ids::{Epoch, ExtentId, Lba, NodeId, OpId, RequestId, Version, VolumeId};
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 /// The two magic bytes that open every frame.
 pub const MAGIC: [u8; 2] = *b"WR";
 /// Current version of the frame and message encoding.
-pub const WIRE_VERSION: u8 = 2;
+pub const WIRE_VERSION: u8 = 3;
 /// Frame header length in bytes.
 pub const HEADER_BYTES: usize = 8;
 /// Largest body accepted: a 1 MiB data payload plus room for the message fields.
@@ -116,6 +116,9 @@ pub enum Message {
         epoch: Epoch,
         /// Version the primary gave this write.
         version: Version,
+        /// The client's request this write serves (a retry of a write reuses its
+        /// request id; a replica that becomes primary recognises it).
+        origin: (NodeId, RequestId),
         /// First block.
         lba: Lba,
         /// Whole blocks of data.

@@ -35,6 +35,7 @@
 //! tick_ms = 10                # control-plane tick
 //! lease_ms = 1500             # primary lease; a new primary waits this long
 //! detect_ms = 1000            # a node silent this long is declared down
+//! replace_after_s = 600       # a node down this long is replaced by spares (0: never)
 //! ```
 
 use serde::Deserialize;
@@ -203,6 +204,15 @@ pub struct TimeoutSection {
     /// Failure detection.
     #[serde(default = "default_detect")]
     pub detect_ms: u64,
+    /// A node down this long has its replicas moved to spares (re-replication);
+    /// 0 never gives up on a node. Longer than a reboot, so a restart only
+    /// catches up instead of copying whole extents elsewhere.
+    #[serde(default = "default_replace")]
+    pub replace_after_s: u64,
+}
+
+fn default_replace() -> u64 {
+    600
 }
 
 fn one() -> u64 {
@@ -263,6 +273,7 @@ impl Default for TimeoutSection {
             tick_ms: ten(),
             lease_ms: default_lease(),
             detect_ms: default_detect(),
+            replace_after_s: default_replace(),
         }
     }
 }
@@ -401,6 +412,12 @@ impl Config {
                 "need tick_ms > 0, detect_ms >= 4 x tick_ms and lease_ms > detect_ms".into(),
             );
         }
+        if t.replace_after_s != 0 && t.replace_after_s.saturating_mul(1000) <= t.lease_ms {
+            return bad(
+                "timeouts.replace_after_s",
+                "a node is replaced only after its lease has run out: above lease_ms, or 0".into(),
+            );
+        }
         Ok(())
     }
 
@@ -463,6 +480,7 @@ mod tests {
         assert_eq!(c.admin_addr(), "127.0.0.1:9402".parse().unwrap());
         assert_eq!(c.my_addr(), "127.0.0.1:7402".parse().unwrap());
         assert_eq!(c.timeouts.lease_ms, 1500);
+        assert_eq!(c.timeouts.replace_after_s, 600);
     }
 
     #[test]
@@ -494,6 +512,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("timeouts"), "{e}");
+        let e = parse(&format!("{GOOD}\n[timeouts]\nreplace_after_s = 1"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("timeouts.replace_after_s"), "{e}");
     }
 
     #[test]

@@ -94,6 +94,7 @@ pub async fn run(
     let timeouts = Timeouts {
         lease_ns: t.lease_ms * 1_000_000,
         detect_ns: t.detect_ms * 1_000_000,
+        replace_ns: t.replace_after_s.saturating_mul(1_000_000_000),
     };
     let log_path = dir.join("raft.log");
     let (mut log, bytes) =
@@ -146,7 +147,7 @@ pub async fn run(
     let handle = node.handle();
     let mut node_task = tokio_real::spawn(node.run());
 
-    let volume = Volume::open(client_side, map.clone());
+    let volume = Volume::open(client_side, map.clone(), rand::random());
     let metrics = Arc::new(Metrics::new());
     let extent_bytes = config.cluster.extent_size.0;
     let backend = Arc::new(WeirBackend::new(

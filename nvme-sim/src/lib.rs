@@ -98,15 +98,17 @@ impl SimSsd {
     }
 
     /// Power loss: the volatile cache is lost and commands fail with `Gone` until
-    /// [`SimSsd::power_on`].
-    pub fn power_loss(&self) {
+    /// [`SimSsd::power_on`]. Returns the blocks lost (written, not yet on media).
+    pub fn power_loss(&self) -> usize {
         let now = self.now_ns();
         let mut s = self.state.lock().expect("ssd state");
         s.store.settle(now);
+        let lost = s.store.blocks_dirty();
         s.store.power_loss();
         s.timing.power_cycle(now);
         s.powered = false;
         s.power_epoch += 1;
+        lost
     }
 
     /// The device stalls: commands in flight and new ones complete only after

@@ -5,8 +5,10 @@
 //!   most one node serves an extent in a given epoch, and the epochs an extent is
 //!   served in only grow. A node's entitlement is what it claimed: from the moment it
 //!   may serve (its map says primary, the old lease has run out) to the end of its
-//!   lease. Checking entitlements rather than the operations served catches a
-//!   violation even when no client happened to read in the overlap.
+//!   lease, or to its crash if that comes first (a dead process serves nothing,
+//!   and a restarted one claims anew). Checking entitlements rather than the
+//!   operations served catches a violation even when no client happened to read
+//!   in the overlap.
 //! - Acknowledged means persisted everywhere: when a primary acknowledges a write,
 //!   every replica its map counts as in sync has already reported that write on its
 //!   device. This is the invariant behind "any in-sync replica holds every
@@ -36,8 +38,9 @@ struct Claim {
     until_ns: u64,
 }
 
-/// Check the lease invariants over every node's claims.
-pub fn check_leases(audit: &[(NodeId, Audit)], base_ns: u64) -> Verdict {
+/// Check the lease invariants over every node's claims; `crashes` are the times
+/// (cluster clock) nodes were killed.
+pub fn check_leases(audit: &[(NodeId, Audit)], crashes: &[(NodeId, u64)], base_ns: u64) -> Verdict {
     let mut claims: BTreeMap<ExtentId, Vec<Claim>> = BTreeMap::new();
     for (node, fact) in audit {
         if let Audit::Claim {
@@ -47,6 +50,12 @@ pub fn check_leases(audit: &[(NodeId, Audit)], base_ns: u64) -> Verdict {
             until_ns,
         } = *fact
         {
+            // A claim ends with the incarnation that made it.
+            let until_ns = crashes
+                .iter()
+                .filter(|&&(n, at)| n == *node && at >= from_ns)
+                .map(|&(_, at)| at)
+                .fold(until_ns, u64::min);
             claims.entry(extent).or_default().push(Claim {
                 node: *node,
                 epoch,
@@ -215,19 +224,23 @@ mod tests {
             claim(1, 1, 50, 150),
             claim(2, 2, 150, 300),
         ];
-        assert!(check_leases(&ok, 0).passed());
+        assert!(check_leases(&ok, &[], 0).passed());
         let overlap = [
             claim(1, 1, 0, 100),
             claim(1, 1, 50, 150),
             claim(2, 2, 120, 300),
         ];
-        let v = check_leases(&overlap, 0);
+        let v = check_leases(&overlap, &[], 0);
         assert_eq!(v.violations.len(), 1, "{v:?}");
         assert!(v.violations[0].contains("n1 may serve it (at e1)"), "{v:?}");
+        // n1 crashed at 110: its lease ended with it. A crash after the takeover
+        // does not excuse the overlap.
+        assert!(check_leases(&overlap, &[(NodeId(1), 110)], 0).passed());
+        assert!(!check_leases(&overlap, &[(NodeId(1), 130)], 0).passed());
         let shared_epoch = [claim(1, 1, 0, 100), claim(2, 1, 100, 200)];
-        assert!(!check_leases(&shared_epoch, 0).passed());
+        assert!(!check_leases(&shared_epoch, &[], 0).passed());
         let back = [claim(1, 2, 0, 100), claim(2, 1, 100, 200)];
-        assert!(!check_leases(&back, 0).passed());
+        assert!(!check_leases(&back, &[], 0).passed());
     }
 
     #[test]

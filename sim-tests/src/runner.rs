@@ -145,6 +145,7 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
 }
 
 async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOptions) -> Outcome {
+    let cluster_start = Instant::now();
     let fabric = Fabric::current();
     fabric
         .configure(fabric_config(&scenario))
@@ -176,11 +177,15 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     }
     let mut faults = schedule_faults(&fabric, &scenario);
     let mut crashes = Vec::new();
+    let kills = KillLog::default();
     faults.extend(schedule_node_faults(
         &fabric,
         &hosts,
         &scenario,
         &mut crashes,
+        &events,
+        &kills,
+        cluster_start,
     ));
     faults.sort();
     // Fault times are drawn from the workload's start; the report counts from the
@@ -211,7 +216,9 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     }
     ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
 
-    let (replica_reads, expected_copies, liveness) = read_back(checker, map.clone(), &ops).await;
+    let replicas = scenario.cluster.replicas as usize;
+    let (replica_reads, expected_copies, liveness) =
+        read_back(checker, map.clone(), &ops, replicas).await;
     let history = History {
         ops,
         replica_reads,
@@ -221,7 +228,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let verdicts = vec![
         check_linearizable(&history),
         check_no_lost_writes(&history, scenario.cluster.replicas as usize),
-        check_leases(&audit, base_ns),
+        check_leases(&audit, &kills.lock().expect("kill log"), base_ns),
         check_acks_persisted(&audit, base_ns),
         check_epochs(&audit, base_ns),
         liveness,
@@ -358,21 +365,34 @@ fn schedule_faults(fabric: &Fabric, scenario: &Scenario) -> Vec<(u64, String)> {
     described
 }
 
+/// When nodes were killed (cluster clock, ns), for the lease checker.
+type KillLog = Arc<Mutex<Vec<(NodeId, u64)>>>;
+
 /// Node faults, each on a distinct storage node (the scenario keeps them fewer than
 /// the replicas, so every extent keeps an in-sync copy), at seeded times in the
 /// first half of the run: crashes (for good), pauses and partitions (both heal),
-/// device hangs, and crashes followed by a restart.
+/// device hangs, and crashes or power losses followed by a restart.
 fn schedule_node_faults(
     fabric: &Fabric,
     hosts: &[(NodeId, madsim::task::NodeId, Arc<SimSsd>)],
     s: &Scenario,
     crashes: &mut Vec<(NodeId, u64)>,
+    events: &EventLog,
+    kills: &KillLog,
+    cluster_start: Instant,
 ) -> Vec<(u64, String)> {
     let f = &s.faults;
     let mut victims: Vec<(NodeId, madsim::task::NodeId)> =
         hosts.iter().map(|(n, h, _)| (*n, *h)).collect();
     let mut out = Vec::new();
     let first_half_us = || thread_rng().gen_range(0..(s.workload.duration_ms * 500).max(1));
+    let ssd_of = |node: NodeId| {
+        hosts
+            .iter()
+            .find(|(n, ..)| *n == node)
+            .map(|(_, _, ssd)| ssd.clone())
+            .expect("a victim is a host")
+    };
     let lasting = |longest_ms: u64| {
         let longest_us = longest_ms * 1000;
         thread_rng().gen_range(longest_us / 4..=longest_us).max(1)
@@ -385,9 +405,12 @@ fn schedule_node_faults(
         };
         let (node, host) = victims.remove(pick);
         let at_us = first_half_us();
+        let kills = kills.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_micros(at_us)).await;
             Handle::current().kill(host);
+            let now = weir_core::time::cluster_ns();
+            kills.lock().expect("kill log").push((node, now));
         });
         out.push((at_us, format!("node {node} crashes")));
         crashes.push((node, at_us));
@@ -429,11 +452,7 @@ fn schedule_node_faults(
     }
     for _ in 0..f.device_hangs {
         let (node, _) = victims.remove(thread_rng().gen_range(0..victims.len()));
-        let ssd = hosts
-            .iter()
-            .find(|(n, ..)| *n == node)
-            .map(|(_, _, ssd)| ssd.clone())
-            .expect("a victim is a host");
+        let ssd = ssd_of(node);
         let (at_us, for_us) = (first_half_us(), lasting(f.hang_ms));
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_micros(at_us)).await;
@@ -446,19 +465,37 @@ fn schedule_node_faults(
             format!("the device of {node} hangs for {} ms", for_us as f64 / 1e3),
         ));
     }
-    for _ in 0..f.node_restarts {
+    let restarts = (0..f.node_restarts).map(|_| false);
+    for power_loss in restarts.chain((0..f.power_losses).map(|_| true)) {
         let (node, host) = victims.remove(thread_rng().gen_range(0..victims.len()));
+        let ssd = ssd_of(node);
+        let (events, kills) = (events.clone(), kills.clone());
         let (at_us, for_us) = (first_half_us(), lasting(f.restart_ms));
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_micros(at_us)).await;
             Handle::current().kill(host);
+            let now = weir_core::time::cluster_ns();
+            kills.lock().expect("kill log").push((node, now));
+            if power_loss {
+                let lost = ssd.power_loss();
+                let line = format!("{node} lost power: {lost} unflushed blocks dropped");
+                // Event times count from the cluster's start, like the nodes' own.
+                let at = (Instant::now() - cluster_start).as_nanos() as u64;
+                events.lock().expect("event log").push((at, line));
+            }
             tokio::time::sleep(Duration::from_micros(for_us)).await;
+            ssd.power_on();
             Handle::current().restart(host);
         });
+        let what = if power_loss {
+            "loses power (its SSD's volatile cache is lost)"
+        } else {
+            "crashes"
+        };
         out.push((
             at_us,
             format!(
-                "node {node} crashes and restarts {} ms later",
+                "node {node} {what} and restarts {} ms later",
                 for_us as f64 / 1e3
             ),
         ));
@@ -517,11 +554,15 @@ const WARMUP: Duration = Duration::from_millis(30);
 /// Control-plane tick.
 const TICK: Duration = Duration::from_millis(10);
 /// Leases and failure detection: a node silent for 100 ms is declared down; its
-/// extents' new primaries serve once its 150 ms lease has run out.
-const TIMEOUTS: Timeouts = Timeouts {
-    lease_ns: 150_000_000,
-    detect_ns: 100_000_000,
-};
+/// extents' new primaries serve once its 150 ms lease has run out; it is replaced
+/// after the scenario's `replace_after_ms`.
+fn timeouts(s: &Scenario) -> Timeouts {
+    Timeouts {
+        lease_ns: 150_000_000,
+        detect_ns: 100_000_000,
+        replace_ns: s.cluster.replace_after_ms * 1_000_000,
+    }
+}
 
 /// Start every storage node (data path + control plane); returns the madsim node of
 /// each, for crash faults.
@@ -534,6 +575,7 @@ fn start_nodes(
     audit: &AuditLog,
 ) -> Vec<(NodeId, madsim::task::NodeId, Arc<SimSsd>)> {
     let voters = map.nodes().to_vec();
+    let timeouts = timeouts(s);
     let bootstrap = weir_core::control::plane::bootstrap(map, s.cluster.replicas as u8);
     let mut hosts = Vec::new();
     for &id in map.nodes() {
@@ -556,7 +598,7 @@ fn start_nodes(
                 id,
                 &voters,
                 bootstrap.clone(),
-                TIMEOUTS,
+                timeouts,
                 thread_rng().gen(),
                 &bytes,
             )
@@ -625,7 +667,7 @@ async fn run_client(
     epoch: Instant,
     deadline: Instant,
 ) -> Vec<OpRecord> {
-    let volume = Volume::open(transport, map);
+    let volume = Volume::open(transport, map, thread_rng().gen());
     let seq = Arc::new(AtomicU64::new(0));
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut workers = Vec::new();
@@ -755,20 +797,32 @@ impl Worker {
 /// How long after the workload every replica on an up node must be back in sync.
 const LIVENESS_BOUND: Duration = Duration::from_secs(2);
 
-/// Wait until no up node is still rebuilding an extent (at most [`LIVENESS_BOUND`]).
-async fn await_in_sync(volume: &Volume<SimTransport>) -> Verdict {
+/// Wait until the cluster has healed (at most [`LIVENESS_BOUND`]): no up node is
+/// still rebuilding an extent, and every extent has `replicas` in-sync copies, or
+/// one on every up node where fewer are up (a spare replaced every node down past
+/// the replacement timeout).
+async fn await_in_sync(volume: &Volume<SimTransport>, replicas: usize) -> Verdict {
+    use weir_core::control::NodeStatus;
     let start = Instant::now();
     loop {
         volume.refresh().await;
         let map = volume.map();
         let state = map.state();
-        let behind: Vec<String> = state
+        let want = replicas.min(state.up_nodes().len());
+        let mut behind: Vec<String> = state
             .extents
             .iter()
             .flat_map(|(id, e)| e.rebuilding.iter().map(move |n| (id, n)))
-            .filter(|(_, n)| state.nodes.get(n) == Some(&weir_core::control::NodeStatus::Up))
+            .filter(|(_, n)| state.nodes.get(n) == Some(&NodeStatus::Up))
             .map(|(id, n)| format!("{n} still rebuilding {id}"))
             .collect();
+        behind.extend(
+            state
+                .extents
+                .iter()
+                .filter(|(_, e)| e.in_sync.len() < want)
+                .map(|(id, e)| format!("{id} has {} of {want} copies in sync", e.in_sync.len())),
+        );
         let waited = Instant::now() - start;
         if behind.is_empty() || waited >= LIVENESS_BOUND {
             let violations = behind
@@ -778,7 +832,8 @@ async fn await_in_sync(volume: &Volume<SimTransport>) -> Verdict {
             return Verdict {
                 name: "liveness",
                 scope: format!(
-                    "every replica on an up node in sync {:.1} ms after the workload (bound {} ms)",
+                    "every extent back to {replicas} in-sync copies (or all up nodes) {:.1} ms \
+                     after the workload (bound {} ms)",
                     waited.as_secs_f64() * 1e3,
                     LIVENESS_BOUND.as_millis()
                 ),
@@ -795,6 +850,7 @@ async fn read_back(
     transport: Arc<SimTransport>,
     map: ClusterMap,
     ops: &[OpRecord],
+    replicas: usize,
 ) -> (Vec<ReplicaRead>, BTreeMap<u64, usize>, Verdict) {
     let written: BTreeSet<u64> = ops
         .iter()
@@ -803,8 +859,8 @@ async fn read_back(
         .collect();
     let host = Handle::current().create_node().name("checker").build();
     host.spawn(async move {
-        let volume = Volume::open(transport, map);
-        let liveness = await_in_sync(&volume).await;
+        let volume = Volume::open(transport, map, thread_rng().gen());
+        let liveness = await_in_sync(&volume, replicas).await;
         // Read back from the replicas the final map counts as in sync: the ones that
         // must hold every acknowledged write.
         volume.refresh().await;

@@ -65,6 +65,10 @@ pub struct FaultSpec {
     pub node_restarts: u32,
     /// Longest time a restarting node stays down, milliseconds.
     pub restart_ms: u64,
+    /// Storage nodes that lose power at a random time in the first half of the
+    /// run: the node crashes, its SSD's volatile cache (writes neither flushed nor
+    /// FUA) is lost, and it restarts 25%..100% of `restart_ms` later.
+    pub power_losses: u32,
 }
 
 impl Default for FaultSpec {
@@ -83,6 +87,7 @@ impl Default for FaultSpec {
             partitions: 0,
             partition_ms: 300,
             node_restarts: 0,
+            power_losses: 0,
             restart_ms: 200,
         }
     }
@@ -102,6 +107,9 @@ pub struct ClusterSpec {
     pub volume_mib: u64,
     /// Extent size in MiB.
     pub extent_mib: u64,
+    /// A node down this long (simulated ms) is replaced: its replicas move to
+    /// spares, if the cluster has nodes beyond the replica count. 0: never.
+    pub replace_after_ms: u64,
 }
 
 impl Default for ClusterSpec {
@@ -112,6 +120,7 @@ impl Default for ClusterSpec {
             block_size: 4096,
             volume_mib: 4096,
             extent_mib: 64,
+            replace_after_ms: 200,
         }
     }
 }
@@ -281,9 +290,16 @@ impl Scenario {
             match pick(13 + slot, 4) {
                 // Half the crashed nodes come back: a restart from the device
                 // and the Raft log.
-                0 if s.faults.node_crashes + s.faults.node_restarts == 0 => {
+                0 if s.faults.node_crashes + s.faults.node_restarts + s.faults.power_losses
+                    == 0 =>
+                {
                     if pick(19, 2) == 0 {
-                        s.faults.node_restarts = 1
+                        // Half the restarts follow a power loss.
+                        if pick(21, 2) == 0 {
+                            s.faults.power_losses = 1
+                        } else {
+                            s.faults.node_restarts = 1
+                        }
                     } else {
                         s.faults.node_crashes = 1
                     }
@@ -387,6 +403,12 @@ impl Scenario {
         if !matches!(f.cnp.as_str(), "per-qp" | "per-packet") {
             return bad("fabric.cnp", "must be \"per-qp\" or \"per-packet\"");
         }
+        if c.replace_after_ms != 0 && !(151..=3_600_000).contains(&c.replace_after_ms) {
+            return bad(
+                "cluster.replace_after_ms",
+                "must be 0 or above the 150 ms lease (at most an hour)",
+            );
+        }
         let x = &self.faults;
         if !(0.0..0.5).contains(&x.link_loss) || !(0.0..0.5).contains(&x.link_corrupt) {
             return bad("faults.link_loss/link_corrupt", "must be in [0, 0.5)");
@@ -406,17 +428,18 @@ impl Scenario {
             + u64::from(x.node_pauses)
             + u64::from(x.partitions)
             + u64::from(x.device_hangs)
-            + u64::from(x.node_restarts);
+            + u64::from(x.node_restarts)
+            + u64::from(x.power_losses);
         if node_faults >= u64::from(c.replicas) {
             return bad(
-                "faults.node_crashes/node_pauses/partitions/device_hangs/node_restarts",
+                "faults.node_crashes/node_pauses/partitions/device_hangs/node_restarts/power_losses",
                 "together must be fewer than cluster.replicas",
             );
         }
         if (x.node_pauses > 0 && x.pause_ms == 0) || (x.partitions > 0 && x.partition_ms == 0) {
             return bad("faults.pause_ms/partition_ms", "must be > 0 when used");
         }
-        if x.node_restarts > 0 && x.restart_ms == 0 {
+        if x.node_restarts + x.power_losses > 0 && x.restart_ms == 0 {
             return bad("faults.restart_ms", "must be > 0 when nodes restart");
         }
         if x.pause_ms > 10_000

@@ -1,9 +1,12 @@
 //! The fault campaign: 100 seeds, each with its own mix of node crashes (sometimes
-//! the Raft leader; half of them restart from their device and Raft log), node pauses, nodes cut off from the network, SSD stalls, link
-//! loss, corruption and flaps, on RoCE or TCP; every history must pass every checker
-//! (linearizability, no lost write, leases, acked-means-persisted, epochs only grow,
-//! liveness) with no client error. A failing seed prints its report, which ends
-//! with the command that replays it.
+//! the Raft leader; half of them restart from their device and Raft log, half of
+//! those after a power loss that empties the SSD's volatile cache), node pauses,
+//! nodes cut off from the network, SSD stalls, link loss, corruption and flaps, on
+//! RoCE or TCP; every history must pass every checker (linearizability, no lost
+//! write, leases, acked-means-persisted, epochs only grow, liveness: every extent
+//! back to 3 in-sync copies, on spares where a node stayed down) with no client
+//! error. A failing seed prints its report, which ends with the command that
+//! replays it.
 #![cfg(madsim)]
 
 use weir_sim::runner::run;
@@ -25,17 +28,27 @@ fn campaign(part: u64) {
         if !r.passed() {
             failed.push(r.to_string());
         }
-        if s.faults.node_restarts > 0 && !r.events.iter().any(|e| e.contains(" restarted: ")) {
+        let said = |what: &str| r.events.iter().any(|e| e.contains(what));
+        if s.faults.node_restarts + s.faults.power_losses > 0 && !said(" restarted: ") {
             // The restarted node replayed its log and moved its extents on.
             failed.push(format!(
                 "seed {seed}: a node restarted but never asked for a new epoch\n{r}"
             ));
         }
+        if s.faults.power_losses > 0 && !said(" lost power: ") {
+            failed.push(format!("seed {seed}: no power was lost\n{r}"));
+        }
         if s.faults.node_crashes > 0 {
-            // The crash must have been noticed and failed over.
-            if !r.events.iter().any(|e| e.contains("down")) {
+            // The crash must have been noticed and failed over, and with a spare
+            // node the crashed one replaced.
+            if !said("down") {
                 failed.push(format!(
                     "seed {seed}: a node crashed but was never marked down\n{r}"
+                ));
+            }
+            if s.cluster.nodes > s.cluster.replicas && !said(" replaced: ") {
+                failed.push(format!(
+                    "seed {seed}: a node stayed down but was never replaced\n{r}"
                 ));
             }
         }

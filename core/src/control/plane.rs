@@ -83,6 +83,8 @@ pub struct ControlPlane {
     leader_since_ns: Option<u64>,
     /// Proposals in flight, so the detector does not repeat them every tick.
     proposed: BTreeSet<(NodeId, bool)>,
+    /// Replacements in flight.
+    replacing: BTreeSet<NodeId>,
     actions: VecDeque<PlaneAction>,
     /// The epochs of the map this node had when it restarted (None: a new node).
     restored: Option<BTreeMap<ExtentId, Epoch>>,
@@ -101,6 +103,9 @@ pub struct Timeouts {
     /// than the lease: the down node leaves every in-sync set at once (writes stop
     /// waiting for it), while its extents' new primaries wait for its lease.
     pub detect_ns: u64,
+    /// How long a node may stay down before the leader gives up on it and its
+    /// replicas move to spares ([`Command::ReplaceNode`]); 0: never.
+    pub replace_ns: u64,
 }
 
 impl ControlPlane {
@@ -142,6 +147,7 @@ impl ControlPlane {
             healthy: true,
             leader_since_ns: None,
             proposed: BTreeSet::new(),
+            replacing: BTreeSet::new(),
             actions: VecDeque::new(),
             restored: None,
             restart_pending: false,
@@ -376,6 +382,7 @@ impl ControlPlane {
         if !self.raft.is_leader() {
             self.leader_since_ns = None;
             self.proposed.clear();
+            self.replacing.clear();
             return;
         }
         if self.leader_since_ns.is_none() {
@@ -452,7 +459,17 @@ impl ControlPlane {
                 .copied()
                 .unwrap_or(0)
                 .max(leader_since_ns);
-            let silent = now_ns.saturating_sub(last) > self.timeouts.detect_ns;
+            let silent_ns = now_ns.saturating_sub(last);
+            let silent = silent_ns > self.timeouts.detect_ns;
+            let give_up = self.timeouts.replace_ns > 0 && silent_ns > self.timeouts.replace_ns;
+            if status == NodeStatus::Down
+                && give_up
+                && !self.replacing.contains(&node)
+                && !self.state().replacements(node).is_empty()
+            {
+                self.replacing.insert(node);
+                self.propose(&Command::ReplaceNode { node });
+            }
             let cmd = match status {
                 NodeStatus::Up if silent => Command::NodeDown {
                     node,
@@ -493,6 +510,9 @@ impl ControlPlane {
                     }
                     if let Command::NodeDown { node, .. } | Command::NodeUp { node } = &command {
                         self.proposed.retain(|(n, _)| n != node);
+                    }
+                    if let Command::ReplaceNode { node } = &command {
+                        self.replacing.remove(node);
                     }
                     match outcome {
                         Ok(changes) => {
@@ -538,7 +558,11 @@ fn describe(command: &Command, changes: &[super::state::Change]) -> Option<Strin
         } => Some(format!("volume {name:?} created ({size_bytes} bytes)")),
         Command::DeleteNamed { name } => Some(format!("volume {name:?} deleted")),
         Command::Restarted { node } => Some(format!(
-            "{node} restarted: {replicas} extents move to a new epoch"
+            "{node} restarted: {} extents move to a new epoch, {failovers} fail over",
+            replicas + failovers
+        )),
+        Command::ReplaceNode { node } => Some(format!(
+            "{node} replaced: {replicas} extents rebuild on spares"
         )),
         _ => None,
     }
@@ -577,7 +601,12 @@ mod tests {
     use crate::ids::VolumeId;
 
     fn planes() -> BTreeMap<NodeId, ControlPlane> {
-        let ids: Vec<NodeId> = (1..=3).map(NodeId).collect();
+        planes_with(3, 0)
+    }
+
+    /// `n` members (all voters) of a 3-extent, 3-replica volume.
+    fn planes_with(n: u32, replace_ns: u64) -> BTreeMap<NodeId, ControlPlane> {
+        let ids: Vec<NodeId> = (1..=n).map(NodeId).collect();
         let mut boot: Vec<Command> = ids.iter().map(|&node| Command::AddNode { node }).collect();
         boot.push(Command::CreateVolume {
             volume: VolumeId(1),
@@ -595,6 +624,7 @@ mod tests {
                         Timeouts {
                             lease_ns: 150,
                             detect_ns: 100,
+                            replace_ns,
                         },
                         5 + u64::from(id.0),
                     )
@@ -685,12 +715,61 @@ mod tests {
     }
 
     #[test]
+    fn a_node_down_past_the_replacement_timeout_is_replaced_by_spares() {
+        let mut p = planes_with(4, 400);
+        let mut events = Vec::new();
+        run(&mut p, 0, 20, &[], &mut events);
+        let holds = |p: &BTreeMap<NodeId, ControlPlane>, n: NodeId| {
+            p[&NodeId(1)]
+                .state()
+                .extents
+                .values()
+                .filter(|e| e.replicas.contains(&n))
+                .count()
+        };
+        assert_eq!(
+            holds(&p, NodeId(3)),
+            3,
+            "3 extents x 3 replicas over 4 nodes"
+        );
+        // n3 dies: declared down after 100, replaced only after 400 of silence.
+        run(&mut p, 20, 25, &[NodeId(3)], &mut events);
+        assert!(
+            events.iter().any(|e| e.starts_with("n3 down")),
+            "{events:?}"
+        );
+        assert_eq!(holds(&p, NodeId(3)), 3, "not replaced before its timeout");
+        run(&mut p, 45, 30, &[NodeId(3)], &mut events);
+        assert!(
+            events
+                .iter()
+                .any(|e| e == "n3 replaced: 3 extents rebuild on spares"),
+            "{events:?}"
+        );
+        let state = p[&NodeId(1)].state().clone();
+        assert_eq!(holds(&p, NodeId(3)), 0);
+        for e in state.extents.values() {
+            // Its place went to a spare, which rebuilds; the other two stay in sync.
+            assert_eq!(
+                (e.replicas.len(), e.in_sync.len(), e.rebuilding.len()),
+                (3, 2, 1)
+            );
+            assert!(e.rebuilding.iter().all(|n| e.replicas.contains(n)));
+        }
+        // Proposed once: nothing is left to replace, so nothing more is proposed.
+        run(&mut p, 75, 30, &[NodeId(3)], &mut events);
+        assert_eq!(events.iter().filter(|e| e.contains("replaced")).count(), 1);
+        assert_eq!(p[&NodeId(1)].state().extents, state.extents);
+    }
+
+    #[test]
     fn a_restarted_node_replays_its_log_and_moves_its_extents_to_a_new_epoch() {
         let ids: Vec<NodeId> = (1..=3).map(NodeId).collect();
         let boot = planes()[&NodeId(1)].bootstrap.clone();
         let timeouts = Timeouts {
             lease_ns: 150,
             detect_ns: 100,
+            replace_ns: 0,
         };
         let open = |id: NodeId, log: &[u8]| {
             ControlPlane::open(id, &ids, boot.clone(), timeouts, 5 + u64::from(id.0), log).unwrap()

@@ -107,8 +107,18 @@ pub enum Command {
     /// A node restarted and lost what it held in memory (the versions it gave or
     /// saw): every extent it holds a replica of moves to a new epoch, so versions it
     /// hands out from now on are above any it gave before, and it serves as a
-    /// primary only at an epoch it has not served in.
+    /// primary only at an epoch it has not served in. Where another replica is in
+    /// sync it leaves the in-sync set and rebuilds (its device may have lost
+    /// unflushed writes, or missed one it forwarded); extents it led fail over.
     Restarted {
+        /// The node.
+        node: NodeId,
+    },
+    /// A node down past the replacement timeout is given up on: in every extent
+    /// it holds a replica of, a spare takes its place and rebuilds from the
+    /// primary (see [`ClusterState::replacements`]). If it comes back it holds
+    /// nothing and serves as a spare itself.
+    ReplaceNode {
         /// The node.
         node: NodeId,
     },
@@ -190,6 +200,9 @@ pub enum Refusal {
         /// Extents free.
         free: u64,
     },
+    /// The command applies to down nodes only.
+    #[error("{0} is not down")]
+    NotDown(NodeId),
     /// The name or size is not acceptable.
     #[error("bad volume: {0}")]
     BadName(&'static str),
@@ -282,6 +295,7 @@ impl ClusterState {
                 node,
             } => self.rebuild_done(*extent, *epoch, *node),
             Command::Restarted { node } => self.restarted(*node),
+            Command::ReplaceNode { node } => self.replace_node(*node),
             Command::CreateNamed {
                 name,
                 size_bytes,
@@ -343,14 +357,40 @@ impl ClusterState {
         if !self.nodes.contains_key(&node) {
             return Err(Refusal::UnknownNode(node));
         }
-        let mut changed = Vec::new();
+        let (mut changed, mut failovers) = (Vec::new(), Vec::new());
         for (&id, ext) in self.extents.iter_mut() {
-            if ext.replicas.contains(&node) {
-                ext.epoch = ext.epoch.next();
-                changed.push((id, ext.epoch));
+            if !ext.replicas.contains(&node) {
+                continue;
             }
+            ext.epoch = ext.epoch.next();
+            // What the node's device holds is suspect: a power loss drops its
+            // volatile cache (acknowledged writes that were not flushed), and a
+            // crash between forwarding a write and writing it locally leaves it
+            // without a write its replicas have. Where another copy is in sync it
+            // rebuilds from that copy; where it holds the last one, it stays.
+            if ext.in_sync.contains(&node) && ext.in_sync.len() > 1 {
+                ext.in_sync.remove(&node);
+                ext.rebuilding.insert(node);
+                if ext.primary == node {
+                    // Its earlier incarnation is gone with its lease, and the new
+                    // one serves nothing until a later epoch: no wait is needed.
+                    let next = *ext
+                        .replicas
+                        .iter()
+                        .find(|r| ext.in_sync.contains(r))
+                        .expect("another replica is in sync");
+                    ext.primary = next;
+                    failovers.push((id, node, next, ext.epoch));
+                    continue;
+                }
+            }
+            changed.push((id, ext.epoch));
         }
-        Ok(vec![Change::Replicas(changed)])
+        let mut out = vec![Change::Replicas(changed)];
+        if !failovers.is_empty() {
+            out.push(Change::Failover(failovers));
+        }
+        Ok(out)
     }
 
     fn create_named(
@@ -523,6 +563,70 @@ impl ClusterState {
         Ok(vec![Change::Replicas(vec![(extent, ext.epoch)])])
     }
 
+    /// Where [`Command::ReplaceNode`] of `node` puts spares: (extent, the
+    /// node's position in its replica list, the spare), in extent order. An extent
+    /// gets a spare if it has an in-sync replica to copy from and some up node
+    /// holds no replica of it; the spare is the up node holding the fewest
+    /// replicas (counting those placed before it), the lowest id on ties, so
+    /// replacements spread. Empty if `node` is not down.
+    pub fn replacements(&self, node: NodeId) -> Vec<(ExtentId, usize, NodeId)> {
+        if self.nodes.get(&node) != Some(&NodeStatus::Down) {
+            return Vec::new();
+        }
+        let mut load: BTreeMap<NodeId, u64> = self.up_nodes().into_iter().map(|n| (n, 0)).collect();
+        for ext in self.extents.values() {
+            for r in &ext.replicas {
+                if let Some(c) = load.get_mut(r) {
+                    *c += 1;
+                }
+            }
+        }
+        let mut plan = Vec::new();
+        for (&id, ext) in &self.extents {
+            let Some(pos) = ext.replicas.iter().position(|&r| r == node) else {
+                continue;
+            };
+            if ext.in_sync.is_empty() {
+                continue;
+            }
+            let spare = load
+                .iter()
+                .filter(|(n, _)| !ext.replicas.contains(n))
+                .min_by_key(|(&n, &c)| (c, n))
+                .map(|(&n, _)| n);
+            if let Some(spare) = spare {
+                *load.get_mut(&spare).expect("an up node") += 1;
+                plan.push((id, pos, spare));
+            }
+        }
+        plan
+    }
+
+    fn replace_node(&mut self, node: NodeId) -> Result<Vec<Change>, Refusal> {
+        match self.nodes.get(&node) {
+            None => return Err(Refusal::UnknownNode(node)),
+            Some(NodeStatus::Up) => return Err(Refusal::NotDown(node)),
+            Some(NodeStatus::Down) => {}
+        }
+        let plan = self.replacements(node);
+        if plan.is_empty() {
+            return Err(Refusal::NoChange(node));
+        }
+        let mut changed = Vec::new();
+        for (id, pos, spare) in plan {
+            let ext = self.extents.get_mut(&id).expect("planned from this state");
+            // A down node is in no in-sync or rebuilding set, and a primary is in
+            // sync: the node was neither.
+            debug_assert!(ext.primary != node && !ext.in_sync.contains(&node));
+            ext.replicas[pos] = spare;
+            ext.rebuilding.remove(&node);
+            ext.rebuilding.insert(spare);
+            ext.epoch = ext.epoch.next();
+            changed.push((id, ext.epoch));
+        }
+        Ok(vec![Change::Replicas(changed)])
+    }
+
     /// Pool extents not yet handed to a named volume.
     pub fn free_extents(&self) -> u64 {
         (self.extents.len() as u64).saturating_sub(self.next_free_extent)
@@ -543,6 +647,10 @@ impl ClusterState {
         for (i, (id, ext)) in self.extents.iter().enumerate() {
             if id.0 != i as u64 {
                 return Err(format!("extent ids are not contiguous at {id}"));
+            }
+            let distinct: BTreeSet<_> = ext.replicas.iter().collect();
+            if distinct.len() != ext.replicas.len() {
+                return Err(format!("{id}: a node holds two of its replicas"));
             }
             if ext.replicas.is_empty() || !ext.replicas.contains(&ext.primary) {
                 return Err(format!("{id}: primary {} is no replica", ext.primary));

@@ -25,6 +25,7 @@
 use super::range_lock::{Mode, RangeLock};
 pub use rebuild::{RebuildProgress, DEFAULT_REBUILD_BYTES_PER_SEC, REBUILD_CHUNK_BYTES};
 
+mod applied;
 mod rebuild;
 use crate::error::WeirError;
 use crate::ids::{Epoch, ExtentId, Lba, NodeId, OpId, RequestId, Version, VolumeId};
@@ -364,6 +365,8 @@ pub struct Replicator {
     primary: BTreeMap<ExtentId, PrimaryExtent>,
     /// Version of the last write applied to each block this node holds a replica of.
     block_versions: BTreeMap<Lba, Version>,
+    /// Recently applied writes by client request, so a retry is not applied twice.
+    applied: applied::AppliedWrites,
     ops: BTreeMap<OpId, Op>,
     ios: BTreeMap<IoId, IoPurpose>,
     next_op: u64,
@@ -402,6 +405,7 @@ impl Replicator {
             config,
             primary: BTreeMap::new(),
             block_versions: BTreeMap::new(),
+            applied: applied::AppliedWrites::default(),
             ops: BTreeMap::new(),
             ios: BTreeMap::new(),
             next_op: 0,
@@ -638,10 +642,11 @@ impl Replicator {
                 extent,
                 epoch,
                 version,
+                origin,
                 lba,
                 data,
                 fua,
-            } => self.replica_write(from, op, extent, epoch, version, lba, data, fua),
+            } => self.replica_write(from, op, extent, epoch, version, origin, lba, data, fua),
             Message::ReplicaWriteAck { op, result } => self.write_acked(from, op, result),
             Message::ReplicaFlush { op } => {
                 if !self.map.nodes().contains(&from) {
@@ -922,6 +927,16 @@ impl Replicator {
             return self.release(extent, op);
         }
         match self.ops.get(&op) {
+            Some(&Op::Write {
+                client, req, lba, ..
+            }) if self.superseded(client, req, lba) => {
+                // Answered as done: it took effect before the writes that
+                // overwrote it (see `applied`). It holds the range lock, so none of
+                // those is still in flight here.
+                self.ops.remove(&op);
+                self.reply(client, req, Ok(Message::WriteOk { req }));
+                return self.release(extent, op);
+            }
             Some(Op::Write { .. }) => self.start_write(op),
             Some(Op::Read { lba, blocks, .. }) => {
                 let cmd = IoCmd::Read {
@@ -939,6 +954,8 @@ impl Replicator {
     fn start_write(&mut self, op: OpId) {
         let now_ns = self.now_ns;
         let Some(Op::Write {
+            client,
+            req,
             extent,
             lba,
             data,
@@ -952,7 +969,8 @@ impl Replicator {
         };
         assert!(acks.is_none(), "{op} started twice");
         *started_ns = now_ns;
-        let (extent, lba, data, fua) = (*extent, *lba, data.clone(), *fua);
+        let (client, req, extent, lba, data, fua) =
+            (*client, *req, *extent, *lba, data.clone(), *fua);
         let state = self
             .primary
             .get_mut(&extent)
@@ -1013,6 +1031,12 @@ impl Replicator {
             // here means its own state is corrupt.
             panic!("primary {} version regression at {lba}: {e}", self.me);
         }
+        let write = applied::Applied {
+            lba,
+            blocks,
+            version,
+        };
+        self.applied.note((client, req), write, now_ns);
         let io = self.io(IoPurpose::Op(op));
         self.write_device(
             io,
@@ -1028,6 +1052,7 @@ impl Replicator {
                 extent,
                 epoch: placement.epoch,
                 version,
+                origin: (client, req),
                 lba,
                 data: data.clone(),
                 fua,
@@ -1288,6 +1313,7 @@ impl Replicator {
         extent: ExtentId,
         epoch: Epoch,
         version: Version,
+        origin: (NodeId, RequestId),
         lba: Lba,
         data: Bytes,
         fua: bool,
@@ -1297,6 +1323,13 @@ impl Replicator {
         if let Err(e) = result {
             return self.send(primary, Message::ReplicaWriteAck { op, result: Err(e) });
         }
+        let blocks = self.blocks_of(&data);
+        let write = applied::Applied {
+            lba,
+            blocks,
+            version,
+        };
+        self.applied.note(origin, write, self.now_ns);
         let fact = Audit::Accepted {
             extent,
             epoch,
@@ -1369,6 +1402,20 @@ impl Replicator {
     /// Record that `version` is written to `[lba, lba + blocks)`, refusing to go
     /// backwards on any block: the primary orders overlapping writes, so a replica
     /// that sees an older version over a newer one has been sent messages out of order.
+    /// Whether the write of (`client`, `req`) at `lba` is a retry of one this node
+    /// applied whose every block a newer write has overwritten since.
+    fn superseded(&self, client: NodeId, req: RequestId, lba: Lba) -> bool {
+        let Some(first) = self.applied.get((client, req)) else {
+            return false;
+        };
+        let newer = |b: u64| {
+            self.block_versions
+                .get(&Lba(b))
+                .is_some_and(|&v| v > first.version)
+        };
+        first.lba == lba && (lba.0..lba.0 + first.blocks).all(newer)
+    }
+
     fn claim_version(&mut self, lba: Lba, blocks: u64, version: Version) -> Result<(), WeirError> {
         let end = lba.offset(blocks);
         if self

@@ -74,13 +74,15 @@ fn message() -> impl Strategy<Value = Message> {
             any::<u64>(),
             any::<u64>(),
             data(),
-            any::<bool>()
+            any::<bool>(),
+            (any::<u32>(), any::<u64>()),
         )
-            .prop_map(|(o, x, e, v, l, data, fua)| Message::ReplicaWrite {
+            .prop_map(|(o, x, e, v, l, data, fua, (c, r))| Message::ReplicaWrite {
                 op: OpId(o),
                 extent: ExtentId(x),
                 epoch: Epoch(e),
                 version: Version(v),
+                origin: (NodeId(c), RequestId(r)),
                 lba: Lba(l),
                 data,
                 fua

@@ -115,6 +115,9 @@ enum Step {
     Up(u32),
     Drop(u64, u32),
     RebuildDone(u64, u32),
+    /// A node restarts having lost its volatile cache.
+    Restart(u32),
+    Replace(u32),
     /// A write to an extent acknowledged by its current in-sync set.
     Write(u64),
 }
@@ -125,6 +128,8 @@ fn step() -> impl Strategy<Value = Step> {
         (1u32..=5).prop_map(Step::Up),
         (0u64..4, 1u32..=5).prop_map(|(e, n)| Step::Drop(e, n)),
         (0u64..4, 1u32..=5).prop_map(|(e, n)| Step::RebuildDone(e, n)),
+        (1u32..=5).prop_map(Step::Restart),
+        (1u32..=5).prop_map(Step::Replace),
         (0u64..4).prop_map(Step::Write),
     ]
 }
@@ -133,7 +138,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(2_000))]
 
     /// Against a reference model of who holds every acknowledged write: whatever
-    /// the sequence of failures, returns, drops and rebuilds, the in-sync set (and so
+    /// the sequence of failures, returns, restarts that lose a volatile cache,
+    /// replacements, drops and rebuilds, the in-sync set (and so
     /// any primary failover picks) only ever contains nodes that hold every
     /// acknowledged write; epochs only grow; one primary per extent per epoch.
     #[test]
@@ -155,6 +161,17 @@ proptest! {
                     extent: ExtentId(e), epoch: x.epoch, node: NodeId(n) }),
                 Step::RebuildDone(e, n) => s.extents.get(&ExtentId(e)).map(|x| Command::RebuildDone {
                     extent: ExtentId(e), epoch: x.epoch, node: NodeId(n) }),
+                Step::Restart(n) => {
+                    // Its device lost what it had not flushed: it holds every
+                    // acknowledged write no longer, unless nothing else did.
+                    for (id, ext) in &s.extents {
+                        if ext.in_sync.iter().any(|&r| r != NodeId(n)) {
+                            complete.get_mut(id).unwrap().remove(&NodeId(n));
+                        }
+                    }
+                    Some(Command::Restarted { node: NodeId(n) })
+                }
+                Step::Replace(n) => Some(Command::ReplaceNode { node: NodeId(n) }),
                 Step::Write(e) => {
                     let ext = &s.extents[&ExtentId(e)];
                     if !ext.in_sync.is_empty() {
@@ -230,4 +247,106 @@ fn named_volumes_take_disjoint_runs_and_are_refused_clearly() {
     s.apply(&create("c", 1)).unwrap();
     assert_eq!(s.named["c"].first, ExtentId(9));
     s.self_check();
+}
+
+#[test]
+fn a_restarted_node_leaves_in_sync_sets_it_shares_and_its_extents_fail_over() {
+    let mut s = cluster(3, 3);
+    let changes = s.apply(&Command::Restarted { node: NodeId(1) }).unwrap();
+    for (id, e) in &s.extents {
+        assert_eq!(e.epoch, Epoch(2), "{id}");
+        assert!(!e.in_sync.contains(&NodeId(1)) && e.rebuilding.contains(&NodeId(1)));
+        assert_ne!(e.primary, NodeId(1));
+    }
+    // Extent 0 was led by n1: its next in-sync replica leads, with no lease wait.
+    assert_eq!(s.extents[&ExtentId(0)].primary, NodeId(2));
+    assert_eq!(s.extents[&ExtentId(0)].serve_after_ns, 0);
+    assert!(changes
+        .iter()
+        .any(|c| matches!(c, Change::Failover(f) if f == &[(ExtentId(0), NodeId(1), NodeId(2), Epoch(2))])));
+
+    // Where the restarted node holds the last in-sync copy, it keeps it.
+    let mut s = cluster(3, 1);
+    for n in [2, 3] {
+        s.apply(&Command::NodeDown {
+            node: NodeId(n),
+            lease_expires_ns: 0,
+        })
+        .unwrap();
+    }
+    s.apply(&Command::Restarted { node: NodeId(1) }).unwrap();
+    let e = &s.extents[&ExtentId(0)];
+    assert_eq!(e.primary, NodeId(1));
+    assert!(e.in_sync.contains(&NodeId(1)) && e.epoch == Epoch(4));
+}
+
+#[test]
+fn a_replaced_node_gives_its_replicas_to_the_least_loaded_spares() {
+    let mut s = cluster(5, 10);
+    assert!(matches!(
+        s.apply(&Command::ReplaceNode { node: NodeId(1) }),
+        Err(Refusal::NotDown(_))
+    ));
+    s.apply(&Command::NodeDown {
+        node: NodeId(1),
+        lease_expires_ns: 0,
+    })
+    .unwrap();
+    let before = s.clone();
+    s.apply(&Command::ReplaceNode { node: NodeId(1) }).unwrap();
+    let mut load = BTreeMap::new();
+    for (id, e) in &s.extents {
+        let was = &before.extents[id];
+        assert!(!e.replicas.contains(&NodeId(1)), "{id}");
+        if was.replicas.contains(&NodeId(1)) {
+            // The spare took n1's place in the list; the primary and in-sync set
+            // stayed; the spare rebuilds at a new epoch.
+            let pos = was.replicas.iter().position(|&r| r == NodeId(1)).unwrap();
+            let spare = e.replicas[pos];
+            assert!(!was.replicas.contains(&spare));
+            assert!(e.rebuilding.contains(&spare) && e.epoch == was.epoch.next());
+            assert_eq!((e.primary, &e.in_sync), (was.primary, &was.in_sync));
+        } else {
+            assert_eq!(e, was);
+        }
+        for r in &e.replicas {
+            *load.entry(*r).or_insert(0) += 1;
+        }
+    }
+    // 30 replicas over 4 nodes: the spares even the load out.
+    let (min, max) = (load.values().min().unwrap(), load.values().max().unwrap());
+    assert!(max - min <= 1, "{load:?}");
+    // Nothing left to replace; a return finds nothing to rebuild.
+    assert!(matches!(
+        s.apply(&Command::ReplaceNode { node: NodeId(1) }),
+        Err(Refusal::NoChange(_))
+    ));
+    s.apply(&Command::NodeUp { node: NodeId(1) }).unwrap();
+    assert!(s
+        .extents
+        .values()
+        .all(|e| !e.rebuilding.contains(&NodeId(1))));
+}
+
+#[test]
+fn a_node_with_no_spare_or_holding_the_last_copy_is_kept() {
+    // Three nodes, three replicas: no spare anywhere.
+    let mut s = cluster(3, 2);
+    s.apply(&Command::NodeDown {
+        node: NodeId(3),
+        lease_expires_ns: 0,
+    })
+    .unwrap();
+    assert!(s.replacements(NodeId(3)).is_empty());
+    // Four nodes, an extent whose every in-sync copy is down: nothing to copy from.
+    let mut s = cluster(4, 1);
+    for n in [1, 2, 3] {
+        s.apply(&Command::NodeDown {
+            node: NodeId(n),
+            lease_expires_ns: 0,
+        })
+        .unwrap();
+    }
+    assert!(s.extents[&ExtentId(0)].in_sync.is_empty());
+    assert!(s.replacements(NodeId(2)).is_empty());
 }

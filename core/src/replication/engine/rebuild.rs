@@ -26,7 +26,10 @@ pub const REBUILD_CHUNK_BYTES: u64 = 128 << 10;
 /// Default rebuild bandwidth of one primary, bytes per second.
 pub const DEFAULT_REBUILD_BYTES_PER_SEC: u64 = 1 << 30;
 /// Chunks one primary has in flight at once, over all its copies.
-const REBUILD_CHUNKS_IN_FLIGHT: usize = 4;
+const REBUILD_CHUNKS_IN_FLIGHT: usize = 8;
+/// Chunks one copy has in flight at once: more than one keeps a lossy link's
+/// retransmissions fast (a lone chunk's lost tail waits for a timeout).
+const REBUILD_CHUNKS_PER_COPY: usize = 4;
 /// A chunk unanswered this long is given up and sent again: its ack was lost (the
 /// replica restarted too quickly to be declared down), and its range lock must
 /// not hold writes to those blocks back for ever.
@@ -56,16 +59,14 @@ struct Copy {
     /// Next block to copy, and the extent's end.
     cursor: Lba,
     end: Lba,
-    /// The chunk in flight.
-    chunk: Option<OpId>,
+    /// The chunks in flight, with when each was started.
+    chunks: BTreeMap<OpId, u64>,
     /// The walk is done: new writes wait for this replica.
     joining: bool,
     /// When `RebuildDone` was last asked for.
     asked_ns: Option<u64>,
     /// No new chunk before this time (after a failed one).
     backoff_until_ns: u64,
-    /// When the chunk in flight was started.
-    chunk_since_ns: u64,
     bytes_done: u64,
     bytes_total: u64,
     started_ns: u64,
@@ -147,8 +148,9 @@ impl Replicator {
             .rebuild
             .copies
             .iter()
-            .filter(|(_, c)| now.saturating_sub(c.chunk_since_ns) >= REBUILD_CHUNK_TIMEOUT_NS)
-            .filter_map(|(&key, c)| c.chunk.map(|op| (key, op)))
+            .flat_map(|(&key, c)| c.chunks.iter().map(move |(&op, &t)| (key, op, t)))
+            .filter(|&(_, _, since)| now.saturating_sub(since) >= REBUILD_CHUNK_TIMEOUT_NS)
+            .map(|(key, op, _)| (key, op))
             .collect();
         for ((extent, node), op) in stale {
             tracing::warn!(%extent, %node, "rebuild chunk unanswered; sending it again");
@@ -158,7 +160,7 @@ impl Replicator {
                 .copies
                 .get_mut(&(extent, node))
                 .expect("listed");
-            c.chunk = None;
+            c.chunks.remove(&op);
             c.joining = false;
             c.backoff_until_ns = now + REBUILD_RETRY_NS;
             if let Some(lba) = lba {
@@ -203,8 +205,8 @@ impl Replicator {
                 continue;
             }
             let c = self.rebuild.copies.remove(&(extent, node)).expect("listed");
-            // A chunk still out (to a replica now down) lets go of its range.
-            if let Some(op) = c.chunk {
+            // Chunks still out (to a replica now down) let go of their ranges.
+            for &op in c.chunks.keys() {
                 self.withdraw_chunk(extent, op);
             }
             if leads && e.in_sync.contains(&node) {
@@ -255,11 +257,10 @@ impl Replicator {
                     epoch,
                     cursor: start,
                     end,
-                    chunk: None,
+                    chunks: BTreeMap::new(),
                     joining: false,
                     asked_ns: None,
                     backoff_until_ns: 0,
-                    chunk_since_ns: 0,
                     bytes_done: 0,
                     bytes_total: written * bs,
                     started_ns: self.now_ns,
@@ -311,90 +312,91 @@ impl Replicator {
         };
         let since = *self.rebuild.since_ns.get_or_insert(now);
         let keys: Vec<(ExtentId, NodeId)> = self.rebuild.copies.keys().copied().collect();
+        let allowed = u128::from(rate) * u128::from(now.saturating_sub(since)) / 1_000_000_000
+            + u128::from(REBUILD_CHUNK_BYTES);
+        let mut in_flight: usize = self.rebuild.copies.values().map(|c| c.chunks.len()).sum();
         for (extent, node) in keys {
-            let in_flight = self
-                .rebuild
-                .copies
-                .values()
-                .filter(|c| c.chunk.is_some())
-                .count();
-            let allowed = u128::from(rate) * u128::from(now.saturating_sub(since)) / 1_000_000_000
-                + u128::from(REBUILD_CHUNK_BYTES);
-            let c = self
-                .rebuild
-                .copies
-                .get_mut(&(extent, node))
-                .expect("listed");
-            if c.chunk.is_some() || c.backoff_until_ns > now {
-                continue;
-            }
-            if !c.joining {
-                if in_flight >= REBUILD_CHUNKS_IN_FLIGHT
-                    || u128::from(self.rebuild.sent_bytes) >= allowed
-                {
-                    continue;
-                }
-                let next = match c.full {
-                    Some(_) => (c.cursor < c.end).then_some(c.cursor),
-                    None => self
-                        .block_versions
-                        .range(c.cursor..c.end)
-                        .next()
-                        .map(|(&l, _)| l),
-                };
-                let Some(first) = next else {
-                    c.joining = true;
-                    tracing::debug!(%extent, %node, "rebuild copied; joining");
-                    self.ask_rebuild_done(extent, node);
-                    continue;
-                };
-                // A run of consecutive blocks this node holds: only they are locked.
-                let limit = (first.0 + chunk_blocks).min(c.end.0);
-                let versions: Vec<Version> = match c.full {
-                    Some(base) => (first.0..limit)
-                        .map(|b| self.block_versions.get(&Lba(b)).copied().unwrap_or(base))
-                        .collect(),
-                    None => self
-                        .block_versions
-                        .range(first..Lba(limit))
-                        .zip(first.0..)
-                        .take_while(|((l, _), b)| l.0 == *b)
-                        .map(|((l, v), _)| {
-                            if c.skip == Some(*l) {
-                                Version::default()
-                            } else {
-                                *v
-                            }
-                        })
-                        .collect(),
-                };
-                let end = Lba(first.0 + versions.len() as u64);
-                c.cursor = end;
-                self.rebuild.sent_bytes += (end.0 - first.0) * bs;
-                let op = self.op_id();
+            loop {
                 let c = self
                     .rebuild
                     .copies
                     .get_mut(&(extent, node))
                     .expect("listed");
-                c.chunk = Some(op);
-                c.chunk_since_ns = now;
-                self.ops.insert(
-                    op,
-                    Op::Rebuild {
-                        extent,
-                        node,
-                        lba: first,
-                        versions,
-                        sent: false,
-                    },
-                );
-                let lock = &mut self.primary_state(extent).lock;
-                if lock.acquire(op, first, end, Mode::Shared) {
-                    self.run_ready(vec![op]);
+                if c.chunks.len() >= REBUILD_CHUNKS_PER_COPY || c.backoff_until_ns > now {
+                    break;
                 }
-            } else {
-                self.ask_rebuild_done(extent, node);
+                if !c.joining {
+                    if in_flight >= REBUILD_CHUNKS_IN_FLIGHT
+                        || u128::from(self.rebuild.sent_bytes) >= allowed
+                    {
+                        break;
+                    }
+                    let next = match c.full {
+                        Some(_) => (c.cursor < c.end).then_some(c.cursor),
+                        None => self
+                            .block_versions
+                            .range(c.cursor..c.end)
+                            .next()
+                            .map(|(&l, _)| l),
+                    };
+                    let Some(first) = next else {
+                        // Walked to the end: joining once every chunk is answered.
+                        if c.chunks.is_empty() {
+                            c.joining = true;
+                            tracing::debug!(%extent, %node, "rebuild copied; joining");
+                            self.ask_rebuild_done(extent, node);
+                        }
+                        break;
+                    };
+                    // A run of consecutive blocks this node holds: only they are locked.
+                    let limit = (first.0 + chunk_blocks).min(c.end.0);
+                    let versions: Vec<Version> = match c.full {
+                        Some(base) => (first.0..limit)
+                            .map(|b| self.block_versions.get(&Lba(b)).copied().unwrap_or(base))
+                            .collect(),
+                        None => self
+                            .block_versions
+                            .range(first..Lba(limit))
+                            .zip(first.0..)
+                            .take_while(|((l, _), b)| l.0 == *b)
+                            .map(|((l, v), _)| {
+                                if c.skip == Some(*l) {
+                                    Version::default()
+                                } else {
+                                    *v
+                                }
+                            })
+                            .collect(),
+                    };
+                    let end = Lba(first.0 + versions.len() as u64);
+                    c.cursor = end;
+                    self.rebuild.sent_bytes += (end.0 - first.0) * bs;
+                    let op = self.op_id();
+                    let c = self
+                        .rebuild
+                        .copies
+                        .get_mut(&(extent, node))
+                        .expect("listed");
+                    c.chunks.insert(op, now);
+                    in_flight += 1;
+                    self.ops.insert(
+                        op,
+                        Op::Rebuild {
+                            extent,
+                            node,
+                            lba: first,
+                            versions,
+                            sent: false,
+                        },
+                    );
+                    let lock = &mut self.primary_state(extent).lock;
+                    if lock.acquire(op, first, end, Mode::Shared) {
+                        self.run_ready(vec![op]);
+                    }
+                } else {
+                    self.ask_rebuild_done(extent, node);
+                    break;
+                }
             }
         }
     }
@@ -483,8 +485,7 @@ impl Replicator {
         let bs = u64::from(self.map.volume().block_size);
         let now = self.now_ns;
         if let Some(c) = self.rebuild.copies.get_mut(&(extent, node)) {
-            if c.chunk == Some(op) {
-                c.chunk = None;
+            if c.chunks.remove(&op).is_some() {
                 match result {
                     Ok(()) => c.bytes_done += versions.len() as u64 * bs,
                     Err(e) => {

@@ -91,7 +91,8 @@ impl Cluster {
     fn deliver(&mut self) {
         self.collect();
         while let Some((from, to, msg)) = self.net.pop_front() {
-            if to == CLIENT {
+            if to.0 >= CLIENT.0 {
+                // To a client: CLIENT, or another of a higher id.
                 self.replies.push(msg);
                 continue;
             }
@@ -347,6 +348,7 @@ fn a_replica_rejects_an_older_version_over_a_newer_one() {
         extent: ExtentId(0),
         epoch: Epoch(1),
         version: Version(version),
+        origin: (NodeId(100), RequestId(version)),
         lba: Lba(2),
         data: block(tag, 1),
         fua: false,
@@ -1164,8 +1166,18 @@ proptest::proptest! {
 fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
     use crate::control::Command;
     let mut c = rebuild_cluster(ReplicationConfig::default());
-    // Before n3's rebuild is done, n1 restarts: it forgets every version, including
-    // those of the blocks n3 missed (2 and 9).
+    // Before n3's rebuild is done, n2 goes down, and n1, the last in-sync copy,
+    // restarts: it forgets every version, including those of the blocks n3 missed
+    // (2 and 9). (A restarted node with another in-sync copy beside it leaves the
+    // in-sync set instead; the control plane's tests cover that.)
+    publish(
+        &mut c,
+        Command::NodeDown {
+            node: NodeId(2),
+            lease_expires_ns: 0,
+        },
+    );
+    c.net.retain(|(_, to, _)| *to != NodeId(2));
     let map = c.engines[&NodeId(1)].map().clone();
     let epochs: BTreeMap<ExtentId, Epoch> = map
         .state()
@@ -1173,6 +1185,8 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
         .iter()
         .map(|(&id, e)| (id, e.epoch))
         .collect();
+    // Its device commands in flight are gone with it.
+    c.ios.retain(|(n, ..)| *n != NodeId(1));
     let mut fresh = Replicator::new(NodeId(1), map.clone(), ReplicationConfig::default());
     fresh.set_clock(0, u64::MAX);
     fresh.set_restored(epochs.clone());
@@ -1180,7 +1194,7 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
     // Wipe n3's copy of block 9 to see that the restarted primary copies it again.
     c.disks.get_mut(&NodeId(3)).unwrap().remove(&9);
     let replies = c.replies.len();
-    c.client_sends(NodeId(1), write_at_epoch(40, 3, block(7, 1), 2));
+    c.client_sends(NodeId(1), write_at_epoch(40, 3, block(7, 1), 3));
     c.settle();
     assert_eq!(
         failed_with(&c, 40),
@@ -1207,21 +1221,22 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
     }
     assert_eq!(c.disk_block(NodeId(3), 9), Some(2));
     // It serves at the new epoch, numbering above it.
-    c.client_sends(NodeId(1), write_at_epoch(41, 3, block(8, 1), 3));
+    let epoch = c.engines[&NodeId(1)].map().extent(ExtentId(0)).epoch;
+    c.client_sends(NodeId(1), write_at_epoch(41, 3, block(8, 1), epoch.0));
     c.settle();
     assert_eq!(
         c.replies.last(),
         Some(&Message::WriteOk { req: RequestId(41) })
     );
     let v = c.engines[&NodeId(1)].block_version(Lba(3)).unwrap();
-    assert!(v > Version::epoch_floor(Epoch(3)), "{v}");
-    // n2 was in sync at the new epoch: a later copy to it takes only known blocks.
-    assert!(c.engines[&NodeId(1)]
-        .copies_in_full(ExtentId(0), NodeId(2))
-        .is_none());
-    assert!(c.engines[&NodeId(1)]
-        .copies_in_full(ExtentId(0), NodeId(3))
-        .is_some());
+    assert!(v > Version::epoch_floor(Epoch(4)), "{v}");
+    // Neither replica was seen in sync since the restart: copies to either are
+    // whole-extent copies.
+    for n in [2, 3] {
+        assert!(c.engines[&NodeId(1)]
+            .copies_in_full(ExtentId(0), NodeId(n))
+            .is_some());
+    }
 }
 
 #[test]
@@ -1261,4 +1276,56 @@ fn a_rebuild_chunk_whose_ack_is_lost_lets_go_of_its_range_and_is_sent_again() {
             "block {lba} differs after the copy was sent again"
         );
     }
+}
+
+#[test]
+fn a_retried_write_overwritten_since_is_answered_without_bringing_old_data_back() {
+    use crate::control::Command;
+    let mut c = cluster(ReplicationConfig::default());
+    // Write A (request 1) reaches every replica, but n1 dies before it answers.
+    c.client_sends(NodeId(1), write(1, 0, block(0xA, 2)));
+    c.deliver();
+    while c.complete_one(NodeId(2)) || c.complete_one(NodeId(3)) {}
+    publish(
+        &mut c,
+        Command::NodeDown {
+            node: NodeId(1),
+            lease_expires_ns: 0,
+        },
+    );
+    c.net.retain(|(_, to, _)| *to != NodeId(1));
+    c.deliver();
+    c.replies.clear();
+    // n2 leads at epoch 2; write B (request 2) overwrites both blocks.
+    c.client_sends(NodeId(2), write_at_epoch(2, 0, block(0xB, 2), 2));
+    c.settle();
+    assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(2) }]);
+    // The client retries A under its request id: answered, B stays.
+    let applied = c.applied.len();
+    c.client_sends(NodeId(2), write_at_epoch(1, 0, block(0xA, 2), 2));
+    c.settle();
+    assert_eq!(c.replies[1], Message::WriteOk { req: RequestId(1) });
+    assert_eq!(c.applied.len(), applied, "the retry was applied again");
+    for n in [2, 3] {
+        assert_eq!(c.disk_block(NodeId(n), 0), Some(0xB));
+        assert_eq!(c.disk_block(NodeId(n), 1), Some(0xB));
+    }
+    // A retry overwritten in part, or not at all, is applied again.
+    c.client_sends(NodeId(2), write_at_epoch(3, 1, block(0xC, 1), 2));
+    c.settle();
+    c.client_sends(NodeId(2), write_at_epoch(2, 0, block(0xB, 2), 2));
+    c.settle();
+    assert_eq!(
+        c.replies.last(),
+        Some(&Message::WriteOk { req: RequestId(2) })
+    );
+    assert_eq!(c.disk_block(NodeId(3), 1), Some(0xB));
+    // Another client's request with the same number is its own write.
+    c.net.push_back((
+        NodeId(101),
+        NodeId(2),
+        write_at_epoch(1, 0, block(0xD, 2), 2),
+    ));
+    c.settle();
+    assert_eq!(c.disk_block(NodeId(3), 0), Some(0xD));
 }
