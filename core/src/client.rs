@@ -67,6 +67,9 @@ impl ClientError {
                         | WeirError::Busy
                         | WeirError::NoLease(_)
                         | WeirError::Unreachable(_)
+                        // The primary's device is gone: it stops heartbeating and
+                        // its extents fail over.
+                        | WeirError::Device(crate::device::DevError::Gone)
                 )
         )
     }

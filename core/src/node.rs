@@ -7,7 +7,7 @@
 
 use crate::buf::BufPool;
 use crate::control::{ClusterState, Command, ControlPlane, PlaneAction};
-use crate::device::{BlockDevice, DevCommand, DevCompletion};
+use crate::device::{BlockDevice, DevCommand, DevCompletion, DevError};
 use crate::error::WeirError;
 use crate::ids::{Lba, NodeId};
 use crate::map::ClusterMap;
@@ -121,6 +121,8 @@ pub struct Node<T, D> {
     device_healthy: bool,
     /// Ticks in a row that found a device command older than [`DEVICE_TIMEOUT`].
     stalled_ticks: u32,
+    /// The device answered `Gone`: the node serves nothing until restarted.
+    device_gone: bool,
     log_store: Option<Box<dyn LogStore>>,
     requests: Option<mpsc::UnboundedReceiver<Command>>,
     reports: Option<watch::Sender<NodeReport>>,
@@ -177,6 +179,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             device_inflight: std::collections::BTreeMap::new(),
             device_healthy: true,
             stalled_ticks: 0,
+            device_gone: false,
             log_store: None,
             requests: None,
             reports: None,
@@ -269,6 +272,11 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 biased;
                 Some((io, result)) = done_rx.recv() => {
                     self.device_inflight.remove(&io);
+                    if matches!(result, IoResult::Failed(WeirError::Device(DevError::Gone))) {
+                        // The device is gone: the node stops heartbeating, so it is
+                        // declared down and its replicas leave every in-sync set.
+                        self.device_gone = true;
+                    }
                     self.clock();
                     self.engine.handle_io(io, result)
                 }
@@ -282,11 +290,13 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         .min()
                         .is_some_and(|&t| crate::time::now() - t >= DEVICE_TIMEOUT);
                     self.stalled_ticks = if stalled { self.stalled_ticks + 1 } else { 0 };
-                    let healthy = self.stalled_ticks < 2;
+                    let healthy = self.stalled_ticks < 2 && !self.device_gone;
                     if healthy != self.device_healthy {
                         self.device_healthy = healthy;
                         let line = if healthy {
                             format!("{}'s device answers again", self.engine.id())
+                        } else if self.device_gone {
+                            format!("{}'s device is gone: its extents fail over", self.engine.id())
                         } else {
                             format!(
                                 "{}'s device stalled past {DEVICE_TIMEOUT:?}: its extents fail over",
@@ -332,9 +342,14 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     fn route(&mut self, from: NodeId, msg: Message, now_ns: u64) {
         match (msg, &mut self.control) {
             (Message::Raft { bytes }, Some((plane, ..))) => plane.handle_raft(from, &bytes),
-            (Message::Heartbeat { sent_ns, applied }, Some((plane, ..))) => {
-                plane.handle_heartbeat(from, sent_ns, applied, now_ns)
-            }
+            (
+                Message::Heartbeat {
+                    sent_ns,
+                    applied,
+                    healthy,
+                },
+                Some((plane, ..)),
+            ) => plane.handle_heartbeat(from, sent_ns, applied, healthy, now_ns),
             (
                 Message::HeartbeatAck {
                     sent_ns,

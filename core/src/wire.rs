@@ -156,6 +156,9 @@ pub enum Message {
         sent_ns: u64,
         /// Index of the last control-plane log entry the sender applied.
         applied: u64,
+        /// False while the sender's device is stalled or gone: it takes part in
+        /// the control plane but must not serve (no lease), and is declared down.
+        healthy: bool,
     },
     /// Client -> any node: send me the current cluster map.
     GetMap {
@@ -199,6 +202,28 @@ pub enum Message {
         op: OpId,
         /// Ok once persisted.
         result: Result<(), WeirError>,
+    },
+    /// A node whose device could not read `[lba, lba + blocks)` (a media error)
+    /// asks a peer for those blocks: a primary asks an in-sync replica, an in-sync
+    /// replica asks its primary (see the engine's `repair`).
+    FetchBlocks {
+        /// The asker's operation id, echoed in the answer.
+        op: OpId,
+        /// Extent read.
+        extent: ExtentId,
+        /// The asker's epoch of the extent.
+        epoch: Epoch,
+        /// First block.
+        lba: Lba,
+        /// Number of blocks.
+        blocks: u32,
+    },
+    /// The blocks a `FetchBlocks` asked for, or why not.
+    FetchBlocksOk {
+        /// The operation answered.
+        op: OpId,
+        /// The data.
+        result: Result<Bytes, WeirError>,
     },
 }
 

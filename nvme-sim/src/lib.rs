@@ -11,7 +11,9 @@
 //!
 //! Fault model: `power_loss` drops the volatile cache (unflushed, non-FUA writes
 //! vanish) and fails commands until `power_on`; `hang` stalls every command until
-//! `resume`. Media errors and latent sector errors are not modelled yet.
+//! `resume`; `media_error` makes blocks unreadable (latent sector errors): a read
+//! touching one fails with `DevError::Media` until a write covers it (the drive
+//! remaps a block on write).
 //!
 //! Time is madsim time under `--cfg madsim` (exact to the nanosecond through
 //! `weir_core::time::sleep_until_exact`); on real tokio the same code runs, with the
@@ -43,6 +45,8 @@ struct State {
     powered: bool,
     /// Bumped by every power loss: a command that was in flight across one fails.
     power_epoch: u64,
+    /// Blocks that cannot be read until written.
+    bad: std::collections::BTreeSet<u64>,
 }
 
 /// A simulated SSD.
@@ -78,6 +82,7 @@ impl SimSsd {
                 rng: SmallRng::seed_from_u64(seed),
                 powered: true,
                 power_epoch: 0,
+                bad: std::collections::BTreeSet::new(),
             }),
             config,
             geometry,
@@ -109,6 +114,18 @@ impl SimSsd {
         s.powered = false;
         s.power_epoch += 1;
         lost
+    }
+
+    /// Blocks `[lba, lba + blocks)` become unreadable (latent sector errors)
+    /// until written again.
+    pub fn media_error(&self, lba: Lba, blocks: u64) {
+        let mut s = self.state.lock().expect("ssd state");
+        s.bad.extend(lba.0..lba.0.saturating_add(blocks));
+    }
+
+    /// Blocks that cannot be read now.
+    pub fn unreadable_blocks(&self) -> usize {
+        self.state.lock().expect("ssd state").bad.len()
     }
 
     /// The device stalls: commands in flight and new ones complete only after
@@ -164,6 +181,9 @@ impl SimSsd {
             DevCommand::Read { lba, mut buf } => {
                 let blocks = self.blocks_of(buf.len())?;
                 self.geometry.check_range(lba, blocks)?;
+                if let Some(&bad) = s.bad.range(lba.0..lba.0 + blocks).next() {
+                    return Err(DevError::Media(Lba(bad)));
+                }
                 s.store.read(lba.0, buf.as_mut());
                 let done = s.timing.read(now, &self.units(lba, blocks), &mut s.rng);
                 Ok((epoch, done, DevCompletion::Read(buf)))
@@ -175,12 +195,14 @@ impl SimSsd {
                     .timing
                     .write(now, &self.units(lba, blocks), fua, &mut s.rng);
                 s.store.write(lba.0, &data, t.durable_ns);
+                s.bad.retain(|b| !(lba.0..lba.0 + blocks).contains(b));
                 Ok((epoch, t.complete_ns, DevCompletion::Done))
             }
             DevCommand::Flush => Ok((epoch, s.timing.flush(now), DevCompletion::Done)),
             DevCommand::WriteZeroes { lba, blocks } | DevCommand::Deallocate { lba, blocks } => {
                 self.geometry.check_range(lba, blocks)?;
                 s.store.discard(lba.0, blocks);
+                s.bad.retain(|b| !(lba.0..lba.0 + blocks).contains(b));
                 Ok((epoch, s.timing.metadata(now), DevCompletion::Done))
             }
         }

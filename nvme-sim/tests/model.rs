@@ -224,3 +224,39 @@ async fn bad_commands_get_typed_errors() {
     };
     assert_eq!(ssd.submit(0, wrap).await.unwrap_err(), DevError::OutOfRange);
 }
+
+#[madsim::test]
+async fn a_media_error_fails_reads_of_its_blocks_until_they_are_written() {
+    let config = SsdConfig {
+        block_size: 4096,
+        ..SsdConfig::default()
+    };
+    let ssd = SimSsd::new(config, 1).unwrap();
+    let pool = BufPool::new(1 << 20);
+    let read = |lba: u64, blocks: usize| DevCommand::Read {
+        lba: Lba(lba),
+        buf: pool.alloc(blocks * 4096).unwrap(),
+    };
+    ssd.media_error(Lba(5), 2);
+    assert_eq!(ssd.unreadable_blocks(), 2);
+    assert_eq!(
+        ssd.submit(0, read(4, 4)).await.unwrap_err(),
+        DevError::Media(Lba(5))
+    );
+    // Blocks beside them read fine.
+    assert!(ssd.submit(0, read(7, 1)).await.is_ok());
+    let data = Bytes::from(vec![7u8; 4096]);
+    let write = DevCommand::Write {
+        lba: Lba(6),
+        data,
+        fua: false,
+    };
+    ssd.submit(0, write).await.unwrap();
+    // Block 6 was remapped by the write; block 5 still fails.
+    assert!(ssd.submit(0, read(6, 1)).await.is_ok());
+    assert_eq!(
+        ssd.submit(0, read(5, 2)).await.unwrap_err(),
+        DevError::Media(Lba(5))
+    );
+    assert_eq!(ssd.unreadable_blocks(), 1);
+}

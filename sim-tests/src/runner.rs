@@ -25,6 +25,8 @@ use weir_core::client::{ClientError, Volume};
 use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
 use weir_core::congestion::tcp::Algorithm;
 use weir_core::control::{ControlPlane, Timeouts};
+use weir_core::device::DevError;
+use weir_core::error::WeirError;
 use weir_core::map::{ClusterMap, VolumeSpec};
 use weir_core::node::{AuditLog, EventLog, Node};
 use weir_core::replication::ReplicationConfig;
@@ -183,9 +185,12 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         &hosts,
         &scenario,
         &mut crashes,
-        &events,
-        &kills,
-        cluster_start,
+        &FaultLogs {
+            events: events.clone(),
+            kills: kills.clone(),
+            cluster_start,
+        },
+        &map,
     ));
     faults.sort();
     // Fault times are drawn from the workload's start; the report counts from the
@@ -245,6 +250,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         .cloned()
         .collect();
     lines.extend(summarize_rebuilds(&audit, base_ns));
+    summarize_repairs(&mut lines);
     // The failover time of each crash: from the crash to the node declared down.
     let slowest_us = report.read.max_us.max(report.write.max_us);
     for (node, at_us) in crashes {
@@ -275,6 +281,39 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         report,
         history,
         telemetry,
+    }
+}
+
+/// One line per node for its media-error repairs (each repair logs one): how many,
+/// blocks in all, and the span.
+fn summarize_repairs(lines: &mut Vec<(u64, String)>) {
+    let mut per_node: BTreeMap<String, (usize, u64, u64, u64)> = BTreeMap::new();
+    lines.retain(|(at, line)| {
+        let Some((node, rest)) = line.split_once(" repaired ") else {
+            return true;
+        };
+        let blocks: u64 = rest
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let e = per_node
+            .entry(node.to_string())
+            .or_insert((0, 0, u64::MAX, 0));
+        e.0 += 1;
+        e.1 += blocks;
+        e.2 = e.2.min(*at);
+        e.3 = e.3.max(*at);
+        false
+    });
+    for (node, (count, blocks, from, to)) in per_node {
+        let line = format!(
+            "{node} repaired media errors {count} times ({blocks} blocks, from \
+             peers) between {:.3} ms and {:.3} ms",
+            from as f64 / 1e6,
+            to as f64 / 1e6
+        );
+        lines.push((from, line));
     }
 }
 
@@ -365,22 +404,34 @@ fn schedule_faults(fabric: &Fabric, scenario: &Scenario) -> Vec<(u64, String)> {
     described
 }
 
+/// A media error fault makes this many bytes of one SSD unreadable.
+const MEDIA_ERROR_BYTES: u64 = 1 << 20;
+
 /// When nodes were killed (cluster clock, ns), for the lease checker.
 type KillLog = Arc<Mutex<Vec<(NodeId, u64)>>>;
+
+/// Where node faults report what they did: the event log (its times count from
+/// `cluster_start`) and the kill log.
+struct FaultLogs {
+    events: EventLog,
+    kills: KillLog,
+    cluster_start: Instant,
+}
 
 /// Node faults, each on a distinct storage node (the scenario keeps them fewer than
 /// the replicas, so every extent keeps an in-sync copy), at seeded times in the
 /// first half of the run: crashes (for good), pauses and partitions (both heal),
-/// device hangs, and crashes or power losses followed by a restart.
+/// device hangs and losses, crashes or power losses followed by a restart, and
+/// media errors.
 fn schedule_node_faults(
     fabric: &Fabric,
     hosts: &[(NodeId, madsim::task::NodeId, Arc<SimSsd>)],
     s: &Scenario,
     crashes: &mut Vec<(NodeId, u64)>,
-    events: &EventLog,
-    kills: &KillLog,
-    cluster_start: Instant,
+    logs: &FaultLogs,
+    map: &ClusterMap,
 ) -> Vec<(u64, String)> {
+    let (events, kills, cluster_start) = (&logs.events, &logs.kills, logs.cluster_start);
     let f = &s.faults;
     let mut victims: Vec<(NodeId, madsim::task::NodeId)> =
         hosts.iter().map(|(n, h, _)| (*n, *h)).collect();
@@ -497,6 +548,46 @@ fn schedule_node_faults(
             format!(
                 "node {node} {what} and restarts {} ms later",
                 for_us as f64 / 1e3
+            ),
+        ));
+    }
+    for _ in 0..f.device_losses {
+        let (node, _) = victims.remove(thread_rng().gen_range(0..victims.len()));
+        let ssd = ssd_of(node);
+        let at_us = first_half_us();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_micros(at_us)).await;
+            // Unpowered for good: every command fails with `Gone`.
+            ssd.power_loss();
+        });
+        out.push((at_us, format!("the SSD of {node} disappears")));
+    }
+    let extent_blocks = map.volume().extent_blocks;
+    let run_blocks = (MEDIA_ERROR_BYTES / u64::from(s.cluster.block_size)).min(extent_blocks);
+    for _ in 0..f.media_errors {
+        let (node, _) = victims.remove(thread_rng().gen_range(0..victims.len()));
+        let ssd = ssd_of(node);
+        let at_us = first_half_us();
+        // In an extent the node holds a replica of, so the blocks are read.
+        let held: Vec<u64> = map
+            .state()
+            .extents
+            .iter()
+            .filter(|(_, e)| e.replicas.contains(&node))
+            .map(|(id, _)| id.0)
+            .collect();
+        let extent = held[thread_rng().gen_range(0..held.len())];
+        let within = thread_rng().gen_range(0..extent_blocks / run_blocks) * run_blocks;
+        let first = extent * extent_blocks + within;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_micros(at_us)).await;
+            ssd.media_error(Lba(first), run_blocks);
+        });
+        out.push((
+            at_us,
+            format!(
+                "the SSD of {node} cannot read blocks {first}..{} (media errors)",
+                first + run_blocks
             ),
         ));
     }
@@ -893,6 +984,11 @@ async fn read_back(
                                 break;
                             }
                             Err(ClientError::Timeout(_)) => continue,
+                            // The replica repairs the block from a peer meanwhile.
+                            Err(ClientError::Weir(WeirError::Device(DevError::Media(_)))) => {
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                                continue;
+                            }
                             Err(e) => {
                                 tracing::warn!(lba, %node, error = %e, "read-back failed");
                                 break;

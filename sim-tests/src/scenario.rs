@@ -69,6 +69,14 @@ pub struct FaultSpec {
     /// run: the node crashes, its SSD's volatile cache (writes neither flushed nor
     /// FUA) is lost, and it restarts 25%..100% of `restart_ms` later.
     pub power_losses: u32,
+    /// Storage nodes whose SSD stops being able to read 1 MiB of blocks (latent
+    /// sector errors) at a random place and time in the first half of the run;
+    /// reads there fail until the node repairs the blocks from a peer.
+    pub media_errors: u32,
+    /// Storage devices that disappear at a random time in the first half of the
+    /// run (every command fails): the node stays up but stops heartbeating, is
+    /// declared down, and its replicas move to spares.
+    pub device_losses: u32,
 }
 
 impl Default for FaultSpec {
@@ -88,6 +96,8 @@ impl Default for FaultSpec {
             partition_ms: 300,
             node_restarts: 0,
             power_losses: 0,
+            media_errors: 0,
+            device_losses: 0,
             restart_ms: 200,
         }
     }
@@ -305,9 +315,23 @@ impl Scenario {
                     }
                 }
                 1 => s.faults.node_pauses += 1,
+                // A third of the failing devices disappear rather than stall.
+                2 if pick(23, 3) == 0 && s.faults.device_losses == 0 => s.faults.device_losses = 1,
                 2 => s.faults.device_hangs += 1,
                 _ => s.faults.partitions += 1,
             }
+        }
+        // A third of the seeds with room for one more faulty node give its SSD
+        // media errors.
+        let node_faults = s.faults.node_crashes
+            + s.faults.node_restarts
+            + s.faults.power_losses
+            + s.faults.node_pauses
+            + s.faults.device_hangs
+            + s.faults.device_losses
+            + s.faults.partitions;
+        if node_faults < 2 && pick(22, 3) == 0 {
+            s.faults.media_errors = 1;
         }
         s.faults.crash_leader = pick(8, 3) == 0;
         s.faults.pause_ms = [120, 300][pick(16, 2) as usize];
@@ -429,10 +453,12 @@ impl Scenario {
             + u64::from(x.partitions)
             + u64::from(x.device_hangs)
             + u64::from(x.node_restarts)
-            + u64::from(x.power_losses);
+            + u64::from(x.power_losses)
+            + u64::from(x.media_errors)
+            + u64::from(x.device_losses);
         if node_faults >= u64::from(c.replicas) {
             return bad(
-                "faults.node_crashes/node_pauses/partitions/device_hangs/node_restarts/power_losses",
+                "faults.node_crashes/node_pauses/partitions/device_hangs/node_restarts/power_losses/media_errors/device_losses",
                 "together must be fewer than cluster.replicas",
             );
         }

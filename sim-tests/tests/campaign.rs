@@ -1,7 +1,8 @@
 //! The fault campaign: 100 seeds, each with its own mix of node crashes (sometimes
 //! the Raft leader; half of them restart from their device and Raft log, half of
 //! those after a power loss that empties the SSD's volatile cache), node pauses,
-//! nodes cut off from the network, SSD stalls, link loss, corruption and flaps, on
+//! nodes cut off from the network, SSD stalls, SSDs that disappear, SSD media
+//! errors (repaired from a peer), link loss, corruption and flaps, on
 //! RoCE or TCP; every history must pass every checker (linearizability, no lost
 //! write, leases, acked-means-persisted, epochs only grow, liveness: every extent
 //! back to 3 in-sync copies, on spares where a node stayed down) with no client
@@ -18,7 +19,7 @@ const SEEDS_PER_PART: u64 = 25;
 
 fn campaign(part: u64) {
     let mut failed = Vec::new();
-    let (mut crashes, mut stalls) = (0, 0);
+    let (mut crashes, mut stalls, mut media, mut repaired) = (0, 0, 0, 0);
     for seed in part * SEEDS_PER_PART + 1..=(part + 1) * SEEDS_PER_PART {
         let s = Scenario::campaign(seed);
         crashes += s.faults.node_crashes;
@@ -29,11 +30,16 @@ fn campaign(part: u64) {
             failed.push(r.to_string());
         }
         let said = |what: &str| r.events.iter().any(|e| e.contains(what));
+        media += s.faults.media_errors;
+        repaired += r.events.iter().filter(|e| e.contains(" repaired ")).count();
         if s.faults.node_restarts + s.faults.power_losses > 0 && !said(" restarted: ") {
             // The restarted node replayed its log and moved its extents on.
             failed.push(format!(
                 "seed {seed}: a node restarted but never asked for a new epoch\n{r}"
             ));
+        }
+        if s.faults.device_losses > 0 && !said("'s device is gone") {
+            failed.push(format!("seed {seed}: a device disappeared unnoticed\n{r}"));
         }
         if s.faults.power_losses > 0 && !said(" lost power: ") {
             failed.push(format!("seed {seed}: no power was lost\n{r}"));
@@ -55,6 +61,10 @@ fn campaign(part: u64) {
     }
     assert!(crashes > 0, "no seed of this part crashed a node");
     assert!(stalls > 0, "no seed of this part paused or cut off a node");
+    assert!(
+        media == 0 || repaired > 0,
+        "{media} seeds gave an SSD media errors, but nothing was repaired"
+    );
     assert!(
         failed.is_empty(),
         "{} failing seeds:\n{}",

@@ -343,3 +343,23 @@ fn a_power_loss_drops_unflushed_writes_and_the_node_rebuilds_them() {
     assert!(r.events.iter().any(|e| e.contains(" restarted: ")), "{r}");
     assert!(r.events.iter().any(|e| e.contains(" rebuilt: ")), "{r}");
 }
+
+#[test]
+fn an_ssd_media_error_is_served_around_and_repaired_from_a_peer() {
+    let mut s = small(300);
+    s.cluster.volume_mib = 64;
+    s.cluster.extent_mib = 16;
+    s.faults.media_errors = 1;
+    let outcome = run(1, &s, "media");
+    let r = &outcome.report;
+    // No client error: reads of the bad blocks were served from another copy, and
+    // the read-back finds every copy readable and right.
+    assert!(r.passed(), "{r}");
+    assert!(r.faults.iter().any(|f| f.contains("media errors")), "{r}");
+    assert!(
+        r.events
+            .iter()
+            .any(|e| e.contains(" repaired media errors ")),
+        "{r}"
+    );
+}

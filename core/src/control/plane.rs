@@ -71,8 +71,11 @@ pub struct ControlPlane {
     bootstrap_term: Option<u64>,
     timeouts: Timeouts,
     voters: Vec<NodeId>,
-    /// Leader only: when each node was last heard from.
+    /// Leader only: when each node was last heard from healthy.
     last_seen: BTreeMap<NodeId, u64>,
+    /// Leader only: when each node was last heard from at all (for the quorum the
+    /// failure detector needs).
+    heard: BTreeMap<NodeId, u64>,
     /// Leader only: send time of each voter's latest heartbeat.
     voter_sent: BTreeMap<NodeId, u64>,
     /// This node's lease (cluster clock, ns): it may serve as a primary until then.
@@ -142,6 +145,7 @@ impl ControlPlane {
             timeouts,
             voters: voters.to_vec(),
             last_seen: BTreeMap::new(),
+            heard: BTreeMap::new(),
             voter_sent: BTreeMap::new(),
             lease_until_ns: 0,
             healthy: true,
@@ -286,18 +290,33 @@ impl ControlPlane {
 
     /// A heartbeat `from` a member, sent at `sent_ns` when it had applied log entry
     /// `applied`, arrived at `now_ns`. The leader notes it and, while it holds its
-    /// own lease, grants one back if the member's map is current.
-    pub fn handle_heartbeat(&mut self, from: NodeId, sent_ns: u64, applied: u64, now_ns: u64) {
+    /// own lease, grants one back if the member's map is current. A member whose
+    /// device is stalled or gone says it is not `healthy`: it still counts towards
+    /// the quorum the failure detector needs, but gets no lease and is declared
+    /// down like a silent one.
+    pub fn handle_heartbeat(
+        &mut self,
+        from: NodeId,
+        sent_ns: u64,
+        applied: u64,
+        healthy: bool,
+        now_ns: u64,
+    ) {
         if !self.raft.is_leader() || !self.state().nodes.contains_key(&from) {
             return;
         }
-        self.last_seen.insert(from, now_ns);
+        self.heard.insert(from, now_ns);
         if self.voters.contains(&from) {
-            // A stamp from the future (a skewed or hostile clock) counts as now.
+            // A voter that follows this leader backs its lease, healthy or not. A
+            // stamp from the future (a skewed or hostile clock) counts as now.
             let sent = sent_ns.min(now_ns);
             let e = self.voter_sent.entry(from).or_default();
             *e = (*e).max(sent);
         }
+        if !healthy {
+            return;
+        }
+        self.last_seen.insert(from, now_ns);
         let mine = self.leader_lease(now_ns);
         if self.healthy {
             self.lease_until_ns = self.lease_until_ns.max(mine);
@@ -368,15 +387,14 @@ impl ControlPlane {
             self.restart_wait -= 1;
         }
         match self.raft.leader() {
-            Some(leader) if leader != self.me && self.healthy => {
-                self.actions.push_back(PlaneAction::Send {
-                    to: leader,
-                    msg: Message::Heartbeat {
-                        sent_ns: now_ns,
-                        applied: self.raft.applied_index(),
-                    },
-                })
-            }
+            Some(leader) if leader != self.me => self.actions.push_back(PlaneAction::Send {
+                to: leader,
+                msg: Message::Heartbeat {
+                    sent_ns: now_ns,
+                    applied: self.raft.applied_index(),
+                    healthy: self.healthy,
+                },
+            }),
             _ => {}
         }
         if !self.raft.is_leader() {
@@ -388,6 +406,7 @@ impl ControlPlane {
         if self.leader_since_ns.is_none() {
             // A new reign: what an earlier reign heard says nothing about now.
             self.last_seen.clear();
+            self.heard.clear();
             self.voter_sent.clear();
         }
         let mine = self.leader_lease(now_ns);
@@ -436,7 +455,7 @@ impl ControlPlane {
             .filter(|&&v| {
                 v == self.me
                     || self
-                        .last_seen
+                        .heard
                         .get(&v)
                         .is_some_and(|&t| now_ns.saturating_sub(t) <= self.timeouts.detect_ns)
             })
@@ -699,9 +718,11 @@ mod tests {
                     let plane = p.get_mut(&to).unwrap();
                     match msg {
                         Message::Raft { bytes } => plane.handle_raft(from, &bytes),
-                        Message::Heartbeat { sent_ns, applied } => {
-                            plane.handle_heartbeat(from, sent_ns, applied, now)
-                        }
+                        Message::Heartbeat {
+                            sent_ns,
+                            applied,
+                            healthy,
+                        } => plane.handle_heartbeat(from, sent_ns, applied, healthy, now),
                         Message::HeartbeatAck {
                             sent_ns,
                             lease_until_ns,
@@ -925,7 +946,7 @@ mod tests {
         assert_eq!(plane.lease_until_ns(), before.max(750));
         // A heartbeat stamped in the future counts as sent now at the leader.
         let leader_plane = p.get_mut(&leader).unwrap();
-        leader_plane.handle_heartbeat(other, u64::MAX, u64::MAX, 600);
+        leader_plane.handle_heartbeat(other, u64::MAX, u64::MAX, true, 600);
         assert!(leader_plane.lease_until_ns() <= 750);
         let acks = |plane: &mut ControlPlane| {
             std::iter::from_fn(|| plane.poll_action())
@@ -942,7 +963,7 @@ mod tests {
         };
         assert_eq!(acks(leader_plane), 1);
         // A member whose map lags the leader's log gets no lease.
-        leader_plane.handle_heartbeat(other, 600, 0, 600);
+        leader_plane.handle_heartbeat(other, 600, 0, true, 600);
         assert_eq!(acks(leader_plane), 0, "a lease for a stale map");
     }
 

@@ -27,6 +27,8 @@ pub use rebuild::{RebuildProgress, DEFAULT_REBUILD_BYTES_PER_SEC, REBUILD_CHUNK_
 
 mod applied;
 mod rebuild;
+mod repair;
+use crate::device::DevError;
 use crate::error::WeirError;
 use crate::ids::{Epoch, ExtentId, Lba, NodeId, OpId, RequestId, Version, VolumeId};
 use crate::map::ClusterMap;
@@ -236,6 +238,17 @@ enum Op {
         req: RequestId,
         acks: Acks,
     },
+    /// A media error being repaired from a peer (see `repair`).
+    Repair(repair::Repair),
+    /// A primary reading blocks for an in-sync replica's repair, under a shared
+    /// range lock until the answer is sent.
+    Fetch {
+        to: NodeId,
+        remote: OpId,
+        extent: ExtentId,
+        lba: Lba,
+        blocks: u64,
+    },
     /// A rebuild copy of `[lba, lba + versions.len())` to `node`, under a shared
     /// range lock from the local read until the replica acknowledges it.
     Rebuild {
@@ -344,7 +357,15 @@ enum IoPurpose {
     /// A replica flushing for a coordinator.
     ReplicaFlush { coordinator: NodeId, op: OpId },
     /// A scrub read answered straight to the client.
-    Scrub { client: NodeId, req: RequestId },
+    Scrub {
+        client: NodeId,
+        req: RequestId,
+        extent: ExtentId,
+        lba: Lba,
+        blocks: u64,
+    },
+    /// An in-sync replica reading blocks for its primary's repair.
+    Fetch { to: NodeId, op: OpId },
     /// A rebuilding replica writing part of a primary's copy.
     RebuildWrite { primary: NodeId, op: OpId },
 }
@@ -542,6 +563,7 @@ impl Replicator {
     pub fn handle_tick(&mut self, now_ns: u64) {
         self.now_ns = self.now_ns.max(now_ns);
         self.expire_rebuild_chunks();
+        self.expire_repairs();
         self.pump_rebuilds();
         let mut asks = Vec::new();
         for op in self.ops.values() {
@@ -563,17 +585,24 @@ impl Replicator {
             }
         }
         for (extent, epoch, node) in asks {
-            let last = self.drops_asked.get(&(extent, epoch, node)).copied();
-            if last.is_none_or(|t| now_ns.saturating_sub(t) >= REPLICA_TIMEOUT_NS) {
-                self.drops_asked.insert((extent, epoch, node), now_ns);
-                tracing::warn!(%extent, %node, "replica silent past its timeout; asking to drop it");
-                let command = crate::control::Command::DropReplica {
-                    extent,
-                    epoch,
-                    node,
-                };
-                self.actions.push_back(Action::Control { command });
-            }
+            self.ask_drop(extent, epoch, node, "silent past its timeout");
+        }
+    }
+
+    /// Ask the control plane to drop `node` from `extent`'s in-sync set at `epoch`
+    /// (again only after a replica timeout: the request may have been lost).
+    fn ask_drop(&mut self, extent: ExtentId, epoch: Epoch, node: NodeId, why: &str) {
+        let now_ns = self.now_ns;
+        let last = self.drops_asked.get(&(extent, epoch, node)).copied();
+        if last.is_none_or(|t| now_ns.saturating_sub(t) >= REPLICA_TIMEOUT_NS) {
+            self.drops_asked.insert((extent, epoch, node), now_ns);
+            tracing::warn!(%extent, %node, why, "asking to drop a replica");
+            let command = crate::control::Command::DropReplica {
+                extent,
+                epoch,
+                node,
+            };
+            self.actions.push_back(Action::Control { command });
         }
     }
 
@@ -665,6 +694,19 @@ impl Replicator {
             Message::ReplicaFlushAck { op, result } => self.flush_acked(from, op, result),
             Message::RebuildWrite { op, copy } => self.rebuild_write(from, op, copy),
             Message::RebuildAck { op, result } => self.rebuild_acked(from, op, result),
+            Message::FetchBlocks {
+                op,
+                extent,
+                epoch,
+                lba,
+                blocks,
+            } => {
+                if !self.map.nodes().contains(&from) {
+                    return tracing::warn!(%from, "fetch from a non-member; dropped");
+                }
+                self.fetch_blocks(from, op, extent, epoch, lba, blocks)
+            }
+            Message::FetchBlocksOk { op, result } => self.fetched(from, op, result),
             Message::GetMap { req } => {
                 let state = crate::control::plane::encode_state(self.map.state());
                 self.send(from, Message::MapState { req, state });
@@ -730,7 +772,26 @@ impl Replicator {
                 let result = io_unit(result);
                 self.send(coordinator, Message::ReplicaFlushAck { op, result });
             }
-            IoPurpose::Scrub { client, req } => self.reply_read(client, req, result),
+            IoPurpose::Scrub {
+                client,
+                req,
+                extent,
+                lba,
+                blocks,
+            } => {
+                if let IoResult::Failed(e @ WeirError::Device(DevError::Media(_))) = &result {
+                    self.start_repair(extent, lba, blocks, e.clone());
+                }
+                self.reply_read(client, req, result)
+            }
+            IoPurpose::Fetch { to, op } => {
+                let result = match result {
+                    IoResult::Read(data) => Ok(data),
+                    IoResult::Failed(e) => Err(e),
+                    IoResult::Done => panic!("a read completed without data"),
+                };
+                self.send(to, Message::FetchBlocksOk { op, result });
+            }
         }
     }
 
@@ -882,7 +943,13 @@ impl Replicator {
         if self.ios.len() >= MAX_OPS_IN_FLIGHT {
             return self.fail(client, req, WeirError::Busy);
         }
-        let io = self.io(IoPurpose::Scrub { client, req });
+        let io = self.io(IoPurpose::Scrub {
+            client,
+            req,
+            extent,
+            lba,
+            blocks,
+        });
         self.actions.push_back(Action::Io {
             io,
             cmd: IoCmd::Read { lba, blocks },
@@ -911,6 +978,16 @@ impl Replicator {
                     blocks: versions.len() as u64,
                 };
                 let io = self.io(IoPurpose::Op(op));
+                self.actions.push_back(Action::Io { io, cmd });
+                return Vec::new();
+            }
+            Some(Op::Repair(_)) => {
+                self.ask_next_peer(op);
+                return Vec::new();
+            }
+            Some(&Op::Fetch { lba, blocks, .. }) => {
+                let io = self.io(IoPurpose::Op(op));
+                let cmd = IoCmd::Read { lba, blocks };
                 self.actions.push_back(Action::Io { io, cmd });
                 return Vec::new();
             }
@@ -1080,6 +1157,9 @@ impl Replicator {
             }
             Some(Op::Flush { .. }) => self.flush_acked(self.me, op, io_unit(result)),
             Some(Op::Read { .. }) => {
+                if let IoResult::Failed(e @ WeirError::Device(DevError::Media(_))) = &result {
+                    return self.repair_read(op, e.clone());
+                }
                 let Some(Op::Read {
                     client,
                     req,
@@ -1093,6 +1173,8 @@ impl Replicator {
                 self.unlock(extent, op);
             }
             Some(Op::Rebuild { .. }) => self.rebuild_read_done(op, result),
+            Some(Op::Repair(_)) => self.repair_written(op, result),
+            Some(Op::Fetch { .. }) => self.fetch_read_done(op, result),
             // The op was failed by a map change while its I/O ran.
             None => tracing::debug!(%op, "completion for an op already failed"),
         }
@@ -1104,12 +1186,24 @@ impl Replicator {
             return; // A rebuilding replica's late ack of a finished write.
         }
         let Some(Op::Write {
-            acks: Some(acks), ..
+            acks: Some(acks),
+            extent,
+            ..
         }) = self.ops.get_mut(&op)
         else {
             tracing::warn!(%from, %op, "ack for no running write; dropped");
             return;
         };
+        if from != self.me
+            && matches!(result, Err(WeirError::Device(_)))
+            && acks.waiting.contains(&from)
+        {
+            // A replica whose device failed the write (or is gone) does not fail
+            // it for the client: like a silent one, it is dropped from the in-sync
+            // set, and the write is acknowledged without it (it rebuilds later).
+            let (extent, epoch) = (*extent, self.map.extent(*extent).epoch);
+            return self.ask_drop(extent, epoch, from, "its device failed a write");
+        }
         if let Some(outcome) = acks.count(from, op, result) {
             return self.finish_write(op, outcome);
         }
@@ -1266,7 +1360,9 @@ impl Replicator {
             .filter(|(_, o)| match o {
                 Op::Write { extent: e, .. }
                 | Op::Read { extent: e, .. }
+                | Op::Fetch { extent: e, .. }
                 | Op::Rebuild { extent: e, .. } => *e == extent,
+                Op::Repair(r) => r.locked && r.extent == extent,
                 Op::Flush { .. } => false,
             })
             .map(|(&id, _)| id)
@@ -1276,8 +1372,13 @@ impl Replicator {
                 Some(Op::Write { client, req, .. } | Op::Read { client, req, .. }) => {
                     self.fail(client, req, error.clone())
                 }
-                // The new primary rebuilds afresh.
-                Some(Op::Rebuild { .. }) => {}
+                Some(Op::Repair(r)) => {
+                    if let Some((client, req)) = r.waiter {
+                        self.fail(client, req, error.clone());
+                    }
+                }
+                // The new primary rebuilds afresh; an asking replica asks it.
+                Some(Op::Rebuild { .. } | Op::Fetch { .. }) => {}
                 _ => unreachable!("selected above"),
             }
         }
@@ -1399,9 +1500,6 @@ impl Replicator {
         Ok(())
     }
 
-    /// Record that `version` is written to `[lba, lba + blocks)`, refusing to go
-    /// backwards on any block: the primary orders overlapping writes, so a replica
-    /// that sees an older version over a newer one has been sent messages out of order.
     /// Whether the write of (`client`, `req`) at `lba` is a retry of one this node
     /// applied whose every block a newer write has overwritten since.
     fn superseded(&self, client: NodeId, req: RequestId, lba: Lba) -> bool {
@@ -1416,6 +1514,9 @@ impl Replicator {
         first.lba == lba && (lba.0..lba.0 + first.blocks).all(newer)
     }
 
+    /// Record that `version` is written to `[lba, lba + blocks)`, refusing to go
+    /// backwards on any block: the primary orders overlapping writes, so a replica
+    /// that sees an older version over a newer one has been sent messages out of order.
     fn claim_version(&mut self, lba: Lba, blocks: u64, version: Version) -> Result<(), WeirError> {
         let end = lba.offset(blocks);
         if self

@@ -100,8 +100,13 @@ fn message() -> impl Strategy<Value = Message> {
 fn control_message() -> impl Strategy<Value = Message> {
     prop_oneof![
         data().prop_map(|bytes| Message::Raft { bytes }),
-        (any::<u64>(), any::<u64>())
-            .prop_map(|(sent_ns, applied)| Message::Heartbeat { sent_ns, applied }),
+        (any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(sent_ns, applied, healthy)| {
+            Message::Heartbeat {
+                sent_ns,
+                applied,
+                healthy,
+            }
+        }),
         (any::<u64>(), any::<u64>()).prop_map(|(sent_ns, lease_until_ns)| {
             Message::HeartbeatAck {
                 sent_ns,
@@ -135,6 +140,26 @@ fn control_message() -> impl Strategy<Value = Message> {
         (any::<u64>(), prop::option::of(weir_error())).prop_map(|(o, e)| Message::RebuildAck {
             op: OpId(o),
             result: e.map_or(Ok(()), Err)
+        }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u32>()
+        )
+            .prop_map(|(o, x, e, l, b)| Message::FetchBlocks {
+                op: OpId(o),
+                extent: ExtentId(x),
+                epoch: Epoch(e),
+                lba: Lba(l),
+                blocks: b
+            }),
+        (any::<u64>(), data(), prop::option::of(weir_error())).prop_map(|(o, d, e)| {
+            Message::FetchBlocksOk {
+                op: OpId(o),
+                result: e.map_or(Ok(d), Err),
+            }
         }),
     ]
 }

@@ -443,7 +443,16 @@ impl Replicator {
         };
         let data = match result {
             IoResult::Read(data) => data,
-            IoResult::Failed(e) => return self.finish_chunk(op, Err(e)),
+            IoResult::Failed(e) => {
+                let (extent, lba, blocks) = (*extent, *lba, versions.len() as u64);
+                self.finish_chunk(op, Err(e.clone()));
+                // The chunk is sent again after a pause; by then the blocks are
+                // fetched from another in-sync replica and written back.
+                if matches!(e, WeirError::Device(crate::device::DevError::Media(_))) {
+                    self.start_repair(extent, lba, blocks, e);
+                }
+                return;
+            }
             IoResult::Done => panic!("a rebuild read completed without data"),
         };
         *sent = true;

@@ -11,6 +11,8 @@ const BS: usize = 4096;
 struct Cluster {
     engines: BTreeMap<NodeId, Replicator>,
     disks: BTreeMap<NodeId, BTreeMap<u64, Vec<u8>>>,
+    /// Blocks a node's device cannot read (a media error) until they are written.
+    bad: std::collections::BTreeSet<(NodeId, u64)>,
     /// Device commands issued and not yet completed.
     ios: Vec<(NodeId, IoId, IoCmd)>,
     /// Messages in flight: (from, to, message).
@@ -49,6 +51,7 @@ fn cluster(config: ReplicationConfig) -> Cluster {
             })
             .collect(),
         disks: nodes.iter().map(|&n| (n, BTreeMap::new())).collect(),
+        bad: Default::default(),
         ios: Vec::new(),
         net: VecDeque::new(),
         replies: Vec::new(),
@@ -115,8 +118,14 @@ impl Cluster {
             IoCmd::Write { lba, data, .. } => {
                 for (i, chunk) in data.chunks(BS).enumerate() {
                     disk.insert(lba.0 + i as u64, chunk.to_vec());
+                    self.bad.remove(&(n, lba.0 + i as u64));
                 }
                 IoResult::Done
+            }
+            IoCmd::Read { lba, blocks }
+                if (lba.0..lba.0 + blocks).any(|b| self.bad.contains(&(n, b))) =>
+            {
+                IoResult::Failed(WeirError::Device(DevError::Media(lba)))
             }
             IoCmd::Read { lba, blocks } => {
                 let mut out = Vec::new();
@@ -130,6 +139,15 @@ impl Cluster {
         self.engines.get_mut(&n).unwrap().handle_io(io, result);
         self.collect();
         true
+    }
+
+    /// Fail the oldest pending device command on `node` with `error`.
+    fn fail_next_io(&mut self, node: NodeId, error: DevError) {
+        let at = self.ios.iter().position(|(n, ..)| *n == node).unwrap();
+        let (_, io, _) = self.ios.remove(at);
+        let result = IoResult::Failed(WeirError::Device(error));
+        self.engines.get_mut(&node).unwrap().handle_io(io, result);
+        self.collect();
     }
 
     /// Run until nothing is left to do.
@@ -322,21 +340,32 @@ fn flush_reaches_every_node() {
 }
 
 #[test]
-fn a_replica_device_error_fails_the_write() {
+fn a_replica_whose_device_fails_a_write_is_dropped_and_the_write_acked_without_it() {
     let mut c = cluster(ReplicationConfig::default());
     c.client_sends(NodeId(1), write(1, 0, block(1, 1)));
     c.deliver();
-    let at = c.ios.iter().position(|(n, ..)| *n == NodeId(3)).unwrap();
-    let (_, io, _) = c.ios.remove(at);
-    let err = IoResult::Failed(WeirError::Device(DevError::Media(Lba(0))));
-    c.engines.get_mut(&NodeId(3)).unwrap().handle_io(io, err);
+    c.fail_next_io(NodeId(3), DevError::Gone);
+    c.settle();
+    // No answer to the client yet: n1 asked the control plane to drop n3.
+    assert!(c.replies.is_empty(), "{:?}", c.replies);
+    assert!(c.controls.iter().any(|(n, cmd)| *n == NodeId(1)
+        && *cmd
+            == crate::control::Command::DropReplica {
+                extent: ExtentId(0),
+                epoch: Epoch(1),
+                node: NodeId(3)
+            }));
+    drop_n3(&mut c);
+    c.settle();
+    assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(1) }]);
+    // The primary's own device failing the write fails it for the client.
+    c.client_sends(NodeId(1), write_at_epoch(2, 1, block(2, 1), 2));
+    c.deliver();
+    c.fail_next_io(NodeId(1), DevError::Media(Lba(1)));
     c.settle();
     assert_eq!(
-        c.replies,
-        vec![Message::Failed {
-            req: RequestId(1),
-            error: WeirError::Device(DevError::Media(Lba(0)))
-        }]
+        failed_with(&c, 2),
+        Some(WeirError::Device(DevError::Media(Lba(1))))
     );
 }
 
@@ -1328,4 +1357,105 @@ fn a_retried_write_overwritten_since_is_answered_without_bringing_old_data_back(
     ));
     c.settle();
     assert_eq!(c.disk_block(NodeId(3), 0), Some(0xD));
+}
+
+#[test]
+fn a_primary_read_that_hits_a_media_error_is_served_from_a_replica_and_repaired() {
+    let mut c = cluster(ReplicationConfig::default());
+    c.client_sends(NodeId(1), write(1, 4, block(9, 2)));
+    c.settle();
+    c.bad.insert((NodeId(1), 5));
+    c.client_sends(NodeId(1), read(2, 4, 2));
+    c.settle();
+    // The client got the data from n2's copy; n1 wrote it back over the bad block.
+    assert_eq!(
+        c.replies.last(),
+        Some(&Message::ReadOk {
+            req: RequestId(2),
+            data: block(9, 2)
+        })
+    );
+    assert!(!c.bad.contains(&(NodeId(1), 5)), "not repaired");
+    assert_eq!(c.disk_block(NodeId(1), 5), Some(9));
+    assert!(
+        c.events.iter().any(|e| e.contains("n1 repaired 2 blocks")),
+        "{:?}",
+        c.events
+    );
+    // With every copy unreadable the read fails with the media error.
+    for n in 1..=3 {
+        c.bad.insert((NodeId(n), 6));
+    }
+    c.client_sends(NodeId(1), read(3, 6, 1));
+    c.settle();
+    assert_eq!(
+        failed_with(&c, 3),
+        Some(WeirError::Device(DevError::Media(Lba(6))))
+    );
+}
+
+#[test]
+fn a_replica_that_hits_a_media_error_is_repaired_from_its_primary() {
+    let mut c = cluster(ReplicationConfig::default());
+    c.client_sends(NodeId(1), write(1, 4, block(9, 2)));
+    c.settle();
+    c.bad.insert((NodeId(3), 4));
+    let scrub = Message::ScrubRead {
+        req: RequestId(2),
+        volume: VolumeId(1),
+        lba: Lba(4),
+        blocks: 2,
+    };
+    c.client_sends(NodeId(3), scrub.clone());
+    c.settle();
+    // The scrub got the error, and n3 fetched the blocks from n1 and wrote them.
+    assert!(matches!(failed_with(&c, 2), Some(WeirError::Device(_))));
+    assert_eq!(c.disk_block(NodeId(3), 4), Some(9));
+    assert!(c.bad.is_empty());
+    c.client_sends(NodeId(3), scrub);
+    c.settle();
+    assert_eq!(
+        c.replies.last(),
+        Some(&Message::ReadOk {
+            req: RequestId(2),
+            data: block(9, 2)
+        })
+    );
+    // Fetches from strangers, of the wrong epoch or past the extent are refused.
+    let fetch = |epoch, lba, blocks| Message::FetchBlocks {
+        op: OpId(77),
+        extent: ExtentId(0),
+        epoch: Epoch(epoch),
+        lba: Lba(lba),
+        blocks,
+    };
+    let n1 = NodeId(1);
+    for msg in [
+        fetch(2, 4, 1),
+        fetch(1, 15, 2),
+        fetch(1, 4, 0),
+        fetch(1, 4, u32::MAX),
+    ] {
+        c.engines
+            .get_mut(&n1)
+            .unwrap()
+            .handle_message(NodeId(2), msg);
+        c.collect();
+        let answer = c.net.pop_back().expect("an answer");
+        assert!(
+            matches!(
+                answer,
+                (_, NodeId(2), Message::FetchBlocksOk { result: Err(_), .. })
+            ),
+            "{answer:?}"
+        );
+        assert!(c.net.is_empty() && c.ios.is_empty());
+    }
+    // A non-member gets nothing at all.
+    c.engines
+        .get_mut(&n1)
+        .unwrap()
+        .handle_message(NodeId(9), fetch(1, 4, 1));
+    c.collect();
+    assert!(c.net.is_empty() && c.ios.is_empty());
 }

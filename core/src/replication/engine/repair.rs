@@ -1,0 +1,333 @@
+//! Repair of media errors (DESIGN.md section 4.1): a block a device cannot read is
+//! fetched from a peer that holds the same version and written back, which makes
+//! the device remap it.
+//!
+//! - A primary whose read fails with a media error keeps the read's shared range
+//!   lock, asks its in-sync replicas in placement order ([`Message::FetchBlocks`]),
+//!   answers the client with the first copy it gets and writes it back. No write to
+//!   those blocks runs while it holds the lock, and every write before has been
+//!   acknowledged by every in-sync replica, so a replica's copy is the current one.
+//!   A rebuild chunk's read that fails starts the same repair (with no client).
+//! - An in-sync replica whose read fails (a scrub) answers with the error, and
+//!   asks its primary. The primary reads under a shared range lock and answers
+//!   before it lets go of it, so its answer reaches the replica before any later
+//!   write to those blocks, and the replica's device orders its writes per block:
+//!   the repair never lands over a newer write. An answer from an older epoch is
+//!   dropped.
+//! - A peer that does not answer within the replica timeout, or cannot read the
+//!   blocks either, is passed over for the next; with none left the read fails
+//!   with the media error (a client retries).
+
+use super::*;
+
+/// A repair in progress at the node whose device failed.
+#[derive(Debug)]
+pub(super) struct Repair {
+    pub(super) extent: ExtentId,
+    pub(super) epoch: Epoch,
+    pub(super) lba: Lba,
+    pub(super) blocks: u64,
+    /// The client read it serves (a primary's), answered with the fetched data.
+    pub(super) waiter: Option<(NodeId, RequestId)>,
+    /// It holds the extent's range lock (a primary's repairs do).
+    pub(super) locked: bool,
+    /// Peers asked, in order; the last one is being waited for.
+    pub(super) tried: Vec<NodeId>,
+    pub(super) asked_ns: u64,
+    /// The device's error, for the waiter if no peer has the blocks.
+    pub(super) error: WeirError,
+    /// The fetched data is being written back.
+    pub(super) writing: bool,
+}
+
+impl Replicator {
+    /// A primary's client read `op` failed with a media error: repair instead, still
+    /// holding its lock, and answer the client from the copy.
+    pub(super) fn repair_read(&mut self, op: OpId, error: WeirError) {
+        let Some(Op::Read {
+            client,
+            req,
+            extent,
+            lba,
+            blocks,
+        }) = self.ops.remove(&op)
+        else {
+            unreachable!("a read failed");
+        };
+        tracing::warn!(%extent, %lba, blocks, %error, "media error on a read; fetching from a replica");
+        let repair = Repair {
+            extent,
+            epoch: self.map.extent(extent).epoch,
+            lba,
+            blocks,
+            waiter: Some((client, req)),
+            locked: true,
+            tried: Vec::new(),
+            asked_ns: self.now_ns,
+            error,
+            writing: false,
+        };
+        self.ops.insert(op, Op::Repair(repair));
+        self.ask_next_peer(op);
+    }
+
+    /// Start a repair of `[lba, lba + blocks)` of `extent` after a media error
+    /// (a primary's takes the extent's range lock first).
+    pub(super) fn start_repair(
+        &mut self,
+        extent: ExtentId,
+        lba: Lba,
+        blocks: u64,
+        error: WeirError,
+    ) {
+        let placement = self.map.extent(extent);
+        let (primary, epoch) = (placement.primary == self.me, placement.epoch);
+        if !placement.in_sync.contains(&self.me) || self.ops.len() >= MAX_OPS_IN_FLIGHT {
+            return;
+        }
+        tracing::warn!(%extent, %lba, blocks, %error, "media error; repairing from a peer");
+        let op = self.op_id();
+        let repair = Repair {
+            extent,
+            epoch,
+            lba,
+            blocks,
+            waiter: None,
+            locked: primary,
+            tried: Vec::new(),
+            asked_ns: self.now_ns,
+            error,
+            writing: false,
+        };
+        self.ops.insert(op, Op::Repair(repair));
+        if !primary {
+            return self.ask_next_peer(op);
+        }
+        let lock = &mut self.primary_state(extent).lock;
+        if lock.acquire(op, lba, lba.offset(blocks), Mode::Shared) {
+            self.run_ready(vec![op]);
+        }
+    }
+
+    /// Ask the next peer for repair `op`'s blocks, or give up if none is left.
+    pub(super) fn ask_next_peer(&mut self, op: OpId) {
+        let Some(Op::Repair(r)) = self.ops.get(&op) else {
+            return;
+        };
+        let placement = self.map.extent(r.extent);
+        let peer =
+            if placement.epoch != r.epoch {
+                None
+            } else if placement.primary == self.me {
+                placement.replicas.iter().copied().find(|n| {
+                    *n != self.me && placement.in_sync.contains(n) && !r.tried.contains(n)
+                })
+            } else {
+                Some(placement.primary).filter(|p| !r.tried.contains(p))
+            };
+        let Some(peer) = peer else {
+            return self.give_up_repair(op);
+        };
+        let msg = Message::FetchBlocks {
+            op,
+            extent: r.extent,
+            epoch: r.epoch,
+            lba: r.lba,
+            blocks: r.blocks as u32,
+        };
+        if let Some(Op::Repair(r)) = self.ops.get_mut(&op) {
+            r.tried.push(peer);
+            r.asked_ns = self.now_ns;
+        }
+        self.send(peer, msg);
+    }
+
+    fn give_up_repair(&mut self, op: OpId) {
+        let Some(Op::Repair(r)) = self.ops.remove(&op) else {
+            return;
+        };
+        tracing::warn!(extent = %r.extent, lba = %r.lba, "no peer could supply the blocks; not repaired");
+        if let Some((client, req)) = r.waiter {
+            self.fail(client, req, r.error);
+        }
+        if r.locked && self.primary.contains_key(&r.extent) {
+            self.unlock(r.extent, op);
+        }
+    }
+
+    /// Repairs whose peer has been silent past the replica timeout ask the next.
+    pub(super) fn expire_repairs(&mut self) {
+        let now = self.now_ns;
+        let stale: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, o)| {
+                matches!(o, Op::Repair(r) if !r.writing && !r.tried.is_empty()
+                    && now.saturating_sub(r.asked_ns) >= REPLICA_TIMEOUT_NS)
+            })
+            .map(|(&op, _)| op)
+            .collect();
+        for op in stale {
+            self.ask_next_peer(op);
+        }
+    }
+
+    /// A peer asks for blocks its device could not read.
+    pub(super) fn fetch_blocks(
+        &mut self,
+        from: NodeId,
+        op: OpId,
+        extent: ExtentId,
+        epoch: Epoch,
+        lba: Lba,
+        blocks: u32,
+    ) {
+        let refuse =
+            |this: &mut Self, e| this.send(from, Message::FetchBlocksOk { op, result: Err(e) });
+        let blocks = u64::from(blocks);
+        let bs = u64::from(self.map.volume().block_size);
+        let fits = self
+            .blocks_in_extent(extent, lba, (blocks * bs) as usize)
+            .and_then(
+                |_| match blocks <= u64::from(self.map.volume().max_request_blocks) {
+                    true => Ok(()),
+                    false => Err(WeirError::BadLength {
+                        len: blocks * bs,
+                        block_size: bs as u32,
+                        max_bytes: self.map.volume().max_request_bytes(),
+                    }),
+                },
+            );
+        if let Err(e) = fits {
+            return refuse(self, e);
+        }
+        let placement = self.map.extent(extent);
+        if epoch != placement.epoch {
+            let current = placement.epoch;
+            return refuse(
+                self,
+                WeirError::StaleEpoch {
+                    got: epoch,
+                    current,
+                },
+            );
+        }
+        if placement.primary == self.me {
+            // An in-sync replica asks its primary: answered under a shared lock.
+            if !placement.in_sync.contains(&from) || from == self.me {
+                return refuse(self, WeirError::NotPrimary(self.me));
+            }
+            if let Err(e) = self.may_serve(extent) {
+                return refuse(self, e);
+            }
+            if self.ops.len() >= MAX_OPS_IN_FLIGHT {
+                return refuse(self, WeirError::Busy);
+            }
+            let mine = self.op_id();
+            let fetch = Op::Fetch {
+                to: from,
+                remote: op,
+                extent,
+                lba,
+                blocks,
+            };
+            self.ops.insert(mine, fetch);
+            let lock = &mut self.primary_state(extent).lock;
+            if lock.acquire(mine, lba, lba.offset(blocks), Mode::Shared) {
+                self.run_ready(vec![mine]);
+            }
+            return;
+        }
+        // The primary asks an in-sync replica: it holds the lock itself.
+        if placement.primary != from || !placement.in_sync.contains(&self.me) {
+            return refuse(self, WeirError::NotPrimary(from));
+        }
+        if self.ios.len() >= MAX_OPS_IN_FLIGHT {
+            return refuse(self, WeirError::Busy);
+        }
+        let io = self.io(IoPurpose::Fetch { to: from, op });
+        self.actions.push_back(Action::Io {
+            io,
+            cmd: IoCmd::Read { lba, blocks },
+        });
+    }
+
+    /// A primary's answer to a replica's fetch finished its read: answer, then
+    /// let go of the range (so the answer goes before any later write).
+    pub(super) fn fetch_read_done(&mut self, op: OpId, result: IoResult) {
+        let Some(Op::Fetch {
+            to, remote, extent, ..
+        }) = self.ops.remove(&op)
+        else {
+            unreachable!("matched a fetch");
+        };
+        let result = match result {
+            IoResult::Read(data) => Ok(data),
+            IoResult::Failed(e) => Err(e),
+            IoResult::Done => panic!("a read completed without data"),
+        };
+        self.send(to, Message::FetchBlocksOk { op: remote, result });
+        self.unlock(extent, op);
+    }
+
+    /// A peer answered repair `op`.
+    pub(super) fn fetched(&mut self, from: NodeId, op: OpId, result: Result<Bytes, WeirError>) {
+        let bs = self.map.volume().block_size as usize;
+        let Some(Op::Repair(r)) = self.ops.get_mut(&op) else {
+            return tracing::debug!(%from, %op, "blocks for no repair; dropped");
+        };
+        if r.writing || r.tried.last() != Some(&from) {
+            return tracing::debug!(%from, %op, "blocks from a peer not asked; dropped");
+        }
+        let data = match result {
+            Ok(data) if data.len() == r.blocks as usize * bs => data,
+            Ok(_) => return self.ask_next_peer(op),
+            Err(e) => {
+                tracing::debug!(%from, %op, error = %e, "peer could not supply the blocks");
+                return self.ask_next_peer(op);
+            }
+        };
+        if !r.locked && self.map.extent(r.extent).epoch != r.epoch {
+            // A replica's: a newer epoch may have written these blocks since (a
+            // later read finds the error again). A primary's holds the lock.
+            return self.give_up_repair(op);
+        }
+        r.writing = true;
+        let (lba, waiter) = (r.lba, r.waiter.take());
+        if let Some((client, req)) = waiter {
+            self.reply_read(client, req, IoResult::Read(data.clone()));
+        }
+        let io = self.io(IoPurpose::Op(op));
+        self.write_device(
+            io,
+            IoCmd::Write {
+                lba,
+                data,
+                fua: false,
+            },
+        );
+    }
+
+    /// Repair `op`'s write-back finished.
+    pub(super) fn repair_written(&mut self, op: OpId, result: IoResult) {
+        let Some(Op::Repair(r)) = self.ops.remove(&op) else {
+            unreachable!("matched a repair");
+        };
+        match io_unit(result) {
+            Ok(()) => {
+                let from = r.tried.last().copied().expect("a peer answered");
+                let line = format!(
+                    "{} repaired {} blocks at {} of {} from {from} after a media error",
+                    self.me, r.blocks, r.lba, r.extent
+                );
+                self.actions.push_back(Action::Event(line));
+            }
+            Err(e) => {
+                tracing::warn!(extent = %r.extent, lba = %r.lba, error = %e, "repair write failed")
+            }
+        }
+        if r.locked && self.primary.contains_key(&r.extent) {
+            self.unlock(r.extent, op);
+        }
+    }
+}
