@@ -42,9 +42,9 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-/// Largest member count: all members vote in Raft, and a group of more than 5
-/// voters only slows commits (learners are not built yet).
-pub const MAX_MEMBERS: usize = 5;
+/// Largest member count. The 3 or 5 members of the lowest ids vote in Raft; the
+/// others learn the map.
+pub const MAX_MEMBERS: usize = 64;
 /// Most extents a pool may have (the map travels in one wire frame).
 pub const MAX_EXTENTS: u64 = 16_384;
 
@@ -347,7 +347,7 @@ impl Config {
             return bad(
                 "cluster.members",
                 format!(
-                    "{} members; 1 to {MAX_MEMBERS} are supported (learners are not built yet)",
+                    "{} members; 1 to {MAX_MEMBERS} are supported",
                     members.len()
                 ),
             );

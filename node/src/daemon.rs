@@ -80,12 +80,15 @@ pub async fn run(
     .with_context(|| format!("opening device {}", device_path.display()))?;
     let device = Arc::new(device);
 
-    let members: Vec<NodeId> = config
+    // In id order on every node, whatever order each config lists them in: the
+    // first 3 or 5 vote, and every node must agree which.
+    let mut members: Vec<NodeId> = config
         .cluster
         .members
         .iter()
         .map(|m| NodeId(m.id))
         .collect();
+    members.sort_unstable();
     let spec = pool_spec(&config);
     let map = ClusterMap::new_static(members.clone(), spec, usize::from(config.cluster.replicas))
         .context("building the cluster map")?;

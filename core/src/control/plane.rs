@@ -95,6 +95,8 @@ pub struct ControlPlane {
     restart_pending: bool,
     /// Ticks until it asks again.
     restart_wait: u32,
+    /// When this incarnation sent its first heartbeat: leases answer only later ones.
+    first_heartbeat_ns: Option<u64>,
 }
 
 /// The control plane's timeouts, ns.
@@ -112,28 +114,29 @@ pub struct Timeouts {
 }
 
 impl ControlPlane {
-    /// The control plane of `me` in a group of `voters`; `bootstrap` are the commands
-    /// that build the initial map.
+    /// The control plane of `me` in a group of `members` (the first 3 or 5 vote,
+    /// see [`super::raft::voters_of`]; the others learn the map); `bootstrap` are
+    /// the commands that build the initial map.
     pub fn new(
         me: NodeId,
-        voters: &[NodeId],
+        members: &[NodeId],
         bootstrap: Vec<Command>,
         timeouts: Timeouts,
         seed: u64,
     ) -> Result<Self, RaftError> {
-        let mut raft = MapRaft::new(me, voters, seed)?;
-        if voters.first() == Some(&me) {
+        let mut raft = MapRaft::new(me, members, seed)?;
+        if members.first() == Some(&me) {
             // The first voter stands for election at once: a fresh cluster has a
             // leader after one round trip instead of after an election timeout.
             raft.campaign()?;
         }
-        Ok(Self::with_raft(me, raft, voters, bootstrap, timeouts))
+        Ok(Self::with_raft(me, raft, members, bootstrap, timeouts))
     }
 
     fn with_raft(
         me: NodeId,
         raft: MapRaft,
-        voters: &[NodeId],
+        members: &[NodeId],
         bootstrap: Vec<Command>,
         timeouts: Timeouts,
     ) -> Self {
@@ -143,7 +146,7 @@ impl ControlPlane {
             bootstrap,
             bootstrap_term: None,
             timeouts,
-            voters: voters.to_vec(),
+            voters: super::raft::voters_of(members),
             last_seen: BTreeMap::new(),
             heard: BTreeMap::new(),
             voter_sent: BTreeMap::new(),
@@ -156,6 +159,7 @@ impl ControlPlane {
             restored: None,
             restart_pending: false,
             restart_wait: 0,
+            first_heartbeat_ns: None,
         }
     }
 
@@ -166,17 +170,17 @@ impl ControlPlane {
     /// Also returns where the intact records end (cut the file there).
     pub fn open(
         me: NodeId,
-        voters: &[NodeId],
+        members: &[NodeId],
         bootstrap: Vec<Command>,
         timeouts: Timeouts,
         seed: u64,
         log: &[u8],
     ) -> Result<(Self, usize), RaftError> {
-        let (mut raft, replayed) = MapRaft::open(me, voters, seed, log)?;
-        if voters.first() == Some(&me) && replayed.records == 0 {
+        let (mut raft, replayed) = MapRaft::open(me, members, seed, log)?;
+        if members.first() == Some(&me) && replayed.records == 0 {
             raft.campaign()?;
         }
-        let mut plane = Self::with_raft(me, raft, voters, bootstrap, timeouts);
+        let mut plane = Self::with_raft(me, raft, members, bootstrap, timeouts);
         // The replayed commands first: a `Restarted` of an earlier incarnation
         // among them must not count as this one's.
         plane.drain_raft();
@@ -338,6 +342,11 @@ impl ControlPlane {
         if !self.healthy {
             return;
         }
+        if self.first_heartbeat_ns.is_none_or(|first| sent_ns < first) {
+            // An answer to a heartbeat this incarnation never sent (an earlier
+            // one's, before a restart): that lease was not granted to this one.
+            return;
+        }
         if !self.voters.contains(&from) {
             tracing::warn!(%from, "lease from a node that cannot lead; ignored");
             return;
@@ -387,14 +396,17 @@ impl ControlPlane {
             self.restart_wait -= 1;
         }
         match self.raft.leader() {
-            Some(leader) if leader != self.me => self.actions.push_back(PlaneAction::Send {
-                to: leader,
-                msg: Message::Heartbeat {
-                    sent_ns: now_ns,
-                    applied: self.raft.applied_index(),
-                    healthy: self.healthy,
-                },
-            }),
+            Some(leader) if leader != self.me => {
+                self.first_heartbeat_ns.get_or_insert(now_ns);
+                self.actions.push_back(PlaneAction::Send {
+                    to: leader,
+                    msg: Message::Heartbeat {
+                        sent_ns: now_ns,
+                        applied: self.raft.applied_index(),
+                        healthy: self.healthy,
+                    },
+                })
+            }
             _ => {}
         }
         if !self.raft.is_leader() {

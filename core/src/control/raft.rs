@@ -79,10 +79,23 @@ pub enum RaftAction {
     },
 }
 
+/// The members that vote: 3 of 3 or 4, 5 of 5 or more (the first ones listed),
+/// all of fewer than 3. More voters only slow commits and elections; the others
+/// are learners, which get every command but neither vote nor lead.
+pub fn voters_of(members: &[NodeId]) -> Vec<NodeId> {
+    let n = match members.len() {
+        0..=2 => members.len(),
+        3..=4 => 3,
+        _ => 5,
+    };
+    members[..n].to_vec()
+}
+
 /// One member's Raft engine and its applied cluster state.
 pub struct MapRaft {
     me: NodeId,
-    voters: Vec<NodeId>,
+    /// Every member, voters and learners.
+    members: Vec<NodeId>,
     node: RawNode<MemStorage>,
     state: ClusterState,
     rng: SmallRng,
@@ -105,10 +118,10 @@ impl std::fmt::Debug for MapRaft {
 }
 
 impl MapRaft {
-    /// Member `me` of a group of `voters`, starting from an empty log, with election
-    /// jitter drawn from `seed`.
-    pub fn new(me: NodeId, voters: &[NodeId], seed: u64) -> Result<Self, RaftError> {
-        Self::build(me, voters, seed, None)
+    /// Member `me` of a group of `members` ([`voters_of`] them vote, the others
+    /// learn), starting from an empty log, with election jitter drawn from `seed`.
+    pub fn new(me: NodeId, members: &[NodeId], seed: u64) -> Result<Self, RaftError> {
+        Self::build(me, members, seed, None)
     }
 
     /// Member `me` with a durable log: `log` is what its log file holds (empty for
@@ -118,18 +131,18 @@ impl MapRaft {
     /// the file at [`persist::Replayed::valid_len`]).
     pub fn open(
         me: NodeId,
-        voters: &[NodeId],
+        members: &[NodeId],
         seed: u64,
         log: &[u8],
     ) -> Result<(Self, persist::Replayed), RaftError> {
         let replayed = persist::replay(log);
-        let raft = Self::build(me, voters, seed, Some(&replayed))?;
+        let raft = Self::build(me, members, seed, Some(&replayed))?;
         Ok((raft, replayed))
     }
 
     fn build(
         me: NodeId,
-        voters: &[NodeId],
+        members: &[NodeId],
         seed: u64,
         durable: Option<&persist::Replayed>,
     ) -> Result<Self, RaftError> {
@@ -142,8 +155,13 @@ impl MapRaft {
             ..Config::default()
         };
         config.validate()?;
-        let ids: Vec<u64> = voters.iter().map(|n| u64::from(n.0)).collect();
-        let storage = MemStorage::new_with_conf_state(ConfState::from((ids, vec![])));
+        let voters = voters_of(members);
+        let ids = |nodes: &mut dyn Iterator<Item = &NodeId>| -> Vec<u64> {
+            nodes.map(|n| u64::from(n.0)).collect()
+        };
+        let learners = ids(&mut members.iter().filter(|n| !voters.contains(n)));
+        let conf = ConfState::from((ids(&mut voters.iter()), learners));
+        let storage = MemStorage::new_with_conf_state(conf);
         if let Some(replayed) = durable {
             let mut store = storage.wl();
             store.append(&replayed.entries)?;
@@ -153,7 +171,7 @@ impl MapRaft {
         let node = RawNode::new(&config, storage, &logger)?;
         let mut raft = MapRaft {
             me,
-            voters: voters.to_vec(),
+            members: members.to_vec(),
             last_role: (node.raft.term, node.raft.state),
             node,
             state: ClusterState::default(),
@@ -212,7 +230,7 @@ impl MapRaft {
 
     /// A Raft message from `from`.
     pub fn handle_message(&mut self, from: NodeId, bytes: &[u8]) -> Result<(), RaftError> {
-        if !self.voters.contains(&from) {
+        if !self.members.contains(&from) {
             return Err(RaftError::Stranger(from));
         }
         let msg = RaftMessage::parse_from_bytes(bytes)?;

@@ -536,6 +536,8 @@ impl Replicator {
             .iter()
             .filter(|(_, e)| e.primary == self.me && e.in_sync.contains(&self.me))
             .map(|(&id, e)| (id, e.epoch))
+            // Not at an epoch it may have served in before a restart.
+            .filter(|(id, epoch)| self.restored.get(id).is_none_or(|r| epoch > r))
             .collect();
         let until_ns = self.lease_end();
         for (extent, epoch) in led {

@@ -10,7 +10,11 @@ struct Group {
 }
 
 fn group(seed: u64) -> Group {
-    let ids: Vec<NodeId> = (1..=3).map(NodeId).collect();
+    group_of(3, seed)
+}
+
+fn group_of(n: u32, seed: u64) -> Group {
+    let ids: Vec<NodeId> = (1..=n).map(NodeId).collect();
     let members = ids
         .iter()
         .map(|&id| (id, MapRaft::new(id, &ids, seed ^ u64::from(id.0)).unwrap()))
@@ -157,4 +161,32 @@ fn strangers_and_garbage_are_refused() {
         m.handle_message(NodeId(2), &[0xff; 16]),
         Err(RaftError::Decode(_))
     ));
+}
+
+#[test]
+fn the_first_three_or_five_members_vote_and_the_others_learn_the_map() {
+    let ids = |n: u32| (1..=n).map(NodeId).collect::<Vec<_>>();
+    assert_eq!(voters_of(&ids(2)), ids(2));
+    assert_eq!(voters_of(&ids(4)), ids(3));
+    assert_eq!(voters_of(&ids(9)), ids(5));
+    // Four members: n4 learns. It applies every command, never leads, and the
+    // three voters go on without it.
+    let mut g = group_of(4, 11);
+    g.tick_all(50);
+    let leader = g.leader().expect("a leader");
+    assert_ne!(leader, NodeId(4));
+    let cmd = Command::AddNode { node: NodeId(4) };
+    g.members.get_mut(&leader).unwrap().propose(&cmd).unwrap();
+    g.settle();
+    g.tick_all(5);
+    assert_eq!(g.applied[&NodeId(4)], vec![cmd]);
+    g.isolated.insert(leader);
+    g.tick_all(100);
+    let next = g.leader().expect("a new leader among the voters");
+    assert!(next != NodeId(4) && next != leader);
+    // A learner standing for election gets nowhere.
+    let _ = g.members.get_mut(&NodeId(4)).unwrap().campaign();
+    g.settle();
+    assert!(!g.members[&NodeId(4)].is_leader());
+    assert_eq!(g.leader(), Some(next));
 }
