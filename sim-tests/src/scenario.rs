@@ -79,6 +79,25 @@ pub struct FaultSpec {
     pub device_losses: u32,
 }
 
+impl FaultSpec {
+    /// Storage nodes some node fault hits (each takes a node of its own).
+    pub fn faulty_nodes(&self) -> u64 {
+        [
+            self.node_crashes,
+            self.node_pauses,
+            self.partitions,
+            self.device_hangs,
+            self.node_restarts,
+            self.power_losses,
+            self.media_errors,
+            self.device_losses,
+        ]
+        .iter()
+        .map(|&n| u64::from(n))
+        .sum()
+    }
+}
+
 impl Default for FaultSpec {
     fn default() -> Self {
         FaultSpec {
@@ -323,14 +342,7 @@ impl Scenario {
         }
         // A third of the seeds with room for one more faulty node give its SSD
         // media errors.
-        let node_faults = s.faults.node_crashes
-            + s.faults.node_restarts
-            + s.faults.power_losses
-            + s.faults.node_pauses
-            + s.faults.device_hangs
-            + s.faults.device_losses
-            + s.faults.partitions;
-        if node_faults < 2 && pick(22, 3) == 0 {
+        if s.faults.faulty_nodes() < 2 && pick(22, 3) == 0 {
             s.faults.media_errors = 1;
         }
         s.faults.crash_leader = pick(8, 3) == 0;
@@ -448,15 +460,7 @@ impl Scenario {
         }
         // The promise holds while fewer than `replicas` copies fail: each node fault
         // takes a different node.
-        let node_faults = u64::from(x.node_crashes)
-            + u64::from(x.node_pauses)
-            + u64::from(x.partitions)
-            + u64::from(x.device_hangs)
-            + u64::from(x.node_restarts)
-            + u64::from(x.power_losses)
-            + u64::from(x.media_errors)
-            + u64::from(x.device_losses);
-        if node_faults >= u64::from(c.replicas) {
+        if x.faulty_nodes() >= u64::from(c.replicas) {
             return bad(
                 "faults.node_crashes/node_pauses/partitions/device_hangs/node_restarts/power_losses/media_errors/device_losses",
                 "together must be fewer than cluster.replicas",

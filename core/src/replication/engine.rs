@@ -787,11 +787,7 @@ impl Replicator {
                 self.reply_read(client, req, result)
             }
             IoPurpose::Fetch { to, op } => {
-                let result = match result {
-                    IoResult::Read(data) => Ok(data),
-                    IoResult::Failed(e) => Err(e),
-                    IoResult::Done => panic!("a read completed without data"),
-                };
+                let result = io_data(result);
                 self.send(to, Message::FetchBlocksOk { op, result });
             }
         }
@@ -1581,6 +1577,15 @@ fn io_unit(result: IoResult) -> Result<(), WeirError> {
     match result {
         IoResult::Done | IoResult::Read(_) => Ok(()),
         IoResult::Failed(e) => Err(e),
+    }
+}
+
+/// A read's data, or its error.
+fn io_data(result: IoResult) -> Result<Bytes, WeirError> {
+    match result {
+        IoResult::Read(data) => Ok(data),
+        IoResult::Failed(e) => Err(e),
+        IoResult::Done => panic!("a read completed without data"),
     }
 }
 

@@ -261,11 +261,7 @@ impl Replicator {
         else {
             unreachable!("matched a fetch");
         };
-        let result = match result {
-            IoResult::Read(data) => Ok(data),
-            IoResult::Failed(e) => Err(e),
-            IoResult::Done => panic!("a read completed without data"),
-        };
+        let result = io_data(result);
         self.send(to, Message::FetchBlocksOk { op: remote, result });
         self.unlock(extent, op);
     }
