@@ -6,7 +6,8 @@
 //!
 //! Failover is hidden behind bounded retries: a request that times out, or is
 //! answered `NotPrimary`, `StaleEpoch` or `Busy`, makes the client fetch the current
-//! map from a node and try again, until [`RETRY_BUDGET`] is spent. Retrying a write
+//! map (from the voting members at once, one round for every request that failed
+//! meanwhile) and try again, until [`RETRY_BUDGET`] is spent. Retrying a write
 //! is idempotent: it writes the same data to the same blocks again, under the same
 //! request id, so a node that applied the first attempt and has seen it
 //! overwritten since does not bring the old data back (see the engine's `applied`).
@@ -88,6 +89,8 @@ pub struct Volume<T> {
     waiters: Waiters,
     /// Retries done (each a failed attempt followed by another).
     retries: AtomicU64,
+    /// Held while the map is being refreshed; when the last refresh ended.
+    refreshing: tokio::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl<T: Transport> Volume<T> {
@@ -104,6 +107,7 @@ impl<T: Transport> Volume<T> {
             next_req: AtomicU64::new((u64::from(incarnation) << 32) + 1),
             waiters: waiters.clone(),
             retries: AtomicU64::new(0),
+            refreshing: tokio::sync::Mutex::new(None),
         });
         tokio::spawn(async move {
             while let Ok((from, frame)) = transport.recv().await {
@@ -167,47 +171,79 @@ impl<T: Transport> Volume<T> {
         Fut: std::future::Future<Output = Result<R, ClientError>>,
     {
         let deadline = crate::time::now() + RETRY_BUDGET;
-        let mut asked = 0usize;
         loop {
-            let error = match attempt(self.map()).await {
+            let map = self.map();
+            let error = match attempt(map.clone()).await {
                 Ok(r) => return Ok(r),
                 Err(e) if e.retryable() && crate::time::now() < deadline => e,
                 Err(e) => return Err(e),
             };
+            let failed_at = crate::time::now();
             tracing::debug!(error = %error, "retrying with a fresh map");
             self.retries.fetch_add(1, Ordering::Relaxed);
             tokio::time::sleep(RETRY_BACKOFF).await;
-            self.refresh_map(&mut asked).await;
+            self.refresh_since(&map, failed_at).await;
         }
     }
 
     /// Fetch the current map from the nodes.
     pub async fn refresh(&self) {
-        let mut asked = 0;
-        self.refresh_map(&mut asked).await;
+        let _turn = self.refreshing.lock().await;
+        self.refresh_map().await;
     }
 
-    /// Ask the nodes, in turn, for the current map; keep it if it is newer.
-    async fn refresh_map(&self, asked: &mut usize) {
-        let nodes = self.map().nodes().to_vec();
-        for _ in 0..nodes.len() {
-            let node = nodes[*asked % nodes.len()];
-            *asked += 1;
-            let reply = self.call(node, |req| Message::GetMap { req }).await;
+    /// Refresh the map for an attempt that failed at `failed_at` under `seen`,
+    /// unless another request has refreshed it since: when a primary dies, every
+    /// request to it fails at about the same time, and one round of questions
+    /// serves them all.
+    async fn refresh_since(&self, seen: &ClusterMap, failed_at: tokio::time::Instant) {
+        let mut last = self.refreshing.lock().await;
+        if self.map().state().applied > seen.state().applied || last.is_some_and(|t| t >= failed_at)
+        {
+            return;
+        }
+        self.refresh_map().await;
+        *last = Some(crate::time::now());
+    }
+
+    /// Ask the voting members, all at once, for the current map (any member
+    /// answers, but voters are the first to know a change). Done at the first
+    /// newer map, or once a majority of them have answered with nothing newer; a
+    /// dead member costs nothing unless most are dead, in which case the answers
+    /// wait out [`CALL_TIMEOUT`].
+    async fn refresh_map(&self) {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let map = self.map();
+        let asked = crate::control::raft::voters_of(map.nodes());
+        let majority = asked.len() / 2 + 1;
+        let mut answers: FuturesUnordered<_> = asked
+            .iter()
+            .map(
+                |&node| async move { (node, self.call(node, |req| Message::GetMap { req }).await) },
+            )
+            .collect();
+        let mut current = 0;
+        while let Some((node, reply)) = answers.next().await {
             let Ok(Message::MapState { state, .. }) = reply else {
                 continue;
             };
-            match crate::control::plane::decode_state(&state) {
-                Ok(state) => {
-                    let mut map = self.map.lock().expect("map lock");
-                    if state.applied >= map.state().applied {
-                        if let Ok(newer) = map.with_state(state) {
-                            *map = Arc::new(newer);
-                        }
-                    }
+            let state = match crate::control::plane::decode_state(&state) {
+                Ok(state) => state,
+                Err(e) => {
+                    tracing::warn!(%node, error = %e, "undecodable map");
+                    continue;
+                }
+            };
+            let mut map = self.map.lock().expect("map lock");
+            if state.applied > map.state().applied {
+                if let Ok(newer) = map.with_state(state) {
+                    *map = Arc::new(newer);
                     return;
                 }
-                Err(e) => tracing::warn!(%node, error = %e, "undecodable map"),
+            }
+            current += 1;
+            if current >= majority {
+                return;
             }
         }
     }
