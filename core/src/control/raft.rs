@@ -51,6 +51,9 @@ pub enum RaftError {
     /// A message kind weir does not use.
     #[error("unexpected raft message: {0}")]
     Unexpected(&'static str),
+    /// A message no correct member sends (raft-rs would panic on some of these).
+    #[error("impossible raft message: {0}")]
+    Impossible(&'static str),
 }
 
 pub mod persist;
@@ -237,14 +240,75 @@ impl MapRaft {
         if msg.from != u64::from(from.0) {
             return Err(RaftError::Stranger(from));
         }
-        // weir never compacts its log, so no member sends a snapshot; one would
-        // replace the log without rebuilding the applied state.
-        if msg.get_msg_type() == raft::prelude::MessageType::MsgSnapshot {
-            return Err(RaftError::Unexpected("snapshot"));
-        }
+        self.check(&msg)?;
         let result = self.node.step(msg);
         self.after_input();
         result.map_err(RaftError::from)
+    }
+
+    /// Refuse what no correct member sends. raft-rs trusts its peers and panics on
+    /// some impossible inputs (a commit index past the log, an append rewriting a
+    /// committed entry); a member link is input like any other, so those are
+    /// stopped here and the sender is logged.
+    fn check(&self, msg: &RaftMessage) -> Result<(), RaftError> {
+        use raft::prelude::MessageType as T;
+        let log = &self.node.raft.raft_log;
+        match msg.get_msg_type() {
+            // weir never compacts its log, so no member sends a snapshot; one would
+            // replace the log without rebuilding the applied state.
+            T::MsgSnapshot => return Err(RaftError::Unexpected("snapshot")),
+            T::MsgAppend
+            | T::MsgAppendResponse
+            | T::MsgHeartbeat
+            | T::MsgHeartbeatResponse
+            | T::MsgRequestVote
+            | T::MsgRequestVoteResponse
+            | T::MsgRequestPreVote
+            | T::MsgRequestPreVoteResponse
+            | T::MsgTimeoutNow => {}
+            // Local inputs (MsgHup, MsgBeat, ...) and kinds weir does not send
+            // between members (proposals go through `wire::Message::Propose`).
+            _ => return Err(RaftError::Unexpected("local or unused message kind")),
+        }
+        if msg.to != u64::from(self.me.0) || msg.from == u64::from(self.me.0) {
+            return Err(RaftError::Impossible(
+                "not addressed from a peer to this member",
+            ));
+        }
+        if msg.term == 0 {
+            // Every message between members carries its sender's term.
+            return Err(RaftError::Impossible("no term"));
+        }
+        match msg.get_msg_type() {
+            T::MsgHeartbeat if msg.commit > log.last_index() => {
+                // The leader sends min(what we matched, its commit).
+                return Err(RaftError::Impossible("heartbeat commit past this log"));
+            }
+            T::MsgAppend => {
+                // Every entry has a term, so the entry before the new ones does
+                // too (raft-rs takes term 0 past the log's end as a match).
+                if (msg.index > 0 && msg.log_term == 0) || msg.log_term > msg.term {
+                    return Err(RaftError::Impossible("append after an entry with no term"));
+                }
+                for (i, e) in msg.entries.iter().enumerate() {
+                    if e.index != msg.index + 1 + i as u64 || e.term == 0 || e.term > msg.term {
+                        return Err(RaftError::Impossible("append entries out of sequence"));
+                    }
+                    // An entry this member has committed can only be sent again
+                    // as it is.
+                    if e.index <= log.committed && log.term(e.index).ok() != Some(e.term) {
+                        return Err(RaftError::Impossible("append rewrites a committed entry"));
+                    }
+                }
+            }
+            T::MsgAppendResponse if !msg.reject && msg.index > log.last_index() => {
+                return Err(RaftError::Impossible(
+                    "append response past the leader's log",
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Start an election now instead of waiting for the timeout (used once at
