@@ -28,8 +28,31 @@ pub struct Latency {
 
 impl Latency {
     fn measure(history: &History, kind: OpKind) -> Latency {
+        Self::measure_invoked(history, kind, 0, u64::MAX)
+    }
+
+    /// Percentiles of the `kind` operations invoked in `[from_ns, to_ns)` (times
+    /// from the workload's start) that completed.
+    pub fn measure_invoked(history: &History, kind: OpKind, from_ns: u64, to_ns: u64) -> Latency {
+        Self::measure_where(history, |o| {
+            o.kind == kind && o.invoke_ns >= from_ns && o.invoke_ns < to_ns
+        })
+    }
+
+    /// Percentiles of the `kind` operations both invoked and completed in
+    /// `[from_ns, to_ns)`.
+    pub fn measure_within(history: &History, kind: OpKind, from_ns: u64, to_ns: u64) -> Latency {
+        Self::measure_where(history, |o| {
+            o.kind == kind && o.invoke_ns >= from_ns && o.complete_ns.is_some_and(|c| c < to_ns)
+        })
+    }
+
+    fn measure_where(
+        history: &History,
+        inside: impl Fn(&&crate::history::OpRecord) -> bool,
+    ) -> Latency {
         let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
-        for op in history.ops.iter().filter(|o| o.kind == kind) {
+        for op in history.ops.iter().filter(inside) {
             if let Some(done) = op.complete_ns {
                 h.saturating_record((done - op.invoke_ns).max(1));
             }
@@ -42,6 +65,14 @@ impl Latency {
             p999_us: us(h.value_at_quantile(0.999)),
             max_us: us(h.max()),
         }
+    }
+
+    /// "P50 / P99 / P99.9 us" for a report line.
+    pub fn percentiles(&self) -> String {
+        format!(
+            "{:.1} / {:.1} / {:.1} us",
+            self.p50_us, self.p99_us, self.p999_us
+        )
     }
 }
 

@@ -193,6 +193,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         &map,
     ));
     faults.sort();
+    let first_fault_ns = faults.first().map_or(u64::MAX, |(at_us, _)| at_us * 1000);
     // Fault times are drawn from the workload's start; the report counts from the
     // cluster's start, like the control-plane events.
     let warmup_us = WARMUP.as_micros() as u64;
@@ -249,7 +250,9 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         .filter(|(_, line)| !line.contains(" rebuilt in "))
         .cloned()
         .collect();
-    lines.extend(summarize_rebuilds(&audit, base_ns));
+    let rebuilds = summarize_rebuilds(&audit, base_ns);
+    lines.extend(rebuild_latency(&history, &rebuilds, first_fault_ns));
+    lines.extend(rebuilds.into_iter().map(|r| (r.to_ns, r.line)));
     summarize_repairs(&mut lines);
     // The failover time of each crash: from the crash to the node declared down.
     let slowest_us = report.read.max_us.max(report.write.max_us);
@@ -317,12 +320,75 @@ fn summarize_repairs(lines: &mut Vec<(u64, String)>) {
     }
 }
 
+/// The rebuild of one node, for the report: its span in event-log time (from the
+/// cluster's start) and its summary line.
+struct RebuildSpan {
+    node: NodeId,
+    from_ns: u64,
+    to_ns: u64,
+    line: String,
+}
+
+/// Foreground latency while each node was rebuilt (operations invoked during the
+/// copy), beside the latency before the first fault (operations done by then):
+/// the rebuild's bandwidth bound is meant to keep the two close.
+fn rebuild_latency(
+    history: &History,
+    rebuilds: &[RebuildSpan],
+    first_fault_ns: u64,
+) -> Vec<(u64, String)> {
+    use crate::report::Latency;
+    let warmup = WARMUP.as_nanos() as u64;
+    let both = |from: u64, to: u64, within: bool| {
+        let measure = if within {
+            Latency::measure_within
+        } else {
+            Latency::measure_invoked
+        };
+        let read = measure(history, OpKind::Read, from, to);
+        let write = measure(history, OpKind::Write, from, to);
+        format!(
+            "read {} ({} ops), write {} ({} ops)",
+            read.percentiles(),
+            read.count,
+            write.percentiles(),
+            write.count
+        )
+    };
+    let mut lines = Vec::new();
+    if rebuilds.is_empty() {
+        return lines;
+    }
+    lines.push((
+        first_fault_ns.saturating_add(warmup),
+        format!(
+            "latency before the first fault: {}",
+            both(0, first_fault_ns, true)
+        ),
+    ));
+    for r in rebuilds {
+        let (from, to) = (
+            r.from_ns - warmup.min(r.from_ns),
+            r.to_ns - warmup.min(r.to_ns),
+        );
+        lines.push((
+            r.to_ns + 1,
+            format!(
+                "latency while {} was rebuilt: {}",
+                r.node,
+                both(from, to, false)
+            ),
+        ));
+    }
+    lines
+}
+
 /// One line per rebuilt node: extents, bytes, span and rate (times from `base_ns`,
 /// which is 30 ms warm-up after the cluster's start, like the event log's zero).
 fn summarize_rebuilds(
     audit: &[(NodeId, weir_core::replication::Audit)],
     base_ns: u64,
-) -> Vec<(u64, String)> {
+) -> Vec<RebuildSpan> {
     use weir_core::replication::Audit;
     let mut per_node: BTreeMap<NodeId, (usize, u64, u64, u64)> = BTreeMap::new();
     for (_, fact) in audit {
@@ -354,7 +420,12 @@ fn summarize_rebuilds(
                 to as f64 / 1e6,
                 bytes as f64 * 1e3 / (to - from).max(1) as f64
             );
-            (to, line)
+            RebuildSpan {
+                node,
+                from_ns: from,
+                to_ns: to,
+                line,
+            }
         })
         .collect()
 }

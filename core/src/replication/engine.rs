@@ -808,7 +808,12 @@ impl Replicator {
         if placement.primary != self.me || !placement.in_sync.contains(&self.me) {
             return Err(WeirError::NotPrimary(self.me));
         }
-        if epoch != placement.epoch {
+        // A client's older map is no harm while this node still leads the extent
+        // (this map, and the lease, are what make it the primary; a replica
+        // dropped or rebuilt moves the epoch without moving the primary, and
+        // should not cost every client a retry). A newer one means this node's
+        // map lags: it may have been deposed since.
+        if epoch > placement.epoch {
             return Err(WeirError::StaleEpoch {
                 got: epoch,
                 current: placement.epoch,

@@ -271,12 +271,65 @@ fn read_waits_for_an_earlier_overlapping_write() {
 }
 
 #[test]
+fn a_primary_serves_a_client_whose_map_is_older() {
+    // The client's map says epoch 0; the primary's says 1 and still names it (a
+    // replica dropped or rebuilt moves the epoch, not the primary).
+    let mut c = cluster(ReplicationConfig::default());
+    let older = |m: Message| match m {
+        Message::Write {
+            req,
+            volume,
+            lba,
+            data,
+            fua,
+            ..
+        } => Message::Write {
+            req,
+            volume,
+            epoch: Epoch(0),
+            lba,
+            data,
+            fua,
+        },
+        Message::Read {
+            req,
+            volume,
+            lba,
+            blocks,
+            ..
+        } => Message::Read {
+            req,
+            volume,
+            epoch: Epoch(0),
+            lba,
+            blocks,
+        },
+        other => other,
+    };
+    c.client_sends(NodeId(1), older(write(1, 2, block(4, 1))));
+    c.settle();
+    c.client_sends(NodeId(1), older(read(2, 2, 1)));
+    c.settle();
+    assert_eq!(
+        c.replies,
+        vec![
+            Message::WriteOk { req: RequestId(1) },
+            Message::ReadOk {
+                req: RequestId(2),
+                data: block(4, 1)
+            }
+        ]
+    );
+}
+
+#[test]
 fn bad_requests_get_typed_errors() {
     let mut c = cluster(ReplicationConfig::default());
-    let stale = Message::Write {
+    // A map newer than the primary's: the primary may have been deposed in it.
+    let ahead = Message::Write {
         req: RequestId(5),
         volume: VolumeId(1),
-        epoch: Epoch(0),
+        epoch: Epoch(2),
         lba: Lba(0),
         data: block(1, 1),
         fua: false,
@@ -292,7 +345,7 @@ fn bad_requests_get_typed_errors() {
     c.client_sends(NodeId(1), read(2, 63, 2));
     c.client_sends(NodeId(1), write(3, 0, Bytes::from(vec![0u8; 100])));
     c.client_sends(NodeId(1), read(4, 14, 4));
-    c.client_sends(NodeId(1), stale);
+    c.client_sends(NodeId(1), ahead);
     c.client_sends(NodeId(1), unknown);
     c.settle();
     let errors: Vec<WeirError> = c
