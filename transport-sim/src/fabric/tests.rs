@@ -316,3 +316,25 @@ fn a_queued_xon_never_overtakes_its_xoff() {
         "the host ended in the wrong state"
     );
 }
+
+#[test]
+fn ecn_thresholds_come_from_the_row_of_the_port_speed() {
+    use super::config::EcnSpec;
+    const G: u64 = 1_000_000_000;
+    let e = EcnSpec::hpcc();
+    assert_eq!(e.thresholds(25 * G), (100_000, 400_000));
+    assert_eq!(e.thresholds(100 * G), (400_000, 1_600_000));
+    assert_eq!(e.thresholds(400 * G), (1_600_000, 6_400_000));
+    assert_eq!(e.level(100 * G).pmax, 0.2);
+    // Unlisted speeds scale the row below them, or the lowest row.
+    assert_eq!(e.thresholds(200 * G), (800_000, 3_200_000));
+    assert_eq!(e.thresholds(10 * G), (40_000, 160_000));
+    let one = EcnSpec::at_100g(100_000, 100_000, 1.0);
+    assert_eq!(one.thresholds(25 * G), (25_000, 25_000));
+    assert_eq!(one.thresholds(400 * G), (400_000, 400_000));
+    let mut bad = FabricConfig::default();
+    bad.switch.ecn.by_rate.reverse();
+    assert!(bad.validate().unwrap_err().contains("switch.ecn"));
+    bad.switch.ecn.by_rate.clear();
+    assert!(bad.validate().is_err());
+}
