@@ -92,6 +92,43 @@ impl EcnSpec {
         }
     }
 
+    /// The DCQCN paper's marking (Zhu et al., SIGCOMM 2015, "Congestion Control for
+    /// Large-Scale RDMA Deployments"): Kmin 5 KB, Kmax 200 KB, pmax 1%, given for its
+    /// 40 Gb/s testbed and tuned with its fluid model. Secondary sources, the paper's
+    /// text not being at hand: Kmin 5 KB and Kmax 200 KB in the fluid-model
+    /// reproductions lzhtan/Fluid-Model-for-DCQCN-ECN-PFC and
+    /// lirong-lirong/dcqcn-fluid-model (which also give g 1/256, timers 55 us, byte
+    /// counter 10 MB, F = 5, R_AI 40 Mb/s, CNPs 50 us apart as the paper's), pmax 0.01
+    /// in sc20anonymous/DCQCN-validation (run on the paper's own ns-3 code); one
+    /// reader quotes Kmin as 4 KB (alibaba-edu/High-Precision-Congestion-Control
+    /// issue 21). One row at 40
+    /// Gb/s, so other speeds scale linearly (12.5 / 500 KB at 100 Gb/s): the
+    /// thresholds are queueing-delay budgets (1 us and 40 us at 40 Gb/s), as HPCC's
+    /// authors scale theirs ("K should be proportional to the link bandwidth. DCQCN
+    /// paper uses 40Gbps", alibaba-edu/High-Precision-Congestion-Control issue 21).
+    pub fn dcqcn_paper() -> Self {
+        EcnSpec {
+            by_rate: vec![EcnLevel {
+                rate_bps: 40 * G,
+                kmin_bytes: 5_000,
+                kmax_bytes: 200_000,
+                pmax: 0.01,
+            }],
+        }
+    }
+
+    /// The marking a DCQCN reaction-point preset was tuned with (see
+    /// [`DcqcnParams::preset`]): the paper's for `paper`, the reference simulator's
+    /// for `hpcc` and for `connectx` (whose firmware defaults come with no switch
+    /// setting of their own). `None` for an unknown name.
+    pub fn for_dcqcn_preset(name: &str) -> Option<Self> {
+        match name {
+            "paper" => Some(Self::dcqcn_paper()),
+            "hpcc" | "connectx" => Some(Self::hpcc()),
+            _ => None,
+        }
+    }
+
     /// One row at 100 Gb/s, scaled linearly to every other speed.
     pub fn at_100g(kmin_bytes: u64, kmax_bytes: u64, pmax: f64) -> Self {
         EcnSpec {
@@ -281,6 +318,28 @@ impl FabricConfig {
             d.min_rate_bps = d.min_rate_bps.min(rate_bps as f64);
         }
         c
+    }
+
+    /// DCQCN preset `name` (see [`DcqcnParams::preset`]) on every QP at the host-link
+    /// speed, with the switch ECN marking it was tuned with
+    /// ([`EcnSpec::for_dcqcn_preset`]): the paper's reaction point under the
+    /// reference simulator's 400 KB Kmin and pmax 0.2 overshoots, keeps alpha high
+    /// and recovers at 40 Mb/s per 55 us (63 Gb/s for the 2:1 at 100 Gb/s, against
+    /// 97 with the paper's marking). `false` (and nothing changed) for an unknown name.
+    pub fn set_dcqcn_preset(&mut self, name: &str) -> bool {
+        let rate = self.host_link.rate_bps as f64;
+        match (
+            DcqcnParams::preset(name, rate),
+            EcnSpec::for_dcqcn_preset(name),
+        ) {
+            (Some(mut d), Some(ecn)) => {
+                d.min_rate_bps = d.min_rate_bps.min(rate);
+                self.nic.dcqcn = Some(d);
+                self.switch.ecn = ecn;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The TCP baseline at `rate_bps`: no PFC, no DCQCN, drop-tail queues that mark

@@ -338,3 +338,25 @@ fn ecn_thresholds_come_from_the_row_of_the_port_speed() {
     bad.switch.ecn.by_rate.clear();
     assert!(bad.validate().is_err());
 }
+
+#[test]
+fn the_dcqcn_papers_marking_scales_from_its_40g_row_and_follows_the_paper_preset() {
+    use super::config::EcnSpec;
+    const G: u64 = 1_000_000_000;
+    let e = EcnSpec::dcqcn_paper();
+    assert_eq!(e.thresholds(40 * G), (5_000, 200_000));
+    assert_eq!(e.thresholds(100 * G), (12_500, 500_000));
+    assert_eq!(e.level(100 * G).pmax, 0.01);
+    assert_eq!(EcnSpec::for_dcqcn_preset("paper"), Some(e));
+    assert_eq!(EcnSpec::for_dcqcn_preset("hpcc"), Some(EcnSpec::hpcc()));
+    assert_eq!(EcnSpec::for_dcqcn_preset("off"), None);
+    let mut c = FabricConfig::at_rate(25 * G);
+    assert!(c.set_dcqcn_preset("paper"));
+    assert_eq!(c.switch.ecn.thresholds(25 * G), (3_125, 125_000));
+    let d = c.nic.dcqcn.as_ref().unwrap();
+    assert_eq!((d.line_rate_bps, d.timer_ns), (25e9, 55_000));
+    assert!(c.validate().is_ok());
+    let before = c.clone();
+    assert!(!c.set_dcqcn_preset("nonsense"));
+    assert_eq!(c, before);
+}
