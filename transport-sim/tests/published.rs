@@ -58,56 +58,117 @@ fn queue_between(e: &Engine, port: usize, from: u64, to: u64) -> Vec<u64> {
         .collect()
 }
 
-#[test]
-fn two_to_one_with_dcqcn_shares_fairly_and_holds_the_queue_between_kmin_and_kmax() {
-    let config = star(3);
+/// What one 2:1 run showed over the steady-state window.
+struct TwoToOne {
+    a: f64,
+    b: f64,
+    line: f64,
+    kmin: u64,
+    kmax: u64,
+    max: u64,
+    pauses: u64,
+    drops: u64,
+}
+
+/// Run the 2:1 under `config` and print what it showed over `[from, to)`.
+fn measure_two_to_one(label: &str, config: FabricConfig, from: u64, to: u64) -> TwoToOne {
     let (kmin, kmax) = config.switch.ecn.thresholds(G100);
     let header = f64::from(config.header_bytes);
     let (e, d, bottleneck) = two_to_one(config);
-    // Steady state: after DCQCN's first cuts, before either flow runs dry.
-    let (from, to) = (1_000_000, 4_000_000);
     let a = gbps(delivered_between(&d, 0, from, to), to - from);
     let b = gbps(delivered_between(&d, 1, from, to), to - from);
     // Line rate in payload terms: every 4096-byte packet carries its headers.
     let line = 100.0 * 4096.0 / (4096.0 + header);
-    println!("2:1 steady state: flow A {a:.1} Gb/s, flow B {b:.1} Gb/s, sum {:.1} (payload line rate {line:.1})", a + b);
-    assert!(
-        ((a + b) - line).abs() <= 0.05 * line,
-        "aggregate {:.1} Gb/s",
-        a + b
-    );
-    for x in [a, b] {
-        assert!(
-            (x - line / 2.0).abs() <= 0.1 * line / 2.0,
-            "unfair share: {a:.1} / {b:.1} Gb/s"
-        );
-    }
-    // The queue never passes Kmax: ECN marking, not PFC, holds it. It does not stay
-    // above Kmin: with this preset it saws between empty and ~220 KB about once a
-    // millisecond (the target rate is not clamped before the increase timer fires,
-    // so each fast-recovery step jumps halfway back to the old target). Measured and
-    // printed, not asserted; see the README.
+    println!("2:1 {label}: flow A {a:.1} Gb/s, flow B {b:.1} Gb/s, sum {:.1} (payload line rate {line:.1})", a + b);
     let queue = queue_between(&e, bottleneck, from, to);
     let (min, max) = (*queue.iter().min().unwrap(), *queue.iter().max().unwrap());
     let inside = queue.iter().filter(|&&q| q >= kmin && q <= kmax).count();
     let mean = queue.iter().sum::<u64>() / queue.len() as u64;
+    let inside_pct = 100.0 * inside as f64 / queue.len() as f64;
     println!(
-        "2:1 bottleneck queue: min {min} B, mean {mean} B, max {max} B; {}% of samples in [Kmin {kmin}, Kmax {kmax}]",
-        100 * inside / queue.len()
+        "2:1 {label}: bottleneck queue min {min} B, mean {mean} B, max {max} B; {inside_pct:.1}% of samples in [Kmin {kmin}, Kmax {kmax}]"
     );
-    assert!(max <= kmax, "queue above Kmax: {queue:?}");
-    assert!(max >= kmin, "ECN never engaged: {queue:?}");
     let c = e.counters();
     println!(
-        "2:1 counters: {} ECN marks, {} CNPs, {} pauses, {} drops",
+        "2:1 {label}: {} ECN marks, {} CNPs, {} pauses, {} drops",
         c.ecn_marks,
         c.cnps_received,
         c.pauses_sent,
         c.drops_in_network()
     );
-    assert_eq!(c.pauses_sent, 0, "PFC paused a 2:1 flow pair");
-    assert_eq!(c.drops_in_network(), 0);
-    assert!(c.cnps_received > 0 && c.ecn_marks > 0);
+    assert!(
+        c.cnps_received > 0 && c.ecn_marks > 0,
+        "{label}: ECN never engaged"
+    );
+    TwoToOne {
+        a,
+        b,
+        line,
+        kmin,
+        kmax,
+        max,
+        pauses: c.pauses_sent,
+        drops: c.drops_in_network(),
+    }
+}
+
+/// The parts of the 2:1 check that hold under every configuration measured: the
+/// aggregate within 5% of line rate, each flow within 10% of half of it, the queue
+/// never above Kmax, no pause, no drop.
+fn assert_shares_fairly_below_kmax(label: &str, r: &TwoToOne) {
+    let (a, b, line) = (r.a, r.b, r.line);
+    assert!(
+        ((a + b) - line).abs() <= 0.05 * line,
+        "{label}: aggregate {:.1} Gb/s",
+        a + b
+    );
+    for x in [a, b] {
+        assert!(
+            (x - line / 2.0).abs() <= 0.1 * line / 2.0,
+            "{label}: unfair share: {a:.1} / {b:.1} Gb/s"
+        );
+    }
+    assert!(r.max <= r.kmax, "{label}: queue {} B above Kmax", r.max);
+    assert!(r.max >= r.kmin, "{label}: the queue never reached Kmin");
+    assert_eq!(r.pauses, 0, "{label}: PFC paused a 2:1 flow pair");
+    assert_eq!(r.drops, 0, "{label}: dropped packets");
+}
+
+#[test]
+fn two_to_one_with_dcqcn_shares_fairly_and_holds_the_queue_between_kmin_and_kmax() {
+    // Steady state: after DCQCN's first cuts, before either flow runs dry.
+    let (from, to) = (1_000_000, 4_000_000);
+    // The reference simulator's configuration (the default): hpcc preset, ECN
+    // 400 / 1600 KB at 100 Gb/s, pmax 0.2.
+    let hpcc = measure_two_to_one("hpcc", star(3), from, to);
+    assert_shares_fairly_below_kmax("hpcc", &hpcc);
+    // The queue does not pass Kmax here: ECN marking, not PFC, holds it. It does not
+    // stay above Kmin, even with the reference simulator's thresholds and reaction
+    // point: with the 300 us increase timer (restarted by every cut, no byte
+    // counter) a QP's rate only falls while CNPs keep coming and only rises after
+    // 300 us without one, which needs the queue at Kmin or below; meanwhile the cuts
+    // go on while the queue drains from its peak, so the aggregate falls to ~85 Gb/s
+    // and the queue sits under Kmin for ~300-600 us per 1-2.5 ms cycle (about 80% of
+    // samples inside here). Measured and printed, not asserted; see the README.
+
+    // The DCQCN paper's own configuration: its reaction point, 50 us CNP pacing
+    // (the default) and its marking, 5 / 200 KB and pmax 1% at 40 Gb/s, scaled to
+    // 12.5 / 500 KB at 100 Gb/s. Share, line rate, the Kmax bound, no pause and no
+    // drop hold. The queue does not stay above Kmin either (about 70% of samples
+    // inside here, 75-82% at 50-100 ms once alpha has settled), and not through a
+    // modelling slip: alpha falls by g = 1/256 per 55 us (a 14 ms time constant)
+    // from 1, so the first cuts halve a flow; settled (alpha ~0.09), one cut leaves
+    // a deficit that fast recovery repays over ~110 us, ~30 KB, about the standing
+    // queue above Kmin, and a second CNP within fast recovery clamps the target
+    // lower, which only additive increase (40 Mb/s per 55 us) wins back, with the
+    // queue empty meanwhile. The paper's authors say as much of their own packet
+    // simulator ("The random marking on switches can't keep the queue as stable as
+    // fluid model analysis", bobzhuyb/ns3-rdma issue 9). Printed, not asserted.
+    let mut config = star(3);
+    assert!(config.set_dcqcn_preset("paper"));
+    let paper = measure_two_to_one("paper", config, from, to);
+    assert_eq!((paper.kmin, paper.kmax), (12_500, 500_000));
+    assert_shares_fairly_below_kmax("paper", &paper);
 }
 
 /// The same 2:1 under every reaction-point preset and both CNP styles: a table for
@@ -115,7 +176,12 @@ fn two_to_one_with_dcqcn_shares_fairly_and_holds_the_queue_between_kmin_and_kmax
 #[test]
 fn two_to_one_under_each_preset_is_lossless_and_reported() {
     use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
-    for preset in ["hpcc", "paper", "connectx"] {
+    for (preset, own_ecn) in [
+        ("hpcc", true),
+        ("paper", false),
+        ("paper", true),
+        ("connectx", true),
+    ] {
         for (style, cnp) in [
             (
                 "per-QP 50 us",
@@ -126,7 +192,12 @@ fn two_to_one_under_each_preset_is_lossless_and_reported() {
             ("per packet", CnpMode::PerPacket { min_gap_ns: 0 }),
         ] {
             let mut config = star(3);
-            config.nic.dcqcn = DcqcnParams::preset(preset, 100e9);
+            if own_ecn {
+                assert!(config.set_dcqcn_preset(preset));
+            } else {
+                config.nic.dcqcn = DcqcnParams::preset(preset, 100e9);
+            }
+            let ecn = if own_ecn { "own ECN" } else { "hpcc ECN" };
             config.nic.cnp = cnp;
             let (e, d, bottleneck) = two_to_one(config);
             assert_eq!(d.len(), 800, "{preset}/{style}: flows did not finish");
@@ -139,7 +210,7 @@ fn two_to_one_under_each_preset_is_lossless_and_reported() {
             let mean = queue.iter().sum::<u64>() / queue.len().max(1) as u64;
             let c = e.counters();
             println!(
-                "2:1 {preset:<8} {style:<12}: {sum:5.1} Gb/s, queue mean {:>5} KB, {} CNPs, {} pauses",
+                "2:1 {preset:<8} {ecn:<8} {style:<12}: {sum:5.1} Gb/s, queue mean {:>5} KB, {} CNPs, {} pauses",
                 mean / 1000,
                 c.cnps_received,
                 c.pauses_sent

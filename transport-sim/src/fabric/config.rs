@@ -43,27 +43,150 @@ pub struct LinkSpec {
     pub delay_ns: u64,
 }
 
-/// ECN marking on a switch egress queue, RED-style on its bytes: probability 0
-/// below `kmin`, linear to `pmax` at `kmax`, 1 above. Given for 100 Gb/s ports and
-/// scaled linearly with port speed.
+/// ECN marking of a switch egress queue at one port speed, RED-style on its bytes:
+/// probability 0 up to `kmin_bytes`, linear to `pmax` at `kmax_bytes`, 1 above.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EcnSpec {
-    /// Marking starts here (bytes, at 100 Gb/s).
-    pub kmin_bytes_at_100g: u64,
-    /// Marking reaches `pmax` here (bytes, at 100 Gb/s).
-    pub kmax_bytes_at_100g: u64,
-    /// Marking probability at `kmax`.
+pub struct EcnLevel {
+    /// Port speed this row is for, bits per second.
+    pub rate_bps: u64,
+    /// Marking starts above this many queued bytes.
+    pub kmin_bytes: u64,
+    /// Marking reaches `pmax` here (bytes); every packet is marked above it.
+    pub kmax_bytes: u64,
+    /// Marking probability at `kmax_bytes`.
     pub pmax: f64,
 }
 
+/// ECN marking by port speed, one row per speed. A port at a listed speed uses its
+/// row; a port at another speed uses the row of the highest listed speed below it
+/// (or the lowest listed speed, if none is below), thresholds scaled linearly with
+/// speed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EcnSpec {
+    /// Rows, in increasing order of speed.
+    pub by_rate: Vec<EcnLevel>,
+}
+
+const G: u64 = 1_000_000_000;
+
 impl EcnSpec {
+    /// The reference simulator's DCQCN marking (the ns-3 code of HPCC, Li et al.
+    /// SIGCOMM 2019): `KMIN_MAP`/`KMAX_MAP`/`PMAX_MAP` of its `mix/config.txt` give
+    /// Kmin 100/200/400 KB, Kmax 400/800/1600 KB, pmax 0.2 at 25/50/100 Gb/s (its
+    /// switch MMU multiplies the map's values by 1000), and its `run.py` adds the
+    /// row for 4x the host speed, 1600/6400 KB at 400 Gb/s.
+    pub fn hpcc() -> Self {
+        let row = |gbps: u64, kmin_kb: u64, kmax_kb: u64| EcnLevel {
+            rate_bps: gbps * G,
+            kmin_bytes: kmin_kb * 1000,
+            kmax_bytes: kmax_kb * 1000,
+            pmax: 0.2,
+        };
+        EcnSpec {
+            by_rate: vec![
+                row(25, 100, 400),
+                row(50, 200, 800),
+                row(100, 400, 1600),
+                row(400, 1600, 6400),
+            ],
+        }
+    }
+
+    /// The DCQCN paper's marking (Zhu et al., SIGCOMM 2015, "Congestion Control for
+    /// Large-Scale RDMA Deployments"): Kmin 5 KB, Kmax 200 KB, pmax 1%, given for its
+    /// 40 Gb/s testbed and tuned with its fluid model. Secondary sources, the paper's
+    /// text not being at hand: Kmin 5 KB and Kmax 200 KB in the fluid-model
+    /// reproductions lzhtan/Fluid-Model-for-DCQCN-ECN-PFC and
+    /// lirong-lirong/dcqcn-fluid-model (which also give g 1/256, timers 55 us, byte
+    /// counter 10 MB, F = 5, R_AI 40 Mb/s, CNPs 50 us apart as the paper's), pmax 0.01
+    /// in sc20anonymous/DCQCN-validation (run on the paper's own ns-3 code); one
+    /// reader quotes Kmin as 4 KB (alibaba-edu/High-Precision-Congestion-Control
+    /// issue 21). One row at 40
+    /// Gb/s, so other speeds scale linearly (12.5 / 500 KB at 100 Gb/s): the
+    /// thresholds are queueing-delay budgets (1 us and 40 us at 40 Gb/s), as HPCC's
+    /// authors scale theirs ("K should be proportional to the link bandwidth. DCQCN
+    /// paper uses 40Gbps", alibaba-edu/High-Precision-Congestion-Control issue 21).
+    pub fn dcqcn_paper() -> Self {
+        EcnSpec {
+            by_rate: vec![EcnLevel {
+                rate_bps: 40 * G,
+                kmin_bytes: 5_000,
+                kmax_bytes: 200_000,
+                pmax: 0.01,
+            }],
+        }
+    }
+
+    /// The marking a DCQCN reaction-point preset was tuned with (see
+    /// [`DcqcnParams::preset`]): the paper's for `paper`, the reference simulator's
+    /// for `hpcc` and for `connectx` (whose firmware defaults come with no switch
+    /// setting of their own). `None` for an unknown name.
+    pub fn for_dcqcn_preset(name: &str) -> Option<Self> {
+        match name {
+            "paper" => Some(Self::dcqcn_paper()),
+            "hpcc" | "connectx" => Some(Self::hpcc()),
+            _ => None,
+        }
+    }
+
+    /// One row at 100 Gb/s, scaled linearly to every other speed.
+    pub fn at_100g(kmin_bytes: u64, kmax_bytes: u64, pmax: f64) -> Self {
+        EcnSpec {
+            by_rate: vec![EcnLevel {
+                rate_bps: 100 * G,
+                kmin_bytes,
+                kmax_bytes,
+                pmax,
+            }],
+        }
+    }
+
+    /// The marking of a port of `rate_bps`.
+    pub fn level(&self, rate_bps: u64) -> EcnLevel {
+        let row = self
+            .by_rate
+            .iter()
+            .rev()
+            .find(|r| r.rate_bps <= rate_bps)
+            .or(self.by_rate.first())
+            .copied()
+            .expect("validated: at least one ECN row");
+        let scale = |b: u64| (b as u128 * rate_bps as u128 / row.rate_bps as u128) as u64;
+        EcnLevel {
+            rate_bps,
+            kmin_bytes: scale(row.kmin_bytes),
+            kmax_bytes: scale(row.kmax_bytes),
+            pmax: row.pmax,
+        }
+    }
+
     /// (Kmin, Kmax) in bytes at a port of `rate_bps`.
     pub fn thresholds(&self, rate_bps: u64) -> (u64, u64) {
-        let scale = |b: u64| (b as u128 * rate_bps as u128 / 100_000_000_000u128) as u64;
-        (
-            scale(self.kmin_bytes_at_100g),
-            scale(self.kmax_bytes_at_100g),
-        )
+        let l = self.level(rate_bps);
+        (l.kmin_bytes, l.kmax_bytes)
+    }
+
+    /// Check the rows; what is wrong is named.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.by_rate.is_empty() {
+            return Err("no row".into());
+        }
+        if self
+            .by_rate
+            .windows(2)
+            .any(|w| w[0].rate_bps >= w[1].rate_bps)
+        {
+            return Err("rows must be in increasing order of speed".into());
+        }
+        for r in &self.by_rate {
+            if r.rate_bps == 0 || r.kmin_bytes > r.kmax_bytes || !(0.0..=1.0).contains(&r.pmax) {
+                return Err(format!(
+                    "row at {} b/s: need speed > 0, kmin <= kmax and pmax in [0, 1]",
+                    r.rate_bps
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -84,7 +207,7 @@ pub struct PfcSpec {
 }
 
 /// Switch parameters.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SwitchSpec {
     /// Shared packet buffer, bytes.
     pub buffer_bytes: u64,
@@ -158,12 +281,7 @@ impl Default for FabricConfig {
             switch: SwitchSpec {
                 buffer_bytes: 32 << 20,
                 forwarding_ns: 300,
-                // The HPCC simulator's DCQCN marking at 100 Gb/s.
-                ecn: EcnSpec {
-                    kmin_bytes_at_100g: 100_000,
-                    kmax_bytes_at_100g: 400_000,
-                    pmax: 0.2,
-                },
+                ecn: EcnSpec::hpcc(),
                 pfc: PfcSpec {
                     enabled: true,
                     reserve_bytes: 4096,
@@ -202,6 +320,28 @@ impl FabricConfig {
         c
     }
 
+    /// DCQCN preset `name` (see [`DcqcnParams::preset`]) on every QP at the host-link
+    /// speed, with the switch ECN marking it was tuned with
+    /// ([`EcnSpec::for_dcqcn_preset`]): the paper's reaction point under the
+    /// reference simulator's 400 KB Kmin and pmax 0.2 overshoots, keeps alpha high
+    /// and recovers at 40 Mb/s per 55 us (63 Gb/s for the 2:1 at 100 Gb/s, against
+    /// 97 with the paper's marking). `false` (and nothing changed) for an unknown name.
+    pub fn set_dcqcn_preset(&mut self, name: &str) -> bool {
+        let rate = self.host_link.rate_bps as f64;
+        match (
+            DcqcnParams::preset(name, rate),
+            EcnSpec::for_dcqcn_preset(name),
+        ) {
+            (Some(mut d), Some(ecn)) => {
+                d.min_rate_bps = d.min_rate_bps.min(rate);
+                self.nic.dcqcn = Some(d);
+                self.switch.ecn = ecn;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The TCP baseline at `rate_bps`: no PFC, no DCQCN, drop-tail queues that mark
     /// ECN above K = 100 KB at 100 Gb/s (scaled with speed), and `algorithm` with
     /// Linux defaults (initial window 10, minimum RTO 200 ms).
@@ -209,11 +349,7 @@ impl FabricConfig {
         let mut c = FabricConfig::at_rate(rate_bps);
         c.nic.dcqcn = None;
         c.switch.pfc.enabled = false;
-        c.switch.ecn = EcnSpec {
-            kmin_bytes_at_100g: 100_000,
-            kmax_bytes_at_100g: 100_000,
-            pmax: 1.0,
-        };
+        c.switch.ecn = EcnSpec::at_100g(100_000, 100_000, 1.0);
         c.tcp = Some(TcpSpec {
             params: TcpParams::linux(algorithm, u64::from(c.nic.mtu_bytes)),
             queue_share: 1.0,
@@ -258,9 +394,8 @@ impl FabricConfig {
         if !matches!(self.nic.mtu_bytes, 256 | 512 | 1024 | 2048 | 4096) {
             return bad("nic.mtu_bytes", "must be a RoCE MTU (256..4096)");
         }
-        let e = self.switch.ecn;
-        if e.kmin_bytes_at_100g > e.kmax_bytes_at_100g || !(0.0..=1.0).contains(&e.pmax) {
-            return bad("switch.ecn", "need kmin <= kmax and pmax in [0, 1]");
+        if let Err(why) = self.switch.ecn.validate() {
+            return bad("switch.ecn", &why);
         }
         if self.switch.buffer_bytes < 1 << 20 {
             return bad("switch.buffer_bytes", "must be at least 1 MiB");

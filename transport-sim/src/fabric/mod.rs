@@ -118,6 +118,8 @@ enum Event {
 #[derive(Debug)]
 struct Port {
     info: PortInfo,
+    /// ECN marking of this port's data queue (used on switch ports).
+    ecn: config::EcnLevel,
     /// Egress queues by class (a host NIC uses only the control queue; its data
     /// comes from its QPs).
     queues: [VecDeque<Packet>; PRIOS],
@@ -186,6 +188,7 @@ impl Engine {
             .iter()
             .map(|&info| Port {
                 info,
+                ecn: config.switch.ecn.level(info.rate_bps),
                 queues: Default::default(),
                 queue_bytes: [0; PRIOS],
                 on_wire: None,

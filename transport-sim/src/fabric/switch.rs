@@ -126,14 +126,15 @@ impl Engine {
     }
 
     /// Dequeue the next data packet of egress `port`, marking ECN RED-style on the
-    /// queue's bytes.
+    /// queue's bytes with the packet still counted (the reference simulator takes it
+    /// off first: one frame less).
     pub(super) fn switch_dequeue_data(&mut self, _s: SwitchIdx, port: PortId) -> Option<Packet> {
         let p = &mut self.ports[port];
         let mut packet = p.queues[PRIO_DATA].pop_front()?;
         let queued = p.queue_bytes[PRIO_DATA];
         p.queue_bytes[PRIO_DATA] -= u64::from(packet.wire_bytes);
-        let ecn = self.config.switch.ecn;
-        let (kmin, kmax) = ecn.thresholds(p.info.rate_bps);
+        let ecn = p.ecn;
+        let (kmin, kmax) = (ecn.kmin_bytes, ecn.kmax_bytes);
         let prob = if queued <= kmin {
             0.0
         } else if queued <= kmax {

@@ -316,3 +316,47 @@ fn a_queued_xon_never_overtakes_its_xoff() {
         "the host ended in the wrong state"
     );
 }
+
+#[test]
+fn ecn_thresholds_come_from_the_row_of_the_port_speed() {
+    use super::config::EcnSpec;
+    const G: u64 = 1_000_000_000;
+    let e = EcnSpec::hpcc();
+    assert_eq!(e.thresholds(25 * G), (100_000, 400_000));
+    assert_eq!(e.thresholds(100 * G), (400_000, 1_600_000));
+    assert_eq!(e.thresholds(400 * G), (1_600_000, 6_400_000));
+    assert_eq!(e.level(100 * G).pmax, 0.2);
+    // Unlisted speeds scale the row below them, or the lowest row.
+    assert_eq!(e.thresholds(200 * G), (800_000, 3_200_000));
+    assert_eq!(e.thresholds(10 * G), (40_000, 160_000));
+    let one = EcnSpec::at_100g(100_000, 100_000, 1.0);
+    assert_eq!(one.thresholds(25 * G), (25_000, 25_000));
+    assert_eq!(one.thresholds(400 * G), (400_000, 400_000));
+    let mut bad = FabricConfig::default();
+    bad.switch.ecn.by_rate.reverse();
+    assert!(bad.validate().unwrap_err().contains("switch.ecn"));
+    bad.switch.ecn.by_rate.clear();
+    assert!(bad.validate().is_err());
+}
+
+#[test]
+fn the_dcqcn_papers_marking_scales_from_its_40g_row_and_follows_the_paper_preset() {
+    use super::config::EcnSpec;
+    const G: u64 = 1_000_000_000;
+    let e = EcnSpec::dcqcn_paper();
+    assert_eq!(e.thresholds(40 * G), (5_000, 200_000));
+    assert_eq!(e.thresholds(100 * G), (12_500, 500_000));
+    assert_eq!(e.level(100 * G).pmax, 0.01);
+    assert_eq!(EcnSpec::for_dcqcn_preset("paper"), Some(e));
+    assert_eq!(EcnSpec::for_dcqcn_preset("hpcc"), Some(EcnSpec::hpcc()));
+    assert_eq!(EcnSpec::for_dcqcn_preset("off"), None);
+    let mut c = FabricConfig::at_rate(25 * G);
+    assert!(c.set_dcqcn_preset("paper"));
+    assert_eq!(c.switch.ecn.thresholds(25 * G), (3_125, 125_000));
+    let d = c.nic.dcqcn.as_ref().unwrap();
+    assert_eq!((d.line_rate_bps, d.timer_ns), (25e9, 55_000));
+    assert!(c.validate().is_ok());
+    let before = c.clone();
+    assert!(!c.set_dcqcn_preset("nonsense"));
+    assert_eq!(c, before);
+}

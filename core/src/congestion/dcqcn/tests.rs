@@ -35,6 +35,38 @@ fn hpcc_preset_rate_after_one_cnp_matches_the_derivation() {
     assert_eq!(rp.counters(), (1, 1));
 }
 
+/// The reference simulator's `CheckRateDecreaseMlx` with `CLAMP_TARGET_RATE 0`: a cut
+/// sets RT = RC only if the increase timer has fired since the previous cut
+/// (`m_rpTimeStage != 0`); before that RT keeps its old value, so fast recovery heads
+/// back to it.
+#[test]
+fn hpcc_preset_clamps_the_target_only_after_a_timer_expiry() {
+    let line = 100.0 * GBPS;
+    let mut rp = ReactionPoint::new(DcqcnParams::hpcc(line));
+    rp.handle_cnp(0);
+    rp.handle_timeout(4_001);
+    rp.handle_cnp(10_000);
+    let second = rp.next_timeout_ns().unwrap();
+    assert_eq!(second, 12_001, "the next point of the 4 us grid");
+    rp.handle_timeout(second);
+    assert_eq!(rp.target_bps(), line, "no clamp before the timer fired");
+    assert!(rp.rate_bps() < 50.0 * GBPS);
+    let cut = rp.rate_bps();
+    rp.handle_timeout(second + 300_000);
+    assert!(
+        (rp.rate_bps() - (cut + line) / 2.0).abs() < 1.0,
+        "fast recovery"
+    );
+    let before = rp.rate_bps();
+    rp.handle_cnp(second + 310_000);
+    let third = rp.next_timeout_ns().unwrap();
+    assert_eq!(third, 324_001);
+    rp.handle_timeout(third);
+    assert_eq!(rp.target_bps(), before, "clamped once the timer has fired");
+    assert!(rp.rate_bps() < before);
+    assert_eq!(rp.counters(), (3, 3));
+}
+
 #[test]
 fn lazy_alpha_equals_tick_by_tick_alpha() {
     let p = DcqcnParams::hpcc(100.0 * GBPS);
