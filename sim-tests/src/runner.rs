@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use weir_core::client::{ClientError, Volume};
-use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
+use weir_core::congestion::dcqcn::CnpMode;
 use weir_core::congestion::tcp::Algorithm;
 use weir_core::control::{ControlPlane, Timeouts};
 use weir_core::device::DevError;
@@ -118,7 +118,10 @@ fn fabric_config(scenario: &Scenario) -> FabricConfig {
         config.seed = thread_rng().gen();
         return config;
     }
-    config.nic.dcqcn = DcqcnParams::preset(&f.dcqcn, rate_bps as f64);
+    // The reaction point with the switches' ECN marking it was tuned with.
+    if !config.set_dcqcn_preset(&f.dcqcn) {
+        config.nic.dcqcn = None; // "off": the scenario check refuses other names
+    }
     config.nic.cnp = match f.cnp.as_str() {
         "per-packet" => CnpMode::PerPacket { min_gap_ns: 0 },
         _ => CnpMode::PerQpInterval {
