@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 /// The two magic bytes that open every frame.
 pub const MAGIC: [u8; 2] = *b"WR";
 /// Current version of the frame and message encoding.
-pub const WIRE_VERSION: u8 = 3;
+pub const WIRE_VERSION: u8 = 4;
 /// Frame header length in bytes.
 pub const HEADER_BYTES: usize = 8;
 /// Largest body accepted: a 1 MiB data payload plus room for the message fields.
@@ -224,6 +224,25 @@ pub enum Message {
         op: OpId,
         /// The data.
         result: Result<Bytes, WeirError>,
+    },
+    /// Primary -> rebuilding replica, before a rebuild chunk is read: the versions
+    /// the primary holds of a run of blocks (`copy.data` is empty). The replica
+    /// answers which part of the run it lacks, so one that was away briefly is sent
+    /// only what changed meanwhile.
+    RebuildProbe {
+        /// Operation id at the primary, echoed in the answer.
+        op: OpId,
+        /// The run and its versions, no data.
+        copy: RebuildCopy,
+    },
+    /// The part of a probed run the replica lacks: blocks `[lba + from, lba + to)`
+    /// of it, empty (`from == to`) if it holds every block at the primary's version
+    /// or newer. Sent once no older write to the run is still in flight there.
+    RebuildProbeOk {
+        /// The operation answered.
+        op: OpId,
+        /// `(from, to)`, offsets in the run, or why not.
+        result: Result<(u32, u32), WeirError>,
     },
 }
 

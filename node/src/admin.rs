@@ -216,8 +216,8 @@ impl Admin {
         for r in &report.rebuilds {
             let _ = writeln!(
                 out,
-                "rebuild {} -> {}: {} of {} bytes",
-                r.extent, r.node, r.bytes_done, r.bytes_total
+                "rebuild {} -> {}: {} of {} bytes ({} sent, the rest already there)",
+                r.extent, r.node, r.bytes_done, r.bytes_total, r.bytes_sent
             );
         }
         let mut events = self.events.lock().expect("event log");

@@ -24,6 +24,7 @@
 //!                             # is created sparse at pool_size (default device.img)
 //! queues = 2                  # io_uring submission queues
 //! queue_depth = 128           # entries per queue
+//! scrub_rate = "16M"          # bytes/s the background scrubber reads (0: off)
 //!
 //! [nbd]
 //! listen = "127.0.0.1:10809"  # NBD front end; export name = volume name
@@ -172,6 +173,14 @@ pub struct DeviceSection {
     /// Entries per queue.
     #[serde(default = "default_depth")]
     pub queue_depth: u16,
+    /// Bytes per second the background scrubber reads to find media errors in
+    /// blocks nobody reads (0: off).
+    #[serde(default = "default_scrub_rate")]
+    pub scrub_rate: Size,
+}
+
+fn default_scrub_rate() -> Size {
+    Size(16 << 20)
 }
 
 /// `[nbd]`
@@ -255,6 +264,7 @@ impl Default for DeviceSection {
             path: default_device(),
             queues: two(),
             queue_depth: default_depth(),
+            scrub_rate: default_scrub_rate(),
         }
     }
 }

@@ -142,7 +142,10 @@ pub async fn run(
         node_side,
         device.clone(),
         map.clone(),
-        ReplicationConfig::default(),
+        ReplicationConfig {
+            scrub_bytes_per_sec: config.device.scrub_rate.0,
+            ..ReplicationConfig::default()
+        },
         BufPool::new(POOL_BYTES),
     )?
     .with_control(plane, Duration::from_millis(t.tick_ms), events.clone())

@@ -128,6 +128,13 @@ impl SimSsd {
         self.state.lock().expect("ssd state").bad.len()
     }
 
+    /// Of those, blocks that hold data (written before the media error): what a
+    /// scrubber must find.
+    pub fn unreadable_written_blocks(&self) -> usize {
+        let s = self.state.lock().expect("ssd state");
+        s.bad.iter().filter(|&&b| s.store.holds(b)).count()
+    }
+
     /// The device stalls: commands in flight and new ones complete only after
     /// [`SimSsd::resume`], as in a firmware hang or a long GC pause.
     pub fn hang(&self) {

@@ -96,6 +96,11 @@ impl Store {
         self.destage.clear();
     }
 
+    /// Whether block `lba` was ever written (and not discarded since).
+    pub fn holds(&self, lba: u64) -> bool {
+        self.cache.contains_key(&lba) || self.media.contains_key(&lba)
+    }
+
     /// Blocks held in memory (media + cache): the simulator's footprint.
     pub fn blocks_stored(&self) -> usize {
         self.media.len() + self.cache.len()

@@ -164,6 +164,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         bug_accept_stale_epoch: scenario.bugs.accept_stale_epoch,
         audit: true,
         rebuild_bytes_per_sec: 0,
+        scrub_bytes_per_sec: scenario.cluster.scrub_mib_per_sec << 20,
     };
     let events: EventLog = Arc::default();
     let audit: AuditLog = Arc::default();
@@ -224,6 +225,12 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         ops.extend(client.await.expect("client task"));
     }
     ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
+    // Media errors in written blocks neither a read nor the scrubber has found.
+    let unreadable: usize = hosts
+        .iter()
+        .map(|(.., ssd)| ssd.unreadable_written_blocks())
+        .sum();
+    let workload_end_ns = (WARMUP.as_millis() as u64 + scenario.workload.duration_ms) * 1_000_000;
 
     let replicas = scenario.cluster.replicas as usize;
     let (replica_reads, expected_copies, liveness) =
@@ -257,6 +264,16 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     lines.extend(rebuild_latency(&history, &rebuilds, first_fault_ns));
     lines.extend(rebuilds.into_iter().map(|r| (r.to_ns, r.line)));
     summarize_repairs(&mut lines);
+    if scenario.faults.media_errors > 0 {
+        lines.push((
+            workload_end_ns,
+            format!(
+                "media errors: {unreadable} written blocks still unreadable when the \
+                 workload ended (scrubbing {} MiB/s per node)",
+                scenario.cluster.scrub_mib_per_sec
+            ),
+        ));
+    }
     // The failover time of each crash: from the crash to the node declared down.
     let slowest_us = report.read.max_us.max(report.write.max_us);
     for (node, at_us) in crashes {
@@ -350,38 +367,36 @@ fn rebuild_latency(
         };
         let read = measure(history, OpKind::Read, from, to);
         let write = measure(history, OpKind::Write, from, to);
-        format!(
-            "read {} ({} ops), write {} ({} ops)",
-            read.percentiles(),
-            read.count,
-            write.percentiles(),
-            write.count
-        )
+        (read.count + write.count > 0).then(|| {
+            format!(
+                "read {} ({} ops), write {} ({} ops)",
+                read.percentiles(),
+                read.count,
+                write.percentiles(),
+                write.count
+            )
+        })
     };
     let mut lines = Vec::new();
     if rebuilds.is_empty() {
         return lines;
     }
-    lines.push((
-        first_fault_ns.saturating_add(warmup),
-        format!(
-            "latency before the first fault: {}",
-            both(0, first_fault_ns, true)
-        ),
-    ));
-    for r in rebuilds {
-        let (from, to) = (
-            r.from_ns - warmup.min(r.from_ns),
-            r.to_ns - warmup.min(r.to_ns),
-        );
+    if let Some(latency) = both(0, first_fault_ns, true) {
         lines.push((
-            r.to_ns + 1,
-            format!(
-                "latency while {} was rebuilt: {}",
-                r.node,
-                both(from, to, false)
-            ),
+            first_fault_ns.saturating_add(warmup),
+            format!("latency before the first fault: {latency}"),
         ));
+    }
+    for r in rebuilds {
+        let from = r.from_ns - warmup.min(r.from_ns);
+        let to = r.to_ns - warmup.min(r.to_ns);
+        // Copies after the workload ended have no foreground to measure.
+        if let Some(latency) = both(from, to, false) {
+            lines.push((
+                r.to_ns + 1,
+                format!("latency while {} was rebuilt: {latency}", r.node),
+            ));
+        }
     }
     lines
 }
@@ -393,35 +408,39 @@ fn summarize_rebuilds(
     base_ns: u64,
 ) -> Vec<RebuildSpan> {
     use weir_core::replication::Audit;
-    let mut per_node: BTreeMap<NodeId, (usize, u64, u64, u64)> = BTreeMap::new();
+    let mut per_node: BTreeMap<NodeId, (usize, u64, u64, u64, u64)> = BTreeMap::new();
     for (_, fact) in audit {
         if let Audit::Rebuilt {
             node,
             bytes,
+            skipped,
             started_ns,
             at_ns,
             ..
         } = *fact
         {
-            let e = per_node.entry(node).or_insert((0, 0, u64::MAX, 0));
+            let e = per_node.entry(node).or_insert((0, 0, 0, u64::MAX, 0));
             e.0 += 1;
             e.1 += bytes;
-            e.2 = e.2.min(started_ns);
-            e.3 = e.3.max(at_ns);
+            e.2 += skipped;
+            e.3 = e.3.min(started_ns);
+            e.4 = e.4.max(at_ns);
         }
     }
     let warmup = WARMUP.as_nanos() as u64;
+    let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
     per_node
         .into_iter()
-        .map(|(node, (extents, bytes, from, to))| {
+        .map(|(node, (extents, bytes, skipped, from, to))| {
             let (from, to) = (from - base_ns + warmup, to - base_ns + warmup);
-            let mib = bytes as f64 / f64::from(1 << 20);
             let line = format!(
-                "{node} rebuilt: {extents} extents, {mib:.1} MiB copied from {:.3} ms to \
-                 {:.3} ms ({:.0} MB/s)",
+                "{node} rebuilt: {extents} extents, {:.1} MiB copied from {:.3} ms to \
+                 {:.3} ms ({:.0} MB/s); {:.1} MiB the primaries hold were already there",
+                mib(bytes),
                 from as f64 / 1e6,
                 to as f64 / 1e6,
-                bytes as f64 * 1e3 / (to - from).max(1) as f64
+                bytes as f64 * 1e3 / (to - from).max(1) as f64,
+                mib(skipped)
             );
             RebuildSpan {
                 node,

@@ -139,6 +139,9 @@ pub struct ClusterSpec {
     /// A node down this long (simulated ms) is replaced: its replicas move to
     /// spares, if the cluster has nodes beyond the replica count. 0: never.
     pub replace_after_ms: u64,
+    /// Background scrub rate of each node, MiB/s (reads the blocks it holds, to
+    /// find media errors nobody reads). 0: off.
+    pub scrub_mib_per_sec: u64,
 }
 
 impl Default for ClusterSpec {
@@ -150,6 +153,7 @@ impl Default for ClusterSpec {
             volume_mib: 4096,
             extent_mib: 64,
             replace_after_ms: 200,
+            scrub_mib_per_sec: 0,
         }
     }
 }
@@ -307,6 +311,8 @@ impl Scenario {
         let mut s = Scenario::default();
         s.cluster.nodes = 3 + pick(1, 3) as u32;
         s.cluster.volume_mib = 256;
+        // Scrubbing finds media errors in blocks nobody reads.
+        s.cluster.scrub_mib_per_sec = 256;
         s.cluster.extent_mib = [4, 16, 64][pick(2, 3) as usize];
         s.workload.clients = 1 + pick(3, 2) as u32;
         s.workload.queue_depth = [2, 4, 8][pick(4, 3) as usize];
@@ -444,6 +450,9 @@ impl Scenario {
                 "cluster.replace_after_ms",
                 "must be 0 or above the 150 ms lease (at most an hour)",
             );
+        }
+        if c.scrub_mib_per_sec > 100_000 {
+            return bad("cluster.scrub_mib_per_sec", "must be at most 100000");
         }
         let x = &self.faults;
         if !(0.0..0.5).contains(&x.link_loss) || !(0.0..0.5).contains(&x.link_corrupt) {

@@ -50,6 +50,14 @@ fn campaign(part: u64) {
                 "seed {seed}: a node restarted but never asked for a new epoch\n{r}"
             ));
         }
+        if s.faults.media_errors > 0
+            && !said(" repaired ")
+            && !said("media errors: 0 written blocks still unreadable")
+        {
+            // Bad blocks that hold data are found (by a client, the scrubber or
+            // the read-back), fetched from a peer and written back.
+            failed.push(format!("seed {seed}: media errors never repaired\n{r}"));
+        }
         if s.faults.device_losses > 0 && !said("'s device is gone") {
             failed.push(format!("seed {seed}: a device disappeared unnoticed\n{r}"));
         }

@@ -24,10 +24,12 @@
 
 use super::range_lock::{Mode, RangeLock};
 pub use rebuild::{RebuildProgress, DEFAULT_REBUILD_BYTES_PER_SEC, REBUILD_CHUNK_BYTES};
+pub use scrub::SCRUB_RUN_BYTES;
 
 mod applied;
 mod rebuild;
 mod repair;
+mod scrub;
 use crate::device::DevError;
 use crate::error::WeirError;
 use crate::ids::{Epoch, ExtentId, Lba, NodeId, OpId, RequestId, Version, VolumeId};
@@ -159,6 +161,8 @@ pub enum Audit {
         node: NodeId,
         /// Bytes copied.
         bytes: u64,
+        /// Bytes the primary holds that the replica already had (not sent).
+        skipped: u64,
         /// When the copy began.
         started_ns: u64,
         /// When the replica was in sync again.
@@ -206,6 +210,8 @@ pub struct ReplicationConfig {
     /// Rebuild bandwidth of one primary over all its rebuilds, bytes per second;
     /// 0 means [`DEFAULT_REBUILD_BYTES_PER_SEC`].
     pub rebuild_bytes_per_sec: u64,
+    /// Background scrub rate of one node, bytes per second; 0: no scrubbing.
+    pub scrub_bytes_per_sec: u64,
 }
 
 /// A client operation this node coordinates.
@@ -256,8 +262,8 @@ enum Op {
         node: NodeId,
         lba: Lba,
         versions: Vec<Version>,
-        /// True once sent (the local read is done).
-        sent: bool,
+        /// Where the chunk stands.
+        phase: rebuild::ChunkPhase,
     },
 }
 
@@ -366,6 +372,12 @@ enum IoPurpose {
     },
     /// An in-sync replica reading blocks for its primary's repair.
     Fetch { to: NodeId, op: OpId },
+    /// The background scrubber reading a run of blocks this node holds.
+    BackgroundScrub {
+        extent: ExtentId,
+        lba: Lba,
+        blocks: u64,
+    },
     /// A rebuilding replica writing part of a primary's copy.
     RebuildWrite { primary: NodeId, op: OpId },
 }
@@ -402,6 +414,11 @@ pub struct Replicator {
     drops_asked: BTreeMap<(ExtentId, Epoch, NodeId), u64>,
     /// Rebuild work: as a primary, its copies out; as a replica, its copies in.
     rebuild: rebuild::RebuildState,
+    /// The background scrubber.
+    scrub: scrub::Scrubber,
+    /// The device answered `Gone`: what this node holds is lost, whatever its
+    /// versions say (a rebuild's probe is refused).
+    device_gone: bool,
     /// Device writes of this node, ordered per block: a write waits for any earlier
     /// one to overlapping blocks (a deposed primary's write still on the device and
     /// the new primary's must land in version order). Keyed by `IoId` as `OpId`.
@@ -436,6 +453,8 @@ impl Replicator {
             lease_until_ns: 0,
             drops_asked: BTreeMap::new(),
             rebuild: rebuild::RebuildState::default(),
+            scrub: scrub::Scrubber::default(),
+            device_gone: false,
             device_lock: RangeLock::default(),
             device_writes: std::collections::BTreeSet::new(),
             deferred: BTreeMap::new(),
@@ -567,6 +586,7 @@ impl Replicator {
         self.expire_rebuild_chunks();
         self.expire_repairs();
         self.pump_rebuilds();
+        self.scrub_tick();
         let mut asks = Vec::new();
         for op in self.ops.values() {
             let Op::Write {
@@ -696,6 +716,8 @@ impl Replicator {
             Message::ReplicaFlushAck { op, result } => self.flush_acked(from, op, result),
             Message::RebuildWrite { op, copy } => self.rebuild_write(from, op, copy),
             Message::RebuildAck { op, result } => self.rebuild_acked(from, op, result),
+            Message::RebuildProbe { op, copy } => self.rebuild_probe(from, op, copy),
+            Message::RebuildProbeOk { op, result } => self.rebuild_probed(from, op, result),
             Message::FetchBlocks {
                 op,
                 extent,
@@ -735,6 +757,9 @@ impl Replicator {
             .ios
             .remove(&io)
             .unwrap_or_else(|| panic!("completion for unknown io {io:?}"));
+        if matches!(result, IoResult::Failed(WeirError::Device(DevError::Gone))) {
+            self.device_gone = true;
+        }
         if self.device_writes.remove(&io) {
             for next in self.device_lock.release(OpId(io.0)) {
                 let cmd = self
@@ -765,6 +790,15 @@ impl Replicator {
                         version,
                         at_ns,
                     });
+                } else {
+                    // The blocks' contents are unknown now: forget the version
+                    // claimed when the write arrived (unless a later write has
+                    // claimed them since), so a rebuild's probe asks for them.
+                    for b in lba.0..lba.0 + blocks {
+                        if self.block_versions.get(&Lba(b)) == Some(&version) {
+                            self.block_versions.remove(&Lba(b));
+                        }
+                    }
                 }
                 self.send(primary, Message::ReplicaWriteAck { op, result });
                 self.answer_rebuilds();
@@ -790,6 +824,11 @@ impl Replicator {
                 let result = io_data(result);
                 self.send(to, Message::FetchBlocksOk { op, result });
             }
+            IoPurpose::BackgroundScrub {
+                extent,
+                lba,
+                blocks,
+            } => self.scrub_done(extent, lba, blocks, result),
         }
     }
 
@@ -973,15 +1012,11 @@ impl Replicator {
     fn start(&mut self, op: OpId) -> Vec<OpId> {
         let extent = match self.ops.get(&op) {
             Some(Op::Write { extent, .. } | Op::Read { extent, .. }) => *extent,
-            Some(Op::Rebuild { lba, versions, .. }) => {
+            Some(Op::Rebuild { .. }) => {
                 // A copy reads the primary's own data for a replica that checks the
-                // epoch itself: no lease needed.
-                let cmd = IoCmd::Read {
-                    lba: *lba,
-                    blocks: versions.len() as u64,
-                };
-                let io = self.io(IoPurpose::Op(op));
-                self.actions.push_back(Action::Io { io, cmd });
+                // epoch itself: no lease needed. First the replica is asked which
+                // blocks it lacks.
+                self.probe_chunk(op);
                 return Vec::new();
             }
             Some(Op::Repair(_)) => {

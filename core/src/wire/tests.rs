@@ -119,24 +119,8 @@ fn control_message() -> impl Strategy<Value = Message> {
             state
         }),
         data().prop_map(|command| Message::Propose { command }),
-        (
-            any::<u64>(),
-            any::<u64>(),
-            any::<u64>(),
-            any::<u64>(),
-            prop::collection::vec(any::<u64>(), 0..40),
-            data()
-        )
-            .prop_map(|(o, x, e, l, v, data)| Message::RebuildWrite {
-                op: OpId(o),
-                copy: RebuildCopy {
-                    extent: ExtentId(x),
-                    epoch: Epoch(e),
-                    lba: Lba(l),
-                    versions: v.into_iter().map(Version).collect(),
-                    data
-                }
-            }),
+        (any::<u64>(), rebuild_copy(data()))
+            .prop_map(|(o, copy)| Message::RebuildWrite { op: OpId(o), copy }),
         (any::<u64>(), prop::option::of(weir_error())).prop_map(|(o, e)| Message::RebuildAck {
             op: OpId(o),
             result: e.map_or(Ok(()), Err)
@@ -161,7 +145,36 @@ fn control_message() -> impl Strategy<Value = Message> {
                 result: e.map_or(Ok(d), Err),
             }
         }),
+        (any::<u64>(), rebuild_copy(Just(Bytes::new())))
+            .prop_map(|(o, copy)| Message::RebuildProbe { op: OpId(o), copy }),
+        (
+            any::<u64>(),
+            any::<(u32, u32)>(),
+            prop::option::of(weir_error())
+        )
+            .prop_map(|(o, r, e)| Message::RebuildProbeOk {
+                op: OpId(o),
+                result: e.map_or(Ok(r), Err)
+            }),
     ]
+}
+
+/// A rebuild run with `data` (a copy's blocks, or none for a probe).
+fn rebuild_copy(data: impl Strategy<Value = Bytes>) -> impl Strategy<Value = RebuildCopy> {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        prop::collection::vec(any::<u64>(), 0..40),
+        data,
+    )
+        .prop_map(|(x, e, l, v, data)| RebuildCopy {
+            extent: ExtentId(x),
+            epoch: Epoch(e),
+            lba: Lba(l),
+            versions: v.into_iter().map(Version).collect(),
+            data,
+        })
 }
 
 proptest! {

@@ -4,7 +4,12 @@
 //!
 //! Primary side, per (extent, rebuilding replica), a copy walks the blocks the
 //! primary holds, in chunks of [`REBUILD_CHUNK_BYTES`]:
-//! - Each chunk holds a shared range lock from the local read until the replica
+//! - Each chunk first asks the replica which of its blocks it lacks (a probe with
+//!   the primary's versions; the replica answers once no older write to them is
+//!   in flight there): a replica that was away briefly, or a chunk it got from new
+//!   writes meanwhile, costs no read and no copy. Only the part it lacks is read
+//!   and sent.
+//! - Each chunk holds a shared range lock from the probe until the replica
 //!   acknowledges it, so a new write to those blocks reaches the replica only after
 //!   the copy is on its device; device writes to one block never race.
 //! - The replica keeps a block only if the copy's version is newer than what it
@@ -38,6 +43,17 @@ pub(super) const REBUILD_CHUNK_TIMEOUT_NS: u64 = 1_000_000_000;
 /// request may have been lost with a leader); a failed chunk is retried after it.
 const REBUILD_RETRY_NS: u64 = 10_000_000;
 
+/// Where a rebuild chunk stands at the primary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ChunkPhase {
+    /// Its range lock is held or awaited, then the replica is asked what it lacks.
+    Probing,
+    /// The part the replica lacks is being read.
+    Reading,
+    /// Sent; waiting for the replica's ack.
+    Sent,
+}
+
 /// Progress of one copy, for status reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RebuildProgress {
@@ -45,8 +61,10 @@ pub struct RebuildProgress {
     pub extent: ExtentId,
     /// The replica being rebuilt.
     pub node: NodeId,
-    /// Bytes copied so far.
+    /// Bytes dealt with so far: sent, or found already on the replica.
     pub bytes_done: u64,
+    /// Of those, bytes sent.
+    pub bytes_sent: u64,
     /// Bytes to copy (the blocks the primary held when the copy began).
     pub bytes_total: u64,
     /// When the copy began (cluster clock, ns).
@@ -68,6 +86,8 @@ struct Copy {
     /// No new chunk before this time (after a failed one).
     backoff_until_ns: u64,
     bytes_done: u64,
+    /// Bytes the replica already had (probed, not sent).
+    bytes_skipped: u64,
     bytes_total: u64,
     started_ns: u64,
     /// TEST ONLY (`bug_rebuild_one_short`): the block left out.
@@ -87,6 +107,8 @@ struct Incoming {
     blocks: u64,
     ios_left: usize,
     error: Option<WeirError>,
+    /// A probe's answer (the part of the run this replica lacks), not a copy's.
+    probe: Option<(u32, u32)>,
 }
 
 /// Rebuild work of one node.
@@ -111,7 +133,8 @@ impl Replicator {
             .map(|(&(extent, node), c)| RebuildProgress {
                 extent,
                 node,
-                bytes_done: c.bytes_done,
+                bytes_done: c.bytes_done + c.bytes_skipped,
+                bytes_sent: c.bytes_done,
                 bytes_total: c.bytes_total,
                 started_ns: c.started_ns,
             })
@@ -212,16 +235,19 @@ impl Replicator {
             if leads && e.in_sync.contains(&node) {
                 let took_ns = self.now_ns.saturating_sub(c.started_ns).max(1);
                 let line = format!(
-                    "{node} rebuilt in {extent}: {:.1} MiB in {:.1} ms ({:.0} MB/s)",
+                    "{node} rebuilt in {extent}: {:.1} MiB in {:.1} ms ({:.0} MB/s), \
+                     {:.1} MiB it had not sent",
                     c.bytes_done as f64 / f64::from(1 << 20),
                     took_ns as f64 / 1e6,
-                    c.bytes_done as f64 * 1e3 / took_ns as f64
+                    c.bytes_done as f64 * 1e3 / took_ns as f64,
+                    c.bytes_skipped as f64 / f64::from(1 << 20),
                 );
                 self.actions.push_back(Action::Event(line));
                 self.audit(Audit::Rebuilt {
                     extent,
                     node,
                     bytes: c.bytes_done,
+                    skipped: c.bytes_skipped,
                     started_ns: c.started_ns,
                     at_ns: self.now_ns,
                 });
@@ -262,6 +288,7 @@ impl Replicator {
                     asked_ns: None,
                     backoff_until_ns: 0,
                     bytes_done: 0,
+                    bytes_skipped: 0,
                     bytes_total: written * bs,
                     started_ns: self.now_ns,
                     skip,
@@ -370,7 +397,6 @@ impl Replicator {
                     };
                     let end = Lba(first.0 + versions.len() as u64);
                     c.cursor = end;
-                    self.rebuild.sent_bytes += (end.0 - first.0) * bs;
                     let op = self.op_id();
                     let c = self
                         .rebuild
@@ -386,7 +412,7 @@ impl Replicator {
                             node,
                             lba: first,
                             versions,
-                            sent: false,
+                            phase: ChunkPhase::Probing,
                         },
                     );
                     let lock = &mut self.primary_state(extent).lock;
@@ -429,6 +455,83 @@ impl Replicator {
         self.actions.push_back(Action::Control { command });
     }
 
+    /// Chunk `op` holds its range lock: ask the replica which blocks it lacks.
+    pub(super) fn probe_chunk(&mut self, op: OpId) {
+        let Some(Op::Rebuild {
+            extent,
+            node,
+            lba,
+            versions,
+            phase: ChunkPhase::Probing,
+        }) = self.ops.get(&op)
+        else {
+            unreachable!("started a rebuild chunk that is not probing");
+        };
+        let (extent, node) = (*extent, *node);
+        let epoch = self
+            .rebuild
+            .copies
+            .get(&(extent, node))
+            .expect("a chunk out belongs to a copy (a dropped copy withdraws them)")
+            .epoch;
+        let copy = RebuildCopy {
+            extent,
+            epoch,
+            lba: *lba,
+            versions: versions.clone(),
+            data: Bytes::new(),
+        };
+        self.send(node, Message::RebuildProbe { op, copy });
+    }
+
+    /// The replica said which part of chunk `op` it lacks: read that part, or
+    /// finish the chunk if it lacks nothing.
+    pub(super) fn rebuild_probed(
+        &mut self,
+        from: NodeId,
+        op: OpId,
+        result: Result<(u32, u32), WeirError>,
+    ) {
+        let Some(Op::Rebuild {
+            extent,
+            node,
+            lba,
+            versions,
+            phase,
+        }) = self.ops.get_mut(&op)
+        else {
+            return tracing::warn!(%from, %op, "probe answer for no chunk; dropped");
+        };
+        if *node != from || *phase != ChunkPhase::Probing {
+            return tracing::warn!(%from, %op, "probe answer for no chunk asked there; dropped");
+        }
+        let (from_block, to_block) = match result {
+            Ok((a, b)) if a <= b && b as usize <= versions.len() => (a as usize, b as usize),
+            Ok(range) => {
+                // No correct replica answers this; send it the whole run.
+                tracing::warn!(%from, %op, ?range, "probe answer out of the run; copying all of it");
+                (0, versions.len())
+            }
+            Err(e) => return self.finish_chunk(op, Err(e)),
+        };
+        let bs = u64::from(self.map.volume().block_size);
+        let skipped = (versions.len() - (to_block - from_block)) as u64 * bs;
+        *lba = Lba(lba.0 + from_block as u64);
+        *versions = versions[from_block..to_block].to_vec();
+        *phase = ChunkPhase::Reading;
+        let (extent, node, start, blocks) = (*extent, *node, *lba, versions.len() as u64);
+        if let Some(c) = self.rebuild.copies.get_mut(&(extent, node)) {
+            c.bytes_skipped += skipped;
+        }
+        if blocks == 0 {
+            return self.finish_chunk(op, Ok(()));
+        }
+        self.rebuild.sent_bytes += blocks * bs;
+        let io = self.io(IoPurpose::Op(op));
+        let cmd = IoCmd::Read { lba: start, blocks };
+        self.actions.push_back(Action::Io { io, cmd });
+    }
+
     /// The local read of rebuild chunk `op` finished: send it.
     pub(super) fn rebuild_read_done(&mut self, op: OpId, result: IoResult) {
         let Some(Op::Rebuild {
@@ -436,11 +539,12 @@ impl Replicator {
             node,
             lba,
             versions,
-            sent,
+            phase,
         }) = self.ops.get_mut(&op)
         else {
             unreachable!("matched a rebuild chunk");
         };
+        debug_assert_eq!(*phase, ChunkPhase::Reading);
         let data = match result {
             IoResult::Read(data) => data,
             IoResult::Failed(e) => {
@@ -455,7 +559,7 @@ impl Replicator {
             }
             IoResult::Done => panic!("a rebuild read completed without data"),
         };
-        *sent = true;
+        *phase = ChunkPhase::Sent;
         let (extent, node, lba, versions) = (*extent, *node, *lba, versions.clone());
         let Some(epoch) = self.rebuild.copies.get(&(extent, node)).map(|c| c.epoch) else {
             return self.finish_chunk(op, Err(WeirError::NotPrimary(self.me)));
@@ -474,7 +578,9 @@ impl Replicator {
     pub(super) fn rebuild_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
         match self.ops.get(&op) {
             Some(Op::Rebuild {
-                node, sent: true, ..
+                node,
+                phase: ChunkPhase::Sent,
+                ..
             }) if *node == from => self.finish_chunk(op, result),
             _ => tracing::warn!(%from, %op, "rebuild ack for no chunk sent there; dropped"),
         }
@@ -547,6 +653,7 @@ impl Replicator {
             blocks,
             ios_left: runs.len(),
             error: None,
+            probe: None,
         });
         for (start, len) in runs {
             let io = self.io(IoPurpose::RebuildWrite { primary, op });
@@ -557,6 +664,57 @@ impl Replicator {
             };
             self.write_device(io, cmd);
         }
+        self.answer_rebuilds();
+    }
+
+    /// A primary asks which part of a run of blocks this replica lacks: the blocks
+    /// from the first it holds older than the primary's version to the last. The
+    /// answer waits, like a copy's ack, for any older write to those blocks still
+    /// in flight here (the versions it holds are claimed when a write arrives).
+    pub(super) fn rebuild_probe(&mut self, primary: NodeId, op: OpId, copy: RebuildCopy) {
+        let blocks = copy.versions.len() as u64;
+        let checked = if self.device_gone {
+            Err(WeirError::Device(DevError::Gone))
+        } else if copy.data.is_empty() {
+            self.blocks_in_extent(
+                copy.extent,
+                copy.lba,
+                blocks as usize * self.map.volume().block_size as usize,
+            )
+            .and_then(|_| {
+                self.check_sender(primary, copy.extent, copy.epoch, false, |p, me| {
+                    p.rebuilding.contains(&me)
+                })
+            })
+        } else {
+            Err(WeirError::BadLength {
+                len: copy.data.len() as u64,
+                block_size: self.map.volume().block_size,
+                max_bytes: 0,
+            })
+        };
+        if let Err(e) = checked {
+            return self.send(primary, Message::RebuildProbeOk { op, result: Err(e) });
+        }
+        let lacks = |(i, v): (usize, &Version)| {
+            let held = self.block_versions.get(&Lba(copy.lba.0 + i as u64));
+            (*v > held.copied().unwrap_or_default()).then_some(i as u32)
+        };
+        let first = copy.versions.iter().enumerate().find_map(lacks);
+        let last = copy.versions.iter().enumerate().rev().find_map(lacks);
+        let range = match (first, last) {
+            (Some(a), Some(b)) => (a, b + 1),
+            _ => (0, 0),
+        };
+        self.rebuild.incoming.push(Incoming {
+            primary,
+            op,
+            lba: copy.lba,
+            blocks,
+            ios_left: 0,
+            error: None,
+            probe: Some(range),
+        });
         self.answer_rebuilds();
     }
 
@@ -593,6 +751,17 @@ impl Replicator {
             inc.ios_left -= 1;
             if let IoResult::Failed(e) = result {
                 inc.error.get_or_insert(e);
+                // What the copy's blocks hold is unknown now: forget their
+                // versions, so a probe asks for them again.
+                let (lba, blocks) = (inc.lba, inc.blocks);
+                let stale: Vec<Lba> = self
+                    .block_versions
+                    .range(lba..lba.offset(blocks))
+                    .map(|(&l, _)| l)
+                    .collect();
+                for l in stale {
+                    self.block_versions.remove(&l);
+                }
             }
         }
         self.answer_rebuilds();
@@ -610,16 +779,39 @@ impl Replicator {
                     if l.0 < lba.0 + blocks && lba.0 < l.0 + n)
             })
         };
+        // A probe also waits for an earlier copy of its blocks still being written
+        // (one the primary gave up on and sent again, say): its versions are
+        // claimed already.
+        let copying = |incoming: &[Incoming], lba: Lba, blocks: u64| {
+            incoming.iter().any(|c| {
+                c.probe.is_none()
+                    && c.ios_left > 0
+                    && c.lba.0 < lba.0 + blocks
+                    && lba.0 < c.lba.0 + c.blocks
+            })
+        };
         let mut i = 0;
         while i < self.rebuild.incoming.len() {
             let inc = &self.rebuild.incoming[i];
-            if inc.ios_left > 0 || busy(&self.ios, inc.lba, inc.blocks) {
+            if inc.ios_left > 0
+                || busy(&self.ios, inc.lba, inc.blocks)
+                || (inc.probe.is_some() && copying(&self.rebuild.incoming, inc.lba, inc.blocks))
+            {
                 i += 1;
                 continue;
             }
             let inc = self.rebuild.incoming.swap_remove(i);
-            let result = inc.error.map_or(Ok(()), Err);
-            self.send(inc.primary, Message::RebuildAck { op: inc.op, result });
+            let msg = match inc.probe {
+                Some(range) => Message::RebuildProbeOk {
+                    op: inc.op,
+                    result: inc.error.map_or(Ok(range), Err),
+                },
+                None => Message::RebuildAck {
+                    op: inc.op,
+                    result: inc.error.map_or(Ok(()), Err),
+                },
+            };
+            self.send(inc.primary, msg);
         }
     }
 }

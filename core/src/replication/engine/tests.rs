@@ -27,6 +27,8 @@ struct Cluster {
     audits: Vec<(NodeId, Audit)>,
     /// Event lines reported.
     events: Vec<String>,
+    /// Rebuild copies sent, as (first block, blocks).
+    copies: Vec<(Lba, usize)>,
 }
 
 fn cluster(config: ReplicationConfig) -> Cluster {
@@ -59,6 +61,7 @@ fn cluster(config: ReplicationConfig) -> Cluster {
         controls: Vec::new(),
         audits: Vec::new(),
         events: Vec::new(),
+        copies: Vec::new(),
     }
 }
 
@@ -76,7 +79,12 @@ impl Cluster {
         for (&n, engine) in self.engines.iter_mut() {
             while let Some(action) = engine.poll_action() {
                 match action {
-                    Action::Send { to, msg } => self.net.push_back((n, to, msg)),
+                    Action::Send { to, msg } => {
+                        if let Message::RebuildWrite { copy, .. } = &msg {
+                            self.copies.push((copy.lba, copy.versions.len()));
+                        }
+                        self.net.push_back((n, to, msg))
+                    }
                     Action::Io { io, cmd } => self.ios.push((n, io, cmd)),
                     Action::Control { command } => self.controls.push((n, command)),
                     Action::Audit(fact) => self.audits.push((n, fact)),
@@ -917,6 +925,11 @@ fn a_rebuild_copies_what_a_replica_missed_then_joins() {
     let progress = c.engines[&NodeId(1)].rebuild_progress();
     assert_eq!(progress.len(), 1);
     assert_eq!(progress[0].bytes_done, progress[0].bytes_total);
+    // n1 holds blocks 0-5 and 9; n3 lacked only 2 and 9: its probes said so, and
+    // only those two blocks were read and sent.
+    assert_eq!(progress[0].bytes_total, 7 * BS as u64);
+    assert_eq!(progress[0].bytes_sent, 2 * BS as u64);
+    assert_eq!(c.copies, vec![(Lba(2), 1), (Lba(9), 1)]);
     publish(&mut c, asked[0].1.clone());
     assert!(c.engines[&NodeId(1)].rebuild_progress().is_empty());
     assert!(
@@ -936,6 +949,48 @@ fn a_rebuild_copies_what_a_replica_missed_then_joins() {
     );
     c.settle();
     assert_eq!(c.disk_block(NodeId(3), 4), Some(3));
+}
+
+#[test]
+fn probes_from_a_non_primary_or_with_data_and_stray_answers_are_refused() {
+    let mut c = cluster(ReplicationConfig::default());
+    let probe = |op: u64, data: Bytes| Message::RebuildProbe {
+        op: OpId(op),
+        copy: crate::wire::RebuildCopy {
+            extent: ExtentId(0),
+            epoch: Epoch(1),
+            lba: Lba(0),
+            versions: vec![Version(1)],
+            data,
+        },
+    };
+    let n2 = c.engines.get_mut(&NodeId(2)).unwrap();
+    // n2 is in sync, not rebuilding; and a probe carries no data.
+    n2.handle_message(NodeId(1), probe(1, Bytes::new()));
+    n2.handle_message(NodeId(1), probe(2, block(1, 1)));
+    // n1 gets answers to probes it never sent.
+    let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
+    n1.handle_message(
+        NodeId(2),
+        Message::RebuildProbeOk {
+            op: OpId(77),
+            result: Ok((0, 1)),
+        },
+    );
+    c.collect();
+    let answers: Vec<(OpId, bool)> = c
+        .net
+        .iter()
+        .filter_map(|(_, _, m)| match m {
+            Message::RebuildProbeOk { op, result } => Some((*op, result.is_err())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answers, vec![(OpId(1), true), (OpId(2), true)]);
+    assert!(
+        c.ios.is_empty(),
+        "a refused probe or stray answer touched a disk"
+    );
 }
 
 #[test]
@@ -1511,4 +1566,49 @@ fn a_replica_that_hits_a_media_error_is_repaired_from_its_primary() {
         .handle_message(NodeId(9), fetch(1, 4, 1));
     c.collect();
     assert!(c.net.is_empty() && c.ios.is_empty());
+}
+
+#[test]
+fn the_background_scrubber_finds_and_repairs_a_bad_block_nobody_reads() {
+    let config = ReplicationConfig {
+        scrub_bytes_per_sec: 64 * BS as u64 * 1000, // 64 blocks per ms
+        ..ReplicationConfig::default()
+    };
+    let mut c = cluster(config);
+    // Blocks 0-5 and 20-23 (extent 1), then two bad blocks: one on the primary of
+    // extent 0 (n1) and one on a replica of extent 1.
+    fill(&mut c, 1, 6, 1, 1);
+    let ext1 = c.engines[&NodeId(1)].map.extent(ExtentId(1)).clone();
+    c.client_sends(ext1.primary, write(10, 20, block(2, 4)));
+    c.settle();
+    assert_eq!(
+        c.replies.last(),
+        Some(&Message::WriteOk { req: RequestId(10) })
+    );
+    let replica = *ext1.in_sync.iter().find(|n| **n != ext1.primary).unwrap();
+    c.bad.insert((NodeId(1), 3));
+    c.bad.insert((replica, 22));
+    // Nobody reads; the scrubbers walk their blocks a tick at a time.
+    for ms in 1..=20u64 {
+        for n in 1..=3 {
+            c.engines
+                .get_mut(&NodeId(n))
+                .unwrap()
+                .handle_tick(ms * 1_000_000);
+        }
+        c.settle();
+    }
+    assert!(c.bad.is_empty(), "left unrepaired: {:?}", c.bad);
+    assert_eq!(c.disk_block(NodeId(1), 3), Some(1));
+    assert_eq!(c.disk_block(replica, 22), Some(2));
+    let found: Vec<&String> = c
+        .events
+        .iter()
+        .filter(|e| e.contains("scrub found"))
+        .collect();
+    assert_eq!(found.len(), 2, "{:?}", c.events);
+    let errors: u64 = c.engines.values().map(|e| e.scrub_progress().1).sum();
+    assert_eq!(errors, 2);
+    // n1 holds 10 blocks and walked them again and again over 20 ms.
+    assert!(c.engines[&NodeId(1)].scrub_progress().0 > 10 * BS as u64);
 }
