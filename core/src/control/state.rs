@@ -48,6 +48,12 @@ pub struct ExtentState {
     pub rebuilding: BTreeSet<NodeId>,
     /// Bumped by every change of this extent.
     pub epoch: Epoch,
+    /// The epoch at which the primary took over (or restarted): a client request
+    /// from an earlier epoch was sent in another primary's reign, or to another
+    /// incarnation of this one, and is refused (it may have been delayed past
+    /// writes acknowledged since). Requests from later epochs of this reign are
+    /// served: a replica dropped or rebuilt changes nothing for them.
+    pub primary_since: Epoch,
     /// The primary may not serve before this time (ns, control-plane clock): the
     /// previous primary's lease has run out by then.
     pub serve_after_ns: u64,
@@ -345,6 +351,7 @@ impl ClusterState {
                 replicas,
                 rebuilding: BTreeSet::new(),
                 epoch: Epoch(1),
+                primary_since: Epoch(1),
                 serve_after_ns: 0,
             };
             self.extents.insert(ExtentId(first + i), state);
@@ -363,6 +370,10 @@ impl ClusterState {
                 continue;
             }
             ext.epoch = ext.epoch.next();
+            if ext.primary == node {
+                // A new incarnation: a new reign, even if it stays primary.
+                ext.primary_since = ext.epoch;
+            }
             // What the node's device holds is suspect: a power loss drops its
             // volatile cache (acknowledged writes that were not flushed), and a
             // crash between forwarding a write and writing it locally leaves it
@@ -380,6 +391,7 @@ impl ClusterState {
                         .find(|r| ext.in_sync.contains(r))
                         .expect("another replica is in sync");
                     ext.primary = next;
+                    ext.primary_since = ext.epoch;
                     failovers.push((id, node, next, ext.epoch));
                     continue;
                 }
@@ -447,6 +459,7 @@ impl ClusterState {
             match ext.replicas.iter().find(|r| ext.in_sync.contains(r)) {
                 Some(&next) => {
                     ext.primary = next;
+                    ext.primary_since = ext.epoch;
                     ext.serve_after_ns = ext.serve_after_ns.max(lease_expires_ns);
                     failovers.push((id, node, next, ext.epoch));
                 }

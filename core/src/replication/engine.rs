@@ -847,12 +847,13 @@ impl Replicator {
         if placement.primary != self.me || !placement.in_sync.contains(&self.me) {
             return Err(WeirError::NotPrimary(self.me));
         }
-        // A client's older map is no harm while this node still leads the extent
+        // A client's older map is no harm if it is from this primary's reign
         // (this map, and the lease, are what make it the primary; a replica
         // dropped or rebuilt moves the epoch without moving the primary, and
-        // should not cost every client a retry). A newer one means this node's
-        // map lags: it may have been deposed since.
-        if epoch > placement.epoch {
+        // should not cost every client a retry). One from before the reign may
+        // be a request delayed past writes acknowledged since, and is refused; a
+        // newer one means this node's map lags: it may have been deposed since.
+        if epoch > placement.epoch || epoch < placement.primary_since {
             return Err(WeirError::StaleEpoch {
                 got: epoch,
                 current: placement.epoch,
@@ -1016,8 +1017,7 @@ impl Replicator {
                 // A copy reads the primary's own data for a replica that checks the
                 // epoch itself: no lease needed. First the replica is asked which
                 // blocks it lacks.
-                self.probe_chunk(op);
-                return Vec::new();
+                return self.probe_chunk(op);
             }
             Some(Op::Repair(_)) => {
                 self.ask_next_peer(op);
@@ -1220,7 +1220,7 @@ impl Replicator {
 
     /// One replica (or the local device) reported on write `op`.
     fn write_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
-        if self.rebuild_replica_acked(from, op) && !self.ops.contains_key(&op) {
+        if self.rebuild_replica_acked(from, op, result.is_err()) && !self.ops.contains_key(&op) {
             return; // A rebuilding replica's late ack of a finished write.
         }
         let Some(Op::Write {

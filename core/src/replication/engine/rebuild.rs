@@ -46,7 +46,9 @@ const REBUILD_RETRY_NS: u64 = 10_000_000;
 /// Where a rebuild chunk stands at the primary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ChunkPhase {
-    /// Its range lock is held or awaited, then the replica is asked what it lacks.
+    /// Waiting for its range lock.
+    Locking,
+    /// The replica has been asked what it lacks.
     Probing,
     /// The part the replica lacks is being read.
     Reading,
@@ -107,8 +109,8 @@ struct Incoming {
     blocks: u64,
     ios_left: usize,
     error: Option<WeirError>,
-    /// A probe's answer (the part of the run this replica lacks), not a copy's.
-    probe: Option<(u32, u32)>,
+    /// A probe (with the primary's versions of the run), not a copy.
+    probe: Option<Vec<Version>>,
 }
 
 /// Rebuild work of one node.
@@ -152,15 +154,26 @@ impl Replicator {
     }
 
     /// A rebuilding replica answered write `op`; true if it was waited on as one.
-    pub(super) fn rebuild_replica_acked(&mut self, from: NodeId, op: OpId) -> bool {
+    /// If it failed, the replica may lack those blocks whatever the walk found:
+    /// its copy walks the extent again (probes make that cheap).
+    pub(super) fn rebuild_replica_acked(&mut self, from: NodeId, op: OpId, failed: bool) -> bool {
         let Some(ops) = self.rebuild.unacked.get_mut(&from) else {
             return false;
         };
-        let known = ops.remove(&op).is_some();
-        if known {
-            self.pump_rebuilds();
+        let Some(extent) = ops.remove(&op) else {
+            return false;
+        };
+        if failed {
+            let start = self.extent_start(extent);
+            if let Some(c) = self.rebuild.copies.get_mut(&(extent, from)) {
+                tracing::warn!(%extent, node = %from, "a rebuilding replica failed a write; walking its copy again");
+                c.cursor = start;
+                c.joining = false;
+                c.asked_ns = None;
+            }
         }
-        known
+        self.pump_rebuilds();
+        true
     }
 
     /// Give up chunks unanswered for [`REBUILD_CHUNK_TIMEOUT_NS`]: let go of
@@ -412,7 +425,7 @@ impl Replicator {
                             node,
                             lba: first,
                             versions,
-                            phase: ChunkPhase::Probing,
+                            phase: ChunkPhase::Locking,
                         },
                     );
                     let lock = &mut self.primary_state(extent).lock;
@@ -456,32 +469,37 @@ impl Replicator {
     }
 
     /// Chunk `op` holds its range lock: ask the replica which blocks it lacks.
-    pub(super) fn probe_chunk(&mut self, op: OpId) {
+    /// Returns the ops that become ready if the chunk is dropped instead (its copy
+    /// ended while it waited for the lock).
+    pub(super) fn probe_chunk(&mut self, op: OpId) -> Vec<OpId> {
         let Some(Op::Rebuild {
             extent,
             node,
             lba,
             versions,
-            phase: ChunkPhase::Probing,
-        }) = self.ops.get(&op)
+            phase,
+        }) = self.ops.get_mut(&op)
         else {
-            unreachable!("started a rebuild chunk that is not probing");
+            unreachable!("started a rebuild chunk that is not one");
         };
-        let (extent, node) = (*extent, *node);
-        let epoch = self
-            .rebuild
-            .copies
-            .get(&(extent, node))
-            .expect("a chunk out belongs to a copy (a dropped copy withdraws them)")
-            .epoch;
+        debug_assert_eq!(*phase, ChunkPhase::Locking);
+        *phase = ChunkPhase::Probing;
+        let (extent, node, lba, versions) = (*extent, *node, *lba, versions.clone());
+        let Some(epoch) = self.rebuild.copies.get(&(extent, node)).map(|c| c.epoch) else {
+            // The copy was dropped while this chunk waited (its withdrawal let an
+            // earlier op go, which let this one go): nothing to send.
+            self.ops.remove(&op);
+            return self.release(extent, op);
+        };
         let copy = RebuildCopy {
             extent,
             epoch,
-            lba: *lba,
-            versions: versions.clone(),
+            lba,
+            versions,
             data: Bytes::new(),
         };
         self.send(node, Message::RebuildProbe { op, copy });
+        Vec::new()
     }
 
     /// The replica said which part of chunk `op` it lacks: read that part, or
@@ -696,16 +714,6 @@ impl Replicator {
         if let Err(e) = checked {
             return self.send(primary, Message::RebuildProbeOk { op, result: Err(e) });
         }
-        let lacks = |(i, v): (usize, &Version)| {
-            let held = self.block_versions.get(&Lba(copy.lba.0 + i as u64));
-            (*v > held.copied().unwrap_or_default()).then_some(i as u32)
-        };
-        let first = copy.versions.iter().enumerate().find_map(lacks);
-        let last = copy.versions.iter().enumerate().rev().find_map(lacks);
-        let range = match (first, last) {
-            (Some(a), Some(b)) => (a, b + 1),
-            _ => (0, 0),
-        };
         self.rebuild.incoming.push(Incoming {
             primary,
             op,
@@ -713,9 +721,26 @@ impl Replicator {
             blocks,
             ios_left: 0,
             error: None,
-            probe: Some(range),
+            probe: Some(copy.versions),
         });
         self.answer_rebuilds();
+    }
+
+    /// The part of a probed run at `lba` this replica lacks, as offsets: from the
+    /// first block it holds older than the primary's `versions` to the last. Asked
+    /// when the answer goes out, after the writes it waited for: one that failed
+    /// has made its blocks' versions forgotten by then.
+    fn lacking(&self, lba: Lba, versions: &[Version]) -> (u32, u32) {
+        let lacks = |(i, v): (usize, &Version)| {
+            let held = self.block_versions.get(&Lba(lba.0 + i as u64));
+            (*v > held.copied().unwrap_or_default()).then_some(i as u32)
+        };
+        let first = versions.iter().enumerate().find_map(lacks);
+        let last = versions.iter().enumerate().rev().find_map(lacks);
+        match (first, last) {
+            (Some(a), Some(b)) => (a, b + 1),
+            _ => (0, 0),
+        }
     }
 
     fn check_rebuild_write(&self, primary: NodeId, copy: &RebuildCopy) -> Result<u64, WeirError> {
@@ -801,10 +826,10 @@ impl Replicator {
                 continue;
             }
             let inc = self.rebuild.incoming.swap_remove(i);
-            let msg = match inc.probe {
-                Some(range) => Message::RebuildProbeOk {
+            let msg = match &inc.probe {
+                Some(versions) => Message::RebuildProbeOk {
                     op: inc.op,
-                    result: inc.error.map_or(Ok(range), Err),
+                    result: Ok(self.lacking(inc.lba, versions)),
                 },
                 None => Message::RebuildAck {
                     op: inc.op,

@@ -279,44 +279,15 @@ fn read_waits_for_an_earlier_overlapping_write() {
 }
 
 #[test]
-fn a_primary_serves_a_client_whose_map_is_older() {
-    // The client's map says epoch 0; the primary's says 1 and still names it (a
-    // replica dropped or rebuilt moves the epoch, not the primary).
+fn a_primary_serves_a_client_whose_map_is_older_only_within_its_reign() {
+    use crate::control::Command;
+    // n3 leaves extent 0's in-sync set: epoch 2, n1 still the primary. A client
+    // whose map says epoch 1 is served.
     let mut c = cluster(ReplicationConfig::default());
-    let older = |m: Message| match m {
-        Message::Write {
-            req,
-            volume,
-            lba,
-            data,
-            fua,
-            ..
-        } => Message::Write {
-            req,
-            volume,
-            epoch: Epoch(0),
-            lba,
-            data,
-            fua,
-        },
-        Message::Read {
-            req,
-            volume,
-            lba,
-            blocks,
-            ..
-        } => Message::Read {
-            req,
-            volume,
-            epoch: Epoch(0),
-            lba,
-            blocks,
-        },
-        other => other,
-    };
-    c.client_sends(NodeId(1), older(write(1, 2, block(4, 1))));
+    drop_n3(&mut c);
+    c.client_sends(NodeId(1), write(1, 2, block(4, 1)));
     c.settle();
-    c.client_sends(NodeId(1), older(read(2, 2, 1)));
+    c.client_sends(NodeId(1), read(2, 2, 1));
     c.settle();
     assert_eq!(
         c.replies,
@@ -327,6 +298,28 @@ fn a_primary_serves_a_client_whose_map_is_older() {
                 data: block(4, 1)
             }
         ]
+    );
+    // n1 goes down: n2 leads extent 0 from epoch 3. A request from epoch 2 (n1's
+    // reign; it may have been delayed past writes n2 has acknowledged) is refused.
+    publish(
+        &mut c,
+        Command::NodeDown {
+            node: NodeId(1),
+            lease_expires_ns: 0,
+        },
+    );
+    c.net.retain(|(_, to, _)| *to != NodeId(1));
+    c.client_sends(NodeId(2), write_at_epoch(3, 2, block(5, 1), 2));
+    c.settle();
+    assert!(matches!(
+        failed_with(&c, 3),
+        Some(WeirError::StaleEpoch { .. })
+    ));
+    c.client_sends(NodeId(2), write_at_epoch(4, 2, block(5, 1), 3));
+    c.settle();
+    assert_eq!(
+        c.replies.last(),
+        Some(&Message::WriteOk { req: RequestId(4) })
     );
 }
 
