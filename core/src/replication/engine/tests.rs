@@ -280,7 +280,6 @@ fn read_waits_for_an_earlier_overlapping_write() {
 
 #[test]
 fn a_primary_serves_a_client_whose_map_is_older_only_within_its_reign() {
-    use crate::control::Command;
     // n3 leaves extent 0's in-sync set: epoch 2, n1 still the primary. A client
     // whose map says epoch 1 is served.
     let mut c = cluster(ReplicationConfig::default());
@@ -301,14 +300,7 @@ fn a_primary_serves_a_client_whose_map_is_older_only_within_its_reign() {
     );
     // n1 goes down: n2 leads extent 0 from epoch 3. A request from epoch 2 (n1's
     // reign; it may have been delayed past writes n2 has acknowledged) is refused.
-    publish(
-        &mut c,
-        Command::NodeDown {
-            node: NodeId(1),
-            lease_expires_ns: 0,
-        },
-    );
-    c.net.retain(|(_, to, _)| *to != NodeId(1));
+    n1_goes_down(&mut c);
     c.client_sends(NodeId(2), write_at_epoch(3, 2, block(5, 1), 2));
     c.settle();
     assert!(matches!(
@@ -520,6 +512,16 @@ fn drop_n3(c: &mut Cluster) {
         node: NodeId(3),
     };
     publish(c, cmd);
+}
+
+/// n1 is declared down (its lease long over) and every message to it is lost.
+fn n1_goes_down(c: &mut Cluster) {
+    let cmd = crate::control::Command::NodeDown {
+        node: NodeId(1),
+        lease_expires_ns: 0,
+    };
+    publish(c, cmd);
+    c.net.retain(|(_, to, _)| *to != NodeId(1));
 }
 
 /// Apply control-plane `cmd` to every engine's map (as the control plane would).
@@ -1410,20 +1412,12 @@ fn a_rebuild_chunk_whose_ack_is_lost_lets_go_of_its_range_and_is_sent_again() {
 
 #[test]
 fn a_retried_write_overwritten_since_is_answered_without_bringing_old_data_back() {
-    use crate::control::Command;
     let mut c = cluster(ReplicationConfig::default());
     // Write A (request 1) reaches every replica, but n1 dies before it answers.
     c.client_sends(NodeId(1), write(1, 0, block(0xA, 2)));
     c.deliver();
     while c.complete_one(NodeId(2)) || c.complete_one(NodeId(3)) {}
-    publish(
-        &mut c,
-        Command::NodeDown {
-            node: NodeId(1),
-            lease_expires_ns: 0,
-        },
-    );
-    c.net.retain(|(_, to, _)| *to != NodeId(1));
+    n1_goes_down(&mut c);
     c.deliver();
     c.replies.clear();
     // n2 leads at epoch 2; write B (request 2) overwrites both blocks.
