@@ -255,16 +255,9 @@ enum Op {
         lba: Lba,
         blocks: u64,
     },
-    /// A rebuild copy of `[lba, lba + versions.len())` to `node`, under a shared
-    /// range lock from the local read until the replica acknowledges it.
-    Rebuild {
-        extent: ExtentId,
-        node: NodeId,
-        lba: Lba,
-        versions: Vec<Version>,
-        /// Where the chunk stands.
-        phase: rebuild::ChunkPhase,
-    },
+    /// A rebuild chunk, under a shared range lock from its probe until the replica
+    /// acknowledges it.
+    Rebuild(rebuild::Chunk),
 }
 
 /// The acknowledgements a fan-out still waits for, by sender, and the first error
@@ -1013,7 +1006,7 @@ impl Replicator {
     fn start(&mut self, op: OpId) -> Vec<OpId> {
         let extent = match self.ops.get(&op) {
             Some(Op::Write { extent, .. } | Op::Read { extent, .. }) => *extent,
-            Some(Op::Rebuild { .. }) => {
+            Some(Op::Rebuild(_)) => {
                 // A copy reads the primary's own data for a replica that checks the
                 // epoch itself: no lease needed. First the replica is asked which
                 // blocks it lacks.
@@ -1210,7 +1203,7 @@ impl Replicator {
                 self.reply_read(client, req, result);
                 self.unlock(extent, op);
             }
-            Some(Op::Rebuild { .. }) => self.rebuild_read_done(op, result),
+            Some(Op::Rebuild(_)) => self.rebuild_read_done(op, result),
             Some(Op::Repair(_)) => self.repair_written(op, result),
             Some(Op::Fetch { .. }) => self.fetch_read_done(op, result),
             // The op was failed by a map change while its I/O ran.
@@ -1399,7 +1392,7 @@ impl Replicator {
                 Op::Write { extent: e, .. }
                 | Op::Read { extent: e, .. }
                 | Op::Fetch { extent: e, .. }
-                | Op::Rebuild { extent: e, .. } => *e == extent,
+                | Op::Rebuild(rebuild::Chunk { extent: e, .. }) => *e == extent,
                 Op::Repair(r) => r.locked && r.extent == extent,
                 Op::Flush { .. } => false,
             })
@@ -1416,7 +1409,7 @@ impl Replicator {
                     }
                 }
                 // The new primary rebuilds afresh; an asking replica asks it.
-                Some(Op::Rebuild { .. } | Op::Fetch { .. }) => {}
+                Some(Op::Rebuild(_) | Op::Fetch { .. }) => {}
                 _ => unreachable!("selected above"),
             }
         }

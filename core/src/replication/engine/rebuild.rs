@@ -56,6 +56,17 @@ pub(crate) enum ChunkPhase {
     Sent,
 }
 
+/// One chunk of a copy at the primary: `[lba, lba + versions.len())` to `node`.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    pub(super) extent: ExtentId,
+    pub(super) node: NodeId,
+    pub(super) lba: Lba,
+    pub(super) versions: Vec<Version>,
+    /// Where the chunk stands.
+    pub(super) phase: ChunkPhase,
+}
+
 /// Progress of one copy, for status reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RebuildProgress {
@@ -209,7 +220,7 @@ impl Replicator {
     /// (or writes to those blocks would wait for an ack that never comes); the
     /// chunk's first block if it was out.
     fn withdraw_chunk(&mut self, extent: ExtentId, op: OpId) -> Option<Lba> {
-        let Some(Op::Rebuild { lba, .. }) = self.ops.remove(&op) else {
+        let Some(Op::Rebuild(Chunk { lba, .. })) = self.ops.remove(&op) else {
             return None;
         };
         let state = self.primary.get_mut(&extent).expect("a chunk holds a lock");
@@ -420,13 +431,13 @@ impl Replicator {
                     in_flight += 1;
                     self.ops.insert(
                         op,
-                        Op::Rebuild {
+                        Op::Rebuild(Chunk {
                             extent,
                             node,
                             lba: first,
                             versions,
                             phase: ChunkPhase::Locking,
-                        },
+                        }),
                     );
                     let lock = &mut self.primary_state(extent).lock;
                     if lock.acquire(op, first, end, Mode::Shared) {
@@ -468,35 +479,44 @@ impl Replicator {
         self.actions.push_back(Action::Control { command });
     }
 
+    /// Rebuild chunk `op`, if it is one still out.
+    fn chunk_mut(&mut self, op: OpId) -> Option<&mut Chunk> {
+        match self.ops.get_mut(&op) {
+            Some(Op::Rebuild(chunk)) => Some(chunk),
+            _ => None,
+        }
+    }
+
+    /// What to send the replica for chunk `op` (`data` empty for a probe), at its
+    /// copy's epoch; `None` if the copy has ended.
+    fn chunk_copy(&self, op: OpId, data: Bytes) -> Option<(NodeId, RebuildCopy)> {
+        let Some(Op::Rebuild(chunk)) = self.ops.get(&op) else {
+            unreachable!("a rebuild chunk");
+        };
+        let copy = self.rebuild.copies.get(&(chunk.extent, chunk.node))?;
+        let run = RebuildCopy {
+            extent: chunk.extent,
+            epoch: copy.epoch,
+            lba: chunk.lba,
+            versions: chunk.versions.clone(),
+            data,
+        };
+        Some((chunk.node, run))
+    }
+
     /// Chunk `op` holds its range lock: ask the replica which blocks it lacks.
     /// Returns the ops that become ready if the chunk is dropped instead (its copy
     /// ended while it waited for the lock).
     pub(super) fn probe_chunk(&mut self, op: OpId) -> Vec<OpId> {
-        let Some(Op::Rebuild {
-            extent,
-            node,
-            lba,
-            versions,
-            phase,
-        }) = self.ops.get_mut(&op)
-        else {
-            unreachable!("started a rebuild chunk that is not one");
-        };
-        debug_assert_eq!(*phase, ChunkPhase::Locking);
-        *phase = ChunkPhase::Probing;
-        let (extent, node, lba, versions) = (*extent, *node, *lba, versions.clone());
-        let Some(epoch) = self.rebuild.copies.get(&(extent, node)).map(|c| c.epoch) else {
+        let chunk = self.chunk_mut(op).expect("started a rebuild chunk");
+        debug_assert_eq!(chunk.phase, ChunkPhase::Locking);
+        chunk.phase = ChunkPhase::Probing;
+        let extent = chunk.extent;
+        let Some((node, copy)) = self.chunk_copy(op, Bytes::new()) else {
             // The copy was dropped while this chunk waited (its withdrawal let an
             // earlier op go, which let this one go): nothing to send.
             self.ops.remove(&op);
             return self.release(extent, op);
-        };
-        let copy = RebuildCopy {
-            extent,
-            epoch,
-            lba,
-            versions,
-            data: Bytes::new(),
         };
         self.send(node, Message::RebuildProbe { op, copy });
         Vec::new()
@@ -510,34 +530,29 @@ impl Replicator {
         op: OpId,
         result: Result<(u32, u32), WeirError>,
     ) {
-        let Some(Op::Rebuild {
-            extent,
-            node,
-            lba,
-            versions,
-            phase,
-        }) = self.ops.get_mut(&op)
-        else {
+        let bs = u64::from(self.map.volume().block_size);
+        let Some(chunk) = self.chunk_mut(op) else {
             return tracing::warn!(%from, %op, "probe answer for no chunk; dropped");
         };
-        if *node != from || *phase != ChunkPhase::Probing {
+        if chunk.node != from || chunk.phase != ChunkPhase::Probing {
             return tracing::warn!(%from, %op, "probe answer for no chunk asked there; dropped");
         }
+        let len = chunk.versions.len();
         let (from_block, to_block) = match result {
-            Ok((a, b)) if a <= b && b as usize <= versions.len() => (a as usize, b as usize),
+            Ok((a, b)) if a <= b && b as usize <= len => (a as usize, b as usize),
             Ok(range) => {
                 // No correct replica answers this; send it the whole run.
                 tracing::warn!(%from, %op, ?range, "probe answer out of the run; copying all of it");
-                (0, versions.len())
+                (0, len)
             }
             Err(e) => return self.finish_chunk(op, Err(e)),
         };
-        let bs = u64::from(self.map.volume().block_size);
-        let skipped = (versions.len() - (to_block - from_block)) as u64 * bs;
-        *lba = Lba(lba.0 + from_block as u64);
-        *versions = versions[from_block..to_block].to_vec();
-        *phase = ChunkPhase::Reading;
-        let (extent, node, start, blocks) = (*extent, *node, *lba, versions.len() as u64);
+        let skipped = (len - (to_block - from_block)) as u64 * bs;
+        chunk.lba = chunk.lba.offset(from_block as u64);
+        chunk.versions = chunk.versions[from_block..to_block].to_vec();
+        chunk.phase = ChunkPhase::Reading;
+        let (extent, node, start) = (chunk.extent, chunk.node, chunk.lba);
+        let blocks = chunk.versions.len() as u64;
         if let Some(c) = self.rebuild.copies.get_mut(&(extent, node)) {
             c.bytes_skipped += skipped;
         }
@@ -552,21 +567,12 @@ impl Replicator {
 
     /// The local read of rebuild chunk `op` finished: send it.
     pub(super) fn rebuild_read_done(&mut self, op: OpId, result: IoResult) {
-        let Some(Op::Rebuild {
-            extent,
-            node,
-            lba,
-            versions,
-            phase,
-        }) = self.ops.get_mut(&op)
-        else {
-            unreachable!("matched a rebuild chunk");
-        };
-        debug_assert_eq!(*phase, ChunkPhase::Reading);
+        let chunk = self.chunk_mut(op).expect("matched a rebuild chunk");
+        debug_assert_eq!(chunk.phase, ChunkPhase::Reading);
         let data = match result {
             IoResult::Read(data) => data,
             IoResult::Failed(e) => {
-                let (extent, lba, blocks) = (*extent, *lba, versions.len() as u64);
+                let (extent, lba, blocks) = (chunk.extent, chunk.lba, chunk.versions.len() as u64);
                 self.finish_chunk(op, Err(e.clone()));
                 // The chunk is sent again after a pause; by then the blocks are
                 // fetched from another in-sync replica and written back.
@@ -577,17 +583,9 @@ impl Replicator {
             }
             IoResult::Done => panic!("a rebuild read completed without data"),
         };
-        *phase = ChunkPhase::Sent;
-        let (extent, node, lba, versions) = (*extent, *node, *lba, versions.clone());
-        let Some(epoch) = self.rebuild.copies.get(&(extent, node)).map(|c| c.epoch) else {
+        chunk.phase = ChunkPhase::Sent;
+        let Some((node, copy)) = self.chunk_copy(op, data) else {
             return self.finish_chunk(op, Err(WeirError::NotPrimary(self.me)));
-        };
-        let copy = RebuildCopy {
-            extent,
-            epoch,
-            lba,
-            versions,
-            data,
         };
         self.send(node, Message::RebuildWrite { op, copy });
     }
@@ -595,23 +593,23 @@ impl Replicator {
     /// The rebuilding replica answered chunk `op`.
     pub(super) fn rebuild_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
         match self.ops.get(&op) {
-            Some(Op::Rebuild {
+            Some(Op::Rebuild(Chunk {
                 node,
                 phase: ChunkPhase::Sent,
                 ..
-            }) if *node == from => self.finish_chunk(op, result),
+            })) if *node == from => self.finish_chunk(op, result),
             _ => tracing::warn!(%from, %op, "rebuild ack for no chunk sent there; dropped"),
         }
     }
 
     fn finish_chunk(&mut self, op: OpId, result: Result<(), WeirError>) {
-        let Some(Op::Rebuild {
+        let Some(Op::Rebuild(Chunk {
             extent,
             node,
             lba,
             versions,
             ..
-        }) = self.ops.remove(&op)
+        })) = self.ops.remove(&op)
         else {
             unreachable!("matched a rebuild chunk");
         };

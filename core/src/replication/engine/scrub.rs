@@ -93,10 +93,10 @@ impl Replicator {
     pub(super) fn scrub_done(&mut self, extent: ExtentId, lba: Lba, blocks: u64, result: IoResult) {
         self.scrub.reading = false;
         self.scrub.bytes += blocks * u64::from(self.map.volume().block_size);
-        let repairing = self.ops.values().any(|op| {
-            matches!(op, Op::Repair(r) if r.lba.0 < lba.0 + blocks && lba.0 < r.lba.0 + r.blocks)
-        });
         if let IoResult::Failed(e @ WeirError::Device(DevError::Media(_))) = result {
+            let repairing = self.ops.values().any(|op| {
+                matches!(op, Op::Repair(r) if r.lba.0 < lba.0 + blocks && lba.0 < r.lba.0 + r.blocks)
+            });
             if repairing {
                 // Found on an earlier pass; that repair is under way.
                 return self.scrub_tick();
