@@ -15,6 +15,7 @@ pub mod error;
 pub mod ids;
 pub mod map;
 pub mod node;
+pub mod record;
 pub mod replication;
 pub mod time;
 pub mod transport;

@@ -52,12 +52,26 @@ pub enum NodeError {
     /// on a vote or an entry it may forget.
     #[error("raft log: {0}")]
     Log(std::io::Error),
+    /// A block-version checkpoint could not be written: the node stops rather
+    /// than leave a forgotten version on record.
+    #[error("block-version checkpoint: {0}")]
+    Checkpoint(std::io::Error),
 }
 
 /// Where a node keeps its durable Raft log (a file in production).
 pub trait LogStore: Send + Sync + 'static {
     /// Append `record` and make it durable before returning.
     fn append(&mut self, record: &[u8]) -> std::io::Result<()>;
+}
+
+/// Where a node keeps its block-version checkpoints (a file in production; see
+/// [`crate::replication::versions`]).
+pub trait VersionStore: Send + Sync + 'static {
+    /// Append a delta `record` and make it durable before returning.
+    fn append(&mut self, record: &[u8]) -> std::io::Result<()>;
+    /// Replace everything with a full checkpoint `record`, durably and atomically
+    /// (the old contents stay whole until the new ones are).
+    fn replace(&mut self, record: &[u8]) -> std::io::Result<()>;
 }
 
 /// What a running node reports about itself, for status pages and metrics.
@@ -75,20 +89,43 @@ pub struct NodeReport {
     pub rebuilds: Vec<RebuildProgress>,
     /// Device commands in flight.
     pub device_inflight: usize,
+    /// Block-version checkpoints written since the start.
+    pub checkpoints: u64,
 }
 
 /// The daemon's handle on a running node: ask for map changes, watch its reports.
 #[derive(Clone, Debug)]
 pub struct NodeHandle {
-    requests: mpsc::UnboundedSender<Command>,
+    requests: mpsc::UnboundedSender<Request>,
     reports: watch::Receiver<NodeReport>,
+}
+
+/// What a [`NodeHandle`] asks of its node.
+#[derive(Debug)]
+enum Request {
+    /// Commit a map change.
+    Control(Command),
+    /// Checkpoint block versions now; answer once written (false: checkpoints are
+    /// off, or the device is gone).
+    Checkpoint(tokio::sync::oneshot::Sender<bool>),
 }
 
 impl NodeHandle {
     /// Ask the control plane to commit `command` (forwarded to the leader). The
     /// outcome shows in a later report's map; false if the node has stopped.
     pub fn request(&self, command: Command) -> bool {
-        self.requests.send(command).is_ok()
+        self.requests.send(Request::Control(command)).is_ok()
+    }
+
+    /// Checkpoint the node's block versions now (a clean shutdown does, so the
+    /// restarted node is sent nothing it holds) and wait until it is written down.
+    /// False if checkpoints are off, the device is gone or the node has stopped.
+    pub async fn checkpoint(&self) -> bool {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.requests.send(Request::Checkpoint(tx)).is_err() {
+            return false;
+        }
+        rx.await.unwrap_or(false)
     }
 
     /// The node's latest report.
@@ -115,8 +152,10 @@ pub struct Node<T, D> {
     scale: u64,
     control: Option<(ControlPlane, std::time::Duration, EventLog)>,
     audit: Option<AuditLog>,
-    /// Device commands in flight, and when each was issued.
-    device_inflight: std::collections::BTreeMap<IoId, tokio::time::Instant>,
+    /// Device commands in flight, and when each was issued (`None` for flushes: a
+    /// flush waits for the device's write cache to drain, which under a heavy write
+    /// load takes long on a healthy device, so it does not count as a stall).
+    device_inflight: std::collections::BTreeMap<IoId, Option<tokio::time::Instant>>,
     /// Whether the device answered within [`DEVICE_TIMEOUT`] at the last tick.
     device_healthy: bool,
     /// Ticks in a row that found a device command older than [`DEVICE_TIMEOUT`].
@@ -124,7 +163,15 @@ pub struct Node<T, D> {
     /// The device answered `Gone`: the node serves nothing until restarted.
     device_gone: bool,
     log_store: Option<Box<dyn LogStore>>,
-    requests: Option<mpsc::UnboundedReceiver<Command>>,
+    /// Where checkpoints go, and the name of the device they describe.
+    version_store: Option<(Box<dyn VersionStore>, String)>,
+    /// Block versions restored from checkpoints at start.
+    restored_blocks: usize,
+    /// Event times count from this instant (default: when `run` starts).
+    events_since: Option<tokio::time::Instant>,
+    requests: Option<mpsc::UnboundedReceiver<Request>>,
+    /// Checkpoints asked for through the handle: (number, who waits).
+    checkpoint_waiters: Vec<(u64, tokio::sync::oneshot::Sender<bool>)>,
     reports: Option<watch::Sender<NodeReport>>,
 }
 
@@ -181,7 +228,11 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             stalled_ticks: 0,
             device_gone: false,
             log_store: None,
+            version_store: None,
+            restored_blocks: 0,
+            events_since: None,
             requests: None,
+            checkpoint_waiters: Vec::new(),
             reports: None,
         })
     }
@@ -204,6 +255,28 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// [`ControlPlane::open`]).
     pub fn with_log_store(mut self, store: Box<dyn LogStore>) -> Self {
         self.log_store = Some(store);
+        self
+    }
+
+    /// Keep block-version checkpoints of `device` in `store`, starting from
+    /// `restored`, what the store held (see [`crate::replication::versions::replay`]).
+    /// Checkpoints are taken every [`ReplicationConfig::checkpoint_every_ns`].
+    pub fn with_version_store(
+        mut self,
+        store: Box<dyn VersionStore>,
+        device: String,
+        restored: std::collections::BTreeMap<Lba, crate::ids::Version>,
+    ) -> Self {
+        self.restored_blocks = restored.len();
+        self.engine.restore_versions(restored);
+        self.version_store = Some((store, device));
+        self
+    }
+
+    /// Count event times from `since` (a simulated cluster's start, so a restarted
+    /// node's events line up with the others').
+    pub fn with_events_since(mut self, since: tokio::time::Instant) -> Self {
+        self.events_since = Some(since);
         self
     }
 
@@ -238,6 +311,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             r.device_healthy = self.device_healthy;
             r.rebuilds = self.engine.rebuild_progress();
             r.device_inflight = self.device_inflight.len();
+            r.checkpoints = self.engine.checkpoints_written().0;
         });
     }
 
@@ -256,7 +330,18 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// Serve until the transport closes.
     pub async fn run(mut self) -> Result<(), NodeError> {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(IoId, IoResult)>();
-        let start = crate::time::now();
+        let start = self.events_since.unwrap_or_else(crate::time::now);
+        if self.restored_blocks > 0 {
+            let bytes =
+                self.restored_blocks as u64 * u64::from(self.engine.map().volume().block_size);
+            let line = format!(
+                "{} restored the versions of {} blocks ({:.1} MiB) from its checkpoints",
+                self.engine.id(),
+                self.restored_blocks,
+                bytes as f64 / (1 << 20) as f64
+            );
+            self.event(start, line);
+        }
         let tick = self
             .control
             .as_ref()
@@ -266,6 +351,14 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.drain_actions(&done_tx, start).await?;
+            // Checkpoints asked for are written down once drained.
+            let finished = self.engine.checkpoints_finished();
+            for (_, done) in self
+                .checkpoint_waiters
+                .extract_if(.., |(n, _)| *n <= finished)
+            {
+                let _ = done.send(true);
+            }
             // `biased`: device completions first (they free resources), and no draw
             // from tokio's unseeded thread-local RNG, which would break determinism.
             tokio::select! {
@@ -287,6 +380,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     let stalled = self
                         .device_inflight
                         .values()
+                        .flatten()
                         .min()
                         .is_some_and(|&t| crate::time::now() - t >= DEVICE_TIMEOUT);
                     self.stalled_ticks = if stalled { self.stalled_ticks + 1 } else { 0 };
@@ -313,11 +407,22 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     self.engine.handle_tick(now);
                     self.report();
                 }
-                Some(command) = recv_request(&mut self.requests) => {
-                    if let Some((plane, ..)) = &mut self.control {
-                        plane.request(&command);
+                Some(request) = recv_request(&mut self.requests) => match request {
+                    Request::Control(command) => {
+                        if let Some((plane, ..)) = &mut self.control {
+                            plane.request(&command);
+                        }
                     }
-                }
+                    Request::Checkpoint(done) => {
+                        self.clock();
+                        match self.engine.checkpoint_now() {
+                            Some(n) => self.checkpoint_waiters.push((n, done)),
+                            None => {
+                                let _ = done.send(false);
+                            }
+                        }
+                    }
+                },
                 frame = self.transport.recv() => {
                     let (from, frame) = frame?;
                     match Message::decode(&frame) {
@@ -406,6 +511,17 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     },
                     Action::Io { io, cmd } => self.issue(io, cmd, done.clone()),
                     Action::Event(line) => self.event(start, line),
+                    Action::Checkpoint { runs, full } => {
+                        if let Some((store, device)) = &mut self.version_store {
+                            use crate::replication::versions::encode;
+                            let done = if full {
+                                store.replace(&encode(Some(device), &runs))
+                            } else {
+                                store.append(&encode(None, &runs))
+                            };
+                            done.map_err(NodeError::Checkpoint)?;
+                        }
+                    }
                     Action::Audit(fact) => {
                         if let Some(log) = &self.audit {
                             log.lock()
@@ -453,7 +569,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     }
 
     fn issue(&mut self, io: IoId, cmd: IoCmd, done: mpsc::UnboundedSender<(IoId, IoResult)>) {
-        self.device_inflight.insert(io, crate::time::now());
+        let issued = (!matches!(cmd, IoCmd::Flush)).then(crate::time::now);
+        self.device_inflight.insert(io, issued);
         let device = self.device.clone();
         let queues = u64::from(device.geometry().queues.max(1));
         let queue = (io.0 % queues) as u16;
@@ -494,7 +611,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
 }
 
 /// The next admin request, or never if the node has no handle.
-async fn recv_request(requests: &mut Option<mpsc::UnboundedReceiver<Command>>) -> Option<Command> {
+async fn recv_request(requests: &mut Option<mpsc::UnboundedReceiver<Request>>) -> Option<Request> {
     match requests {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

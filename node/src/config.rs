@@ -25,6 +25,8 @@
 //! queues = 2                  # io_uring submission queues
 //! queue_depth = 128           # entries per queue
 //! scrub_rate = "16M"          # bytes/s the background scrubber reads (0: off)
+//! checkpoint_ms = 1000        # block-version checkpoints (0: off; a restarted
+//!                             # node is then sent every block again)
 //!
 //! [nbd]
 //! listen = "127.0.0.1:10809"  # NBD front end; export name = volume name
@@ -177,6 +179,15 @@ pub struct DeviceSection {
     /// blocks nobody reads (0: off).
     #[serde(default = "default_scrub_rate")]
     pub scrub_rate: Size,
+    /// How often the node checkpoints which block versions its device holds
+    /// (after a device flush), so that, restarted, it is sent only the blocks
+    /// written since. 0: never.
+    #[serde(default = "default_checkpoint_ms")]
+    pub checkpoint_ms: u64,
+}
+
+fn default_checkpoint_ms() -> u64 {
+    1000
 }
 
 fn default_scrub_rate() -> Size {
@@ -265,6 +276,7 @@ impl Default for DeviceSection {
             queues: two(),
             queue_depth: default_depth(),
             scrub_rate: default_scrub_rate(),
+            checkpoint_ms: default_checkpoint_ms(),
         }
     }
 }
@@ -413,6 +425,12 @@ impl Config {
             return bad(
                 "device.queues",
                 "queues and queue_depth must be above 0".into(),
+            );
+        }
+        if self.device.checkpoint_ms > 3_600_000 {
+            return bad(
+                "device.checkpoint_ms",
+                "at most an hour (3600000), or 0 for never".into(),
             );
         }
         let t = &self.timeouts;

@@ -109,6 +109,31 @@ pub async fn run(
     if plane.restored_epochs().is_some() {
         tracing::info!(%me, records = bytes.len(), "restarted from the raft log");
     }
+    let versions_path = dir.join("versions.ckpt");
+    let (mut versions_file, bytes) = LogFile::open(&versions_path)
+        .with_context(|| format!("opening {}", versions_path.display()))?;
+    let identity = crate::logfile::device_identity(&device_path, config.cluster.pool_size.0)
+        .with_context(|| format!("naming device {}", device_path.display()))?;
+    let restored = weir_core::replication::versions::replay(
+        &bytes,
+        &identity,
+        pool_spec(&config).capacity_blocks,
+    );
+    if let Some(other) = &restored.foreign {
+        tracing::warn!(
+            path = %versions_path.display(),
+            this = %identity,
+            other = %other,
+            "block-version checkpoints describe another device; ignored (a rebuild sends every block)"
+        );
+    } else if restored.records > 0 {
+        tracing::info!(
+            blocks = restored.versions.len(),
+            records = restored.records,
+            "block versions restored from checkpoints"
+        );
+    }
+    versions_file.truncate(restored.valid_len as u64)?;
 
     let peers: BTreeMap<NodeId, std::net::SocketAddr> = config
         .cluster
@@ -144,12 +169,14 @@ pub async fn run(
         map.clone(),
         ReplicationConfig {
             scrub_bytes_per_sec: config.device.scrub_rate.0,
+            checkpoint_every_ns: config.device.checkpoint_ms * 1_000_000,
             ..ReplicationConfig::default()
         },
         BufPool::new(POOL_BYTES),
     )?
     .with_control(plane, Duration::from_millis(t.tick_ms), events.clone())
-    .with_log_store(Box::new(log));
+    .with_log_store(Box::new(log))
+    .with_version_store(Box::new(versions_file), identity, restored.versions);
     let handle = node.handle();
     let mut node_task = tokio_real::spawn(node.run());
 
@@ -174,7 +201,7 @@ pub async fn run(
     );
     let admin = Admin {
         me,
-        handle,
+        handle: handle.clone(),
         metrics,
         events,
         extent_bytes,
@@ -206,6 +233,17 @@ pub async fn run(
     };
     nbd_task.abort();
     server.unblock();
+    // The block versions the device holds are written down, so the restarted node
+    // is sent only what is written while it is away.
+    if outcome.is_ok() {
+        match tokio_real::time::timeout(Duration::from_secs(10), handle.checkpoint()).await {
+            Ok(true) => tracing::info!(%me, "block versions checkpointed"),
+            Ok(false) => {
+                tracing::info!(%me, "no block-version checkpoint (off, or the device is gone)")
+            }
+            Err(_) => tracing::warn!(%me, "block-version checkpoint did not finish in 10 s"),
+        }
+    }
     // Whatever the device caches reaches media before the process goes.
     if let Err(e) = device.submit(0, DevCommand::Flush).await {
         tracing::error!(error = %e, "device flush at shutdown failed");

@@ -1,5 +1,8 @@
-//! The node's Raft log file: records appended and made durable (`fdatasync`)
-//! before the node acts on them (see weir-core's `control::raft::persist`).
+//! The node's metadata files: its Raft log (records appended and made durable,
+//! `fdatasync`, before the node acts on them; see weir-core's
+//! `control::raft::persist`) and its block-version checkpoints (deltas appended
+//! the same way, a full checkpoint written aside and renamed over the file; see
+//! weir-core's `replication::versions`).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -41,7 +44,7 @@ impl LogFile {
     /// Cut a torn tail: keep the first `len` bytes.
     pub fn truncate(&mut self, len: u64) -> std::io::Result<()> {
         if self.file.metadata()?.len() > len {
-            tracing::warn!(path = %self.path.display(), len, "raft log had a torn tail; cut");
+            tracing::warn!(path = %self.path.display(), len, "torn or untrusted tail cut");
             self.file.set_len(len)?;
             self.file.sync_data()?;
         }
@@ -54,6 +57,57 @@ impl weir_core::node::LogStore for LogFile {
         self.file.write_all(record)?;
         self.file.sync_data()
     }
+}
+
+impl weir_core::node::VersionStore for LogFile {
+    fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
+        weir_core::node::LogStore::append(self, record)
+    }
+
+    /// Write `record` to a file beside this one, sync it, rename it over this one
+    /// and sync the directory: a crash leaves the old file or the new one, whole.
+    fn replace(&mut self, record: &[u8]) -> std::io::Result<()> {
+        let mut aside = self.path.clone().into_os_string();
+        aside.push(".new");
+        let aside = PathBuf::from(aside);
+        {
+            let mut f = File::create(&aside)?;
+            f.write_all(record)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&aside, &self.path)?;
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir)?.sync_all()?;
+        }
+        self.file = OpenOptions::new().append(true).open(&self.path)?;
+        Ok(())
+    }
+}
+
+/// A name for the device at `path` that changes when the device is replaced, so
+/// block-version checkpoints of one device are never trusted for another: a
+/// block device's WWID or serial (from sysfs; its major:minor if neither is
+/// readable), a file's filesystem and inode; with the capacity in bytes.
+pub fn device_identity(path: &Path, capacity_bytes: u64) -> std::io::Result<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path)?;
+    let name = if meta.file_type().is_block_device() {
+        let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
+        let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+        let read = |p: PathBuf| {
+            std::fs::read_to_string(p)
+                .ok()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+        };
+        read(sys.join("wwid"))
+            .or_else(|| read(sys.join("device/wwid")))
+            .or_else(|| read(sys.join("device/serial")))
+            .map_or(format!("block {major}:{minor}"), |id| format!("block {id}"))
+    } else {
+        format!("file {}:{}", meta.dev(), meta.ino())
+    };
+    Ok(format!("{name}, {capacity_bytes} bytes"))
 }
 
 #[cfg(test)]
@@ -79,6 +133,42 @@ mod tests {
         drop(log);
         let (_, bytes) = LogFile::open(&path).unwrap();
         assert_eq!(bytes, b"firstthird");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_replaced_file_holds_only_the_new_record_and_takes_appends() {
+        use weir_core::node::VersionStore;
+        let dir = std::env::temp_dir().join(format!("weir-ckpt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("versions.ckpt");
+        let _ = std::fs::remove_file(&path);
+        let (mut f, _) = LogFile::open(&path).unwrap();
+        VersionStore::append(&mut f, b"delta").unwrap();
+        f.replace(b"full").unwrap();
+        VersionStore::append(&mut f, b"+1").unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(&path).unwrap(), b"full+1");
+        assert!(!dir.join("versions.ckpt.new").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_recreated_device_file_has_another_identity() {
+        let dir = std::env::temp_dir().join(format!("weir-ident-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("device.img");
+        std::fs::write(&path, b"").unwrap();
+        let first = device_identity(&path, 1 << 20).unwrap();
+        assert_eq!(first, device_identity(&path, 1 << 20).unwrap());
+        assert_ne!(first, device_identity(&path, 2 << 20).unwrap());
+        // A new file in its place (a new inode while the old one is still held).
+        let held = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"").unwrap();
+        assert_ne!(first, device_identity(&path, 1 << 20).unwrap());
+        drop(held);
+        assert!(device_identity(&dir.join("missing"), 1).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -46,6 +46,7 @@ pub struct Metrics {
     rebuild_total: Gauge,
     device_inflight: Gauge,
     device_healthy: Gauge,
+    checkpoints: Gauge,
     nodes_up: Gauge,
     leader: Gauge,
     volumes: Gauge,
@@ -76,6 +77,7 @@ impl Metrics {
             rebuild_done: Gauge::default(),
             rebuild_total: Gauge::default(),
             device_inflight: Gauge::default(),
+            checkpoints: Gauge::default(),
             device_healthy: Gauge::default(),
             nodes_up: Gauge::default(),
             leader: Gauge::default(),
@@ -119,6 +121,11 @@ impl Metrics {
                 "device_healthy",
                 "1 while the device answers in time",
                 m.device_healthy.clone(),
+            );
+            r.register(
+                "version_checkpoints",
+                "Block-version checkpoints written since the node started",
+                m.checkpoints.clone(),
             );
             r.register("nodes_up", "Members the map marks up", m.nodes_up.clone());
             r.register(
@@ -182,6 +189,7 @@ impl Metrics {
         self.rebuild_total.set(total as i64);
         self.device_inflight.set(report.device_inflight as i64);
         self.device_healthy.set(i64::from(report.device_healthy));
+        self.checkpoints.set(report.checkpoints as i64);
         let up = report
             .state
             .nodes
@@ -208,7 +216,11 @@ mod tests {
         m.record("read", 4096, Duration::from_micros(80));
         m.record("read", 4096, Duration::from_micros(120));
         m.error("write");
-        let text = m.render(NodeId(1), &NodeReport::default());
+        let report = NodeReport {
+            checkpoints: 7,
+            ..NodeReport::default()
+        };
+        let text = m.render(NodeId(1), &report);
         assert!(
             text.contains("weir_nbd_requests_total{op=\"read\"} 2"),
             "{text}"
@@ -226,6 +238,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("weir_device_healthy 0"), "{text}");
+        assert!(text.contains("weir_version_checkpoints 7"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

@@ -455,9 +455,17 @@ fn real_clients_on_a_three_node_cluster_and_a_restart() {
     );
     assert!(!out.contains("verification failed"), "{out}");
 
-    // Stop the whole cluster and start it again: volumes and data are still there.
+    // Stop the whole cluster and start it again: volumes and data are still there,
+    // and each node knows from its checkpoints which block versions it holds.
     cluster.stop();
     let cluster = Cluster::start(&dir.join("data"), 1000);
+    for n in 1..=3 {
+        let log = std::fs::read_to_string(dir.join(format!("data/node{n}/weir.log"))).unwrap();
+        assert!(
+            log.contains("block versions restored from checkpoints"),
+            "node {n} restored no block versions:\n{log}"
+        );
+    }
     let list = cluster.weir(&["volume", "list"]);
     assert_eq!(
         String::from_utf8_lossy(&list.stdout),

@@ -165,10 +165,18 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         audit: true,
         rebuild_bytes_per_sec: 0,
         scrub_bytes_per_sec: scenario.cluster.scrub_mib_per_sec << 20,
+        checkpoint_every_ns: scenario.cluster.checkpoint_ms * 1_000_000,
     };
     let events: EventLog = Arc::default();
     let audit: AuditLog = Arc::default();
-    let hosts = start_nodes(&fabric, &map, config, &scenario, &events, &audit);
+    let hosts = start_nodes(
+        &fabric,
+        &map,
+        config,
+        &scenario,
+        (&events, cluster_start),
+        &audit,
+    );
     // Every host attaches before traffic starts.
     let checker = Arc::new(fabric.endpoint(NodeId(CHECKER_HOST)).expect("new host"));
     let client_transports: Vec<_> = (0..scenario.workload.clients)
@@ -184,7 +192,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let mut faults = schedule_faults(&fabric, &scenario);
     let mut crashes = Vec::new();
     let kills = KillLog::default();
-    faults.extend(schedule_node_faults(
+    let node_faults = schedule_node_faults(
         &fabric,
         &hosts,
         &scenario,
@@ -195,7 +203,8 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
             cluster_start,
         },
         &map,
-    ));
+    );
+    faults.extend(node_faults.described);
     faults.sort();
     let first_fault_ns = faults.first().map_or(u64::MAX, |(at_us, _)| at_us * 1000);
     // Fault times are drawn from the workload's start; the report counts from the
@@ -225,6 +234,9 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         ops.extend(client.await.expect("client task"));
     }
     ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
+    // Liveness counts from when the faults stop: a node may still be paused, cut
+    // off or down before its restart when the workload ends.
+    tokio::time::sleep_until(epoch + Duration::from_micros(node_faults.end_us)).await;
     // Media errors in written blocks neither a read nor the scrubber has found.
     let unreadable: usize = hosts
         .iter()
@@ -234,7 +246,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
 
     let replicas = scenario.cluster.replicas as usize;
     let (replica_reads, expected_copies, liveness) =
-        read_back(checker, map.clone(), &ops, replicas).await;
+        read_back(checker, map.clone(), &ops, replicas, node_faults.live).await;
     let history = History {
         ops,
         replica_reads,
@@ -523,8 +535,12 @@ fn schedule_node_faults(
     crashes: &mut Vec<(NodeId, u64)>,
     logs: &FaultLogs,
     map: &ClusterMap,
-) -> Vec<(u64, String)> {
+) -> NodeFaults {
     let (events, kills, cluster_start) = (&logs.events, &logs.kills, logs.cluster_start);
+    // Nodes that end the run alive, with a device: every other is lost for good.
+    let mut live: Vec<NodeId> = hosts.iter().map(|(n, ..)| *n).collect();
+    // When the last fault with an end (a pause, partition, stall or restart) ends.
+    let mut end_us = 0;
     let f = &s.faults;
     let mut victims: Vec<(NodeId, madsim::task::NodeId)> =
         hosts.iter().map(|(n, h, _)| (*n, *h)).collect();
@@ -558,10 +574,12 @@ fn schedule_node_faults(
         });
         out.push((at_us, format!("node {node} crashes")));
         crashes.push((node, at_us));
+        live.retain(|n| *n != node);
     }
     for _ in 0..f.node_pauses {
         let (node, host) = victims.remove(thread_rng().gen_range(0..victims.len()));
         let (at_us, for_us) = (first_half_us(), lasting(f.pause_ms));
+        end_us = end_us.max(at_us + for_us);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_micros(at_us)).await;
             Handle::current().pause(host);
@@ -577,6 +595,7 @@ fn schedule_node_faults(
         use weir_transport_sim::fabric::Fault;
         let (node, _) = victims.remove(thread_rng().gen_range(0..victims.len()));
         let (at_us, for_us) = (first_half_us(), lasting(f.partition_ms));
+        end_us = end_us.max(at_us + for_us);
         let suffix = format!("->{node}");
         for (link, _) in fabric
             .links()
@@ -598,6 +617,7 @@ fn schedule_node_faults(
         let (node, _) = victims.remove(thread_rng().gen_range(0..victims.len()));
         let ssd = ssd_of(node);
         let (at_us, for_us) = (first_half_us(), lasting(f.hang_ms));
+        end_us = end_us.max(at_us + for_us);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_micros(at_us)).await;
             ssd.hang();
@@ -615,6 +635,7 @@ fn schedule_node_faults(
         let ssd = ssd_of(node);
         let (events, kills) = (events.clone(), kills.clone());
         let (at_us, for_us) = (first_half_us(), lasting(f.restart_ms));
+        end_us = end_us.max(at_us + for_us);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_micros(at_us)).await;
             Handle::current().kill(host);
@@ -646,6 +667,7 @@ fn schedule_node_faults(
     }
     for _ in 0..f.device_losses {
         let (node, _) = victims.remove(thread_rng().gen_range(0..victims.len()));
+        live.retain(|n| *n != node);
         let ssd = ssd_of(node);
         let at_us = first_half_us();
         tokio::spawn(async move {
@@ -684,7 +706,21 @@ fn schedule_node_faults(
             ),
         ));
     }
-    out
+    NodeFaults {
+        described: out,
+        end_us,
+        live,
+    }
+}
+
+/// What [`schedule_node_faults`] scheduled.
+struct NodeFaults {
+    /// Each fault, with its time from the workload's start (us).
+    described: Vec<(u64, String)>,
+    /// When the last fault with an end ends (us from the workload's start).
+    end_us: u64,
+    /// Nodes that end the run alive, with a device.
+    live: Vec<NodeId>,
 }
 
 /// The fabric's samples and counters, with ports and hosts by name.
@@ -755,7 +791,7 @@ fn start_nodes(
     map: &ClusterMap,
     config: ReplicationConfig,
     s: &Scenario,
-    events: &EventLog,
+    (events, cluster_start): (&EventLog, Instant),
     audit: &AuditLog,
 ) -> Vec<(NodeId, madsim::task::NodeId, Arc<SimSsd>)> {
     let voters = map.nodes().to_vec();
@@ -770,14 +806,22 @@ fn start_nodes(
         };
         let ssd = Arc::new(SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config"));
         let device = ssd.clone();
-        // What survives a crash: the device and the durable Raft log.
+        // What survives a crash: the device, the durable Raft log and the
+        // block-version checkpoints.
         let log = MemLog::default();
+        let versions = MemLog::default();
+        let volume_blocks = map.volume().capacity_blocks;
         let (map, voters, bootstrap) = (map.clone(), voters.clone(), bootstrap.clone());
         let (events, audit) = (events.clone(), audit.clone());
         // Run at start and again at every restart: a new incarnation of the node
         // from what survived.
         let incarnation = move || {
             let bytes = log.0.lock().expect("raft log").clone();
+            let device = format!("sim-ssd-{id}");
+            let restored = {
+                let file = versions.0.lock().expect("versions");
+                weir_core::replication::versions::replay(&file, &device, volume_blocks).versions
+            };
             let (plane, _) = ControlPlane::open(
                 id,
                 &voters,
@@ -796,8 +840,10 @@ fn start_nodes(
             )
             .expect("node fits")
             .with_control(plane, TICK, events.clone())
+            .with_events_since(cluster_start)
             .with_audit(audit.clone())
-            .with_log_store(Box::new(log.clone()));
+            .with_log_store(Box::new(log.clone()))
+            .with_version_store(Box::new(versions.clone()), device, restored);
             async move {
                 if let Err(e) = node.run().await {
                     tracing::error!(error = %e, "node stopped");
@@ -814,13 +860,25 @@ fn start_nodes(
     hosts
 }
 
-/// A node's durable Raft log in the simulator: it survives the node's crashes.
+/// A node's durable Raft log, or its block-version checkpoints, in the simulator:
+/// they survive the node's crashes.
 #[derive(Clone, Debug, Default)]
 struct MemLog(Arc<Mutex<Vec<u8>>>);
 
 impl weir_core::node::LogStore for MemLog {
     fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
         self.0.lock().expect("raft log").extend_from_slice(record);
+        Ok(())
+    }
+}
+
+impl weir_core::node::VersionStore for MemLog {
+    fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
+        weir_core::node::LogStore::append(self, record)
+    }
+
+    fn replace(&mut self, record: &[u8]) -> std::io::Result<()> {
+        *self.0.lock().expect("versions") = record.to_vec();
         Ok(())
     }
 }
@@ -978,14 +1036,15 @@ impl Worker {
     }
 }
 
-/// How long after the workload every replica on an up node must be back in sync.
+/// How long after the workload and the last fault every replica on an up node must be back in sync.
 const LIVENESS_BOUND: Duration = Duration::from_secs(2);
 
-/// Wait until the cluster has healed (at most [`LIVENESS_BOUND`]): no up node is
-/// still rebuilding an extent, and every extent has `replicas` in-sync copies, or
-/// one on every up node where fewer are up (a spare replaced every node down past
-/// the replacement timeout).
-async fn await_in_sync(volume: &Volume<SimTransport>, replicas: usize) -> Verdict {
+/// Wait until the cluster has healed (at most [`LIVENESS_BOUND`]): every `live`
+/// node (alive with a device at the end) is up in the map, no up node is still
+/// rebuilding an extent, and every extent has `replicas` in-sync copies, or one on
+/// every up node where fewer are up (a spare replaced every node down past the
+/// replacement timeout).
+async fn await_in_sync(volume: &Volume<SimTransport>, replicas: usize, live: &[NodeId]) -> Verdict {
     use weir_core::control::NodeStatus;
     let start = Instant::now();
     loop {
@@ -1001,6 +1060,11 @@ async fn await_in_sync(volume: &Volume<SimTransport>, replicas: usize) -> Verdic
             .map(|(id, n)| format!("{n} still rebuilding {id}"))
             .collect();
         behind.extend(
+            live.iter()
+                .filter(|n| state.nodes.get(n) != Some(&NodeStatus::Up))
+                .map(|n| format!("{n}, alive, is not up")),
+        );
+        behind.extend(
             state
                 .extents
                 .iter()
@@ -1011,13 +1075,18 @@ async fn await_in_sync(volume: &Volume<SimTransport>, replicas: usize) -> Verdic
         if behind.is_empty() || waited >= LIVENESS_BOUND {
             let violations = behind
                 .into_iter()
-                .map(|b| format!("{b} {} ms after the workload", waited.as_millis()))
+                .map(|b| {
+                    format!(
+                        "{b} {} ms after the workload and the faults",
+                        waited.as_millis()
+                    )
+                })
                 .collect();
             return Verdict {
                 name: "liveness",
                 scope: format!(
                     "every extent back to {replicas} in-sync copies (or all up nodes) {:.1} ms \
-                     after the workload (bound {} ms)",
+                     after the workload and the faults (bound {} ms)",
                     waited.as_secs_f64() * 1e3,
                     LIVENESS_BOUND.as_millis()
                 ),
@@ -1035,6 +1104,7 @@ async fn read_back(
     map: ClusterMap,
     ops: &[OpRecord],
     replicas: usize,
+    live: Vec<NodeId>,
 ) -> (Vec<ReplicaRead>, BTreeMap<u64, usize>, Verdict) {
     let written: BTreeSet<u64> = ops
         .iter()
@@ -1044,7 +1114,7 @@ async fn read_back(
     let host = Handle::current().create_node().name("checker").build();
     host.spawn(async move {
         let volume = Volume::open(transport, map, thread_rng().gen());
-        let liveness = await_in_sync(&volume, replicas).await;
+        let liveness = await_in_sync(&volume, replicas, &live).await;
         // Read back from the replicas the final map counts as in sync: the ones that
         // must hold every acknowledged write.
         volume.refresh().await;

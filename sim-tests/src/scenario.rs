@@ -142,6 +142,9 @@ pub struct ClusterSpec {
     /// Background scrub rate of each node, MiB/s (reads the blocks it holds, to
     /// find media errors nobody reads). 0: off.
     pub scrub_mib_per_sec: u64,
+    /// How often each node checkpoints its block versions (simulated ms), so a
+    /// restarted node is sent only the blocks written since. 0: never.
+    pub checkpoint_ms: u64,
 }
 
 impl Default for ClusterSpec {
@@ -154,6 +157,7 @@ impl Default for ClusterSpec {
             extent_mib: 64,
             replace_after_ms: 200,
             scrub_mib_per_sec: 0,
+            checkpoint_ms: 20,
         }
     }
 }
@@ -450,6 +454,9 @@ impl Scenario {
                 "cluster.replace_after_ms",
                 "must be 0 or above the 150 ms lease (at most an hour)",
             );
+        }
+        if c.checkpoint_ms > 60_000 {
+            return bad("cluster.checkpoint_ms", "must be at most 60000");
         }
         if c.scrub_mib_per_sec > 100_000 {
             return bad("cluster.scrub_mib_per_sec", "must be at most 100000");

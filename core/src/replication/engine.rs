@@ -27,6 +27,7 @@ pub use rebuild::{RebuildProgress, DEFAULT_REBUILD_BYTES_PER_SEC, REBUILD_CHUNK_
 pub use scrub::SCRUB_RUN_BYTES;
 
 mod applied;
+mod checkpoint;
 mod rebuild;
 mod repair;
 mod scrub;
@@ -106,6 +107,14 @@ pub enum Action {
     Audit(Audit),
     /// Something worth a line in the node's event log (a rebuild finished).
     Event(String),
+    /// Write down these block versions, durable now (see `checkpoint`): a full
+    /// checkpoint replaces what was written before, a delta is appended to it.
+    Checkpoint {
+        /// Runs of blocks at one version; version 0: forgotten.
+        runs: Vec<crate::replication::versions::VersionRun>,
+        /// Whether this is every version the node holds.
+        full: bool,
+    },
 }
 
 /// What the engine did, for invariant checkers that see every node at once. Times
@@ -212,6 +221,10 @@ pub struct ReplicationConfig {
     pub rebuild_bytes_per_sec: u64,
     /// Background scrub rate of one node, bytes per second; 0: no scrubbing.
     pub scrub_bytes_per_sec: u64,
+    /// How often a node checkpoints its block versions (a device flush, then
+    /// [`Action::Checkpoint`]), ns; 0: never (a restarted node is then sent every
+    /// block it has not been written since).
+    pub checkpoint_every_ns: u64,
 }
 
 /// A client operation this node coordinates.
@@ -373,6 +386,8 @@ enum IoPurpose {
     },
     /// A rebuilding replica writing part of a primary's copy.
     RebuildWrite { primary: NodeId, op: OpId },
+    /// The flush of a block-version checkpoint.
+    Checkpoint,
 }
 
 /// Per-extent state of the primary.
@@ -409,6 +424,8 @@ pub struct Replicator {
     rebuild: rebuild::RebuildState,
     /// The background scrubber.
     scrub: scrub::Scrubber,
+    /// Block-version checkpoints, and the versions each device write carries.
+    checkpoint: checkpoint::Checkpoints,
     /// The device answered `Gone`: what this node holds is lost, whatever its
     /// versions say (a rebuild's probe is refused).
     device_gone: bool,
@@ -419,8 +436,9 @@ pub struct Replicator {
     device_writes: std::collections::BTreeSet<IoId>,
     deferred: BTreeMap<IoId, IoCmd>,
     /// After a restart: each extent's epoch in the map the node restarted with. It
-    /// serves as a primary only at later epochs (its versions from before are
-    /// forgotten; the control plane's `Restarted` moves its extents on).
+    /// serves as a primary only at later epochs (of its versions from before it
+    /// knows only lower bounds, from its checkpoints; the control plane's
+    /// `Restarted` moves its extents on).
     restored: BTreeMap<ExtentId, Epoch>,
     /// After a restart: (extent, replica) seen in sync at an epoch after the
     /// restored one. Such a replica lacks only writes this node has seen since.
@@ -447,6 +465,7 @@ impl Replicator {
             drops_asked: BTreeMap::new(),
             rebuild: rebuild::RebuildState::default(),
             scrub: scrub::Scrubber::default(),
+            checkpoint: checkpoint::Checkpoints::default(),
             device_gone: false,
             device_lock: RangeLock::default(),
             device_writes: std::collections::BTreeSet::new(),
@@ -456,8 +475,9 @@ impl Replicator {
         }
     }
 
-    /// This node restarted with a map whose extents had these epochs: it forgot
-    /// the versions it gave and saw before. It serves as a primary only at later
+    /// This node restarted with a map whose extents had these epochs: of the
+    /// versions it gave and saw before, it knows only what its checkpoints hold
+    /// ([`Replicator::restore_versions`]). It serves as a primary only at later
     /// epochs, numbers its writes above the first of them, and copies whole extents
     /// to replicas it has not seen in sync since.
     pub fn set_restored(&mut self, epochs: BTreeMap<ExtentId, Epoch>) {
@@ -484,11 +504,12 @@ impl Replicator {
         let IoCmd::Write { lba, data, .. } = &cmd else {
             panic!("{io:?} is not a write");
         };
-        let blocks = self.blocks_of(data);
+        let (lba, blocks) = (*lba, self.blocks_of(data));
+        self.note_device_write(io, lba, blocks);
         self.device_writes.insert(io);
         if self
             .device_lock
-            .acquire(OpId(io.0), *lba, lba.offset(blocks), Mode::Exclusive)
+            .acquire(OpId(io.0), lba, lba.offset(blocks), Mode::Exclusive)
         {
             self.actions.push_back(Action::Io { io, cmd });
         } else {
@@ -580,6 +601,7 @@ impl Replicator {
         self.expire_repairs();
         self.pump_rebuilds();
         self.scrub_tick();
+        self.checkpoint_tick();
         let mut asks = Vec::new();
         for op in self.ops.values() {
             let Op::Write {
@@ -753,7 +775,9 @@ impl Replicator {
         if matches!(result, IoResult::Failed(WeirError::Device(DevError::Gone))) {
             self.device_gone = true;
         }
-        if self.device_writes.remove(&io) {
+        let was_write = self.device_writes.remove(&io);
+        if was_write {
+            self.device_write_done(io, !matches!(result, IoResult::Failed(_)));
             for next in self.device_lock.release(OpId(io.0)) {
                 let cmd = self
                     .deferred
@@ -774,6 +798,8 @@ impl Replicator {
                 blocks,
                 version,
             } => {
+                // A failed write's versions are forgotten by now (see
+                // `device_write_done`), so a rebuild's probe asks for its blocks.
                 let result = io_unit(result);
                 if result.is_ok() {
                     let at_ns = self.now_ns;
@@ -783,18 +809,8 @@ impl Replicator {
                         version,
                         at_ns,
                     });
-                } else {
-                    // The blocks' contents are unknown now: forget the version
-                    // claimed when the write arrived (unless a later write has
-                    // claimed them since), so a rebuild's probe asks for them.
-                    for b in lba.0..lba.0 + blocks {
-                        if self.block_versions.get(&Lba(b)) == Some(&version) {
-                            self.block_versions.remove(&Lba(b));
-                        }
-                    }
                 }
                 self.send(primary, Message::ReplicaWriteAck { op, result });
-                self.answer_rebuilds();
             }
             IoPurpose::RebuildWrite { primary, op } => self.rebuild_io_done(primary, op, result),
             IoPurpose::ReplicaFlush { coordinator, op } => {
@@ -822,6 +838,11 @@ impl Replicator {
                 lba,
                 blocks,
             } => self.scrub_done(extent, lba, blocks, result),
+            IoPurpose::Checkpoint => self.checkpoint_flushed(io, result),
+        }
+        if was_write {
+            // A rebuild's answer may have waited for this write.
+            self.answer_rebuilds();
         }
     }
 

@@ -6,6 +6,7 @@
 
 pub mod engine;
 pub mod range_lock;
+pub mod versions;
 
 pub use engine::{
     Action, Audit, IoCmd, IoId, IoResult, RebuildProgress, ReplicationConfig, Replicator,

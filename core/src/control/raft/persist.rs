@@ -1,9 +1,6 @@
-//! The durable form of a member's Raft log: a sequence of records, each what one
-//! round of raft-rs's `Ready` asked to make durable (new entries, a new hard state).
-//!
-//! ```text
-//! | len: u32 LE | crc32 of payload: u32 LE | payload (postcard Record) |
-//! ```
+//! The durable form of a member's Raft log: a sequence of framed records (see
+//! [`crate::record`]), each a postcard `Record` of what one round of raft-rs's
+//! `Ready` asked to make durable (new entries, a new hard state).
 //!
 //! The driver appends each record to a file and makes it durable (`fdatasync`)
 //! before it sends the messages that follow it; a restarted member replays the
@@ -12,13 +9,9 @@
 //! the driver cuts the file there. Nothing in a torn record was acted upon: its
 //! messages were never sent.
 
+use crate::record::{frame, Frames};
 use raft::prelude::{Entry, EntryType, HardState};
 use serde::{Deserialize, Serialize};
-
-/// Bytes of a record's header (length and checksum).
-const RECORD_HEADER: usize = 8;
-/// Largest record payload replay accepts (a bound on what a corrupt length can ask).
-const MAX_RECORD_BYTES: usize = 64 << 20;
 
 #[derive(Serialize, Deserialize)]
 struct Record {
@@ -45,12 +38,7 @@ pub fn encode_record(hard_state: Option<&HardState>, entries: &[Entry]) -> Vec<u
             })
             .collect(),
     };
-    let payload = postcard::to_allocvec(&record).expect("a record always encodes");
-    let mut out = Vec::with_capacity(RECORD_HEADER + payload.len());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    out.extend_from_slice(&payload);
-    out
+    frame(&postcard::to_allocvec(&record).expect("a record always encodes"))
 }
 
 /// What a log file holds.
@@ -70,19 +58,8 @@ pub struct Replayed {
 /// whose entries would leave a gap in the log.
 pub fn replay(bytes: &[u8]) -> Replayed {
     let mut out = Replayed::default();
-    let mut at = 0;
-    while let Some(header) = bytes.get(at..at + RECORD_HEADER) {
-        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-        if len > MAX_RECORD_BYTES {
-            break;
-        }
-        let Some(payload) = bytes.get(at + RECORD_HEADER..at + RECORD_HEADER + len) else {
-            break;
-        };
-        if crc32fast::hash(payload) != crc {
-            break;
-        }
+    let mut frames = Frames::new(bytes);
+    while let Some(payload) = frames.next() {
         let Ok(record) = postcard::from_bytes::<Record>(payload) else {
             break;
         };
@@ -94,8 +71,7 @@ pub fn replay(bytes: &[u8]) -> Replayed {
             out.hard_state.vote = vote;
             out.hard_state.commit = commit;
         }
-        at += RECORD_HEADER + len;
-        out.valid_len = at;
+        out.valid_len = frames.valid_len();
         out.records += 1;
     }
     // A commit index past the entries held cannot be honoured.

@@ -402,8 +402,15 @@ impl Replicator {
                     // A run of consecutive blocks this node holds: only they are locked.
                     let limit = (first.0 + chunk_blocks).min(c.end.0);
                     let versions: Vec<Version> = match c.full {
+                        // Versions from before the restart are only lower bounds
+                        // (checkpoints): the replica may hold a later write this
+                        // node lost with its cache. Every such block is sent at
+                        // `base`, above them all, so the replica takes this node's.
                         Some(base) => (first.0..limit)
-                            .map(|b| self.block_versions.get(&Lba(b)).copied().unwrap_or(base))
+                            .map(|b| {
+                                let v = self.block_versions.get(&Lba(b)).copied();
+                                v.map_or(base, |v| v.max(base))
+                            })
                             .collect(),
                         None => self
                             .block_versions
@@ -787,39 +794,27 @@ impl Replicator {
                 }
             }
         }
-        self.answer_rebuilds();
     }
 
-    /// Acknowledge every copy whose writes are done and whose blocks no older write
-    /// still in flight here covers.
+    /// Answer every copy whose writes are done, and every probe, whose blocks no
+    /// device write still in flight here covers (`handle_io` calls this after each
+    /// device write).
     pub(super) fn answer_rebuilds(&mut self) {
         if self.rebuild.incoming.is_empty() {
             return;
         }
-        let busy = |ios: &BTreeMap<IoId, IoPurpose>, lba: Lba, blocks: u64| {
-            ios.values().any(|p| {
-                matches!(p, IoPurpose::ReplicaWrite { lba: l, blocks: n, .. }
-                    if l.0 < lba.0 + blocks && lba.0 < l.0 + n)
-            })
-        };
-        // A probe also waits for an earlier copy of its blocks still being written
-        // (one the primary gave up on and sent again, say): its versions are
-        // claimed already.
-        let copying = |incoming: &[Incoming], lba: Lba, blocks: u64| {
-            incoming.iter().any(|c| {
-                c.probe.is_none()
-                    && c.ios_left > 0
-                    && c.lba.0 < lba.0 + blocks
-                    && lba.0 < c.lba.0 + c.blocks
-            })
+        // Any device write of these blocks still in flight here (forwarded,
+        // copied, a repair, or this node's own from when it was primary): its
+        // versions are claimed already, and a failed one forgets them.
+        let busy = |writing: &BTreeMap<IoId, (Lba, Vec<Version>)>, lba: Lba, blocks: u64| {
+            writing
+                .values()
+                .any(|(l, vs)| l.0 < lba.0 + blocks && lba.0 < l.0 + vs.len() as u64)
         };
         let mut i = 0;
         while i < self.rebuild.incoming.len() {
             let inc = &self.rebuild.incoming[i];
-            if inc.ios_left > 0
-                || busy(&self.ios, inc.lba, inc.blocks)
-                || (inc.probe.is_some() && copying(&self.rebuild.incoming, inc.lba, inc.blocks))
-            {
+            if inc.ios_left > 0 || busy(&self.checkpoint.writing, inc.lba, inc.blocks) {
                 i += 1;
                 continue;
             }

@@ -29,6 +29,8 @@ struct Cluster {
     events: Vec<String>,
     /// Rebuild copies sent, as (first block, blocks).
     copies: Vec<(Lba, usize)>,
+    /// Each node's block-version checkpoint file, as the driver would keep it.
+    checkpoints: BTreeMap<NodeId, Vec<u8>>,
 }
 
 fn cluster(config: ReplicationConfig) -> Cluster {
@@ -62,6 +64,7 @@ fn cluster(config: ReplicationConfig) -> Cluster {
         audits: Vec::new(),
         events: Vec::new(),
         copies: Vec::new(),
+        checkpoints: BTreeMap::new(),
     }
 }
 
@@ -89,6 +92,15 @@ impl Cluster {
                     Action::Control { command } => self.controls.push((n, command)),
                     Action::Audit(fact) => self.audits.push((n, fact)),
                     Action::Event(line) => self.events.push(line),
+                    Action::Checkpoint { runs, full } => {
+                        use crate::replication::versions::encode;
+                        let file = self.checkpoints.entry(n).or_default();
+                        if full {
+                            *file = encode(Some("disk"), &runs);
+                        } else {
+                            file.extend(encode(None, &runs));
+                        }
+                    }
                 }
             }
         }
@@ -434,9 +446,7 @@ fn a_replica_rejects_an_older_version_over_a_newer_one() {
     let acks: Vec<_> = std::iter::from_fn(|| n2.poll_action())
         .filter_map(|a| match a {
             Action::Send { msg, .. } => Some(msg),
-            Action::Io { .. } | Action::Control { .. } | Action::Audit(_) | Action::Event(_) => {
-                None
-            }
+            _ => None,
         })
         .collect();
     assert_eq!(
@@ -1299,8 +1309,9 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
     use crate::control::Command;
     let mut c = rebuild_cluster(ReplicationConfig::default());
     // Before n3's rebuild is done, n2 goes down, and n1, the last in-sync copy,
-    // restarts: it forgets every version, including those of the blocks n3 missed
-    // (2 and 9). (A restarted node with another in-sync copy beside it leaves the
+    // restarts. It restores its versions from its checkpoint (lower bounds; here
+    // every one), but a replica it has not seen in sync since may hold a later
+    // write n1 lost with its cache: it must copy whole extents above them all. (A restarted node with another in-sync copy beside it leaves the
     // in-sync set instead; the control plane's tests cover that.)
     publish(
         &mut c,
@@ -1319,9 +1330,11 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
         .collect();
     // Its device commands in flight are gone with it.
     c.ios.retain(|(n, ..)| *n != NodeId(1));
+    let held: BTreeMap<Lba, Version> = c.engines[&NodeId(1)].block_versions().collect();
     let mut fresh = Replicator::new(NodeId(1), map.clone(), ReplicationConfig::default());
     fresh.set_clock(0, u64::MAX);
     fresh.set_restored(epochs.clone());
+    fresh.restore_versions(held);
     c.engines.insert(NodeId(1), fresh);
     // Wipe n3's copy of block 9 to see that the restarted primary copies it again.
     c.disks.get_mut(&NodeId(3)).unwrap().remove(&9);
@@ -1598,4 +1611,189 @@ fn the_background_scrubber_finds_and_repairs_a_bad_block_nobody_reads() {
     assert_eq!(errors, 2);
     // n1 holds 10 blocks and walked them again and again over 20 ms.
     assert!(c.engines[&NodeId(1)].scrub_progress().0 > 10 * BS as u64);
+}
+
+/// What node `n`'s checkpoint file restores, block by block.
+fn restored(c: &Cluster, n: u32) -> BTreeMap<Lba, Version> {
+    let file = c.checkpoints.get(&NodeId(n)).cloned().unwrap_or_default();
+    crate::replication::versions::replay(&file, "disk", 64).versions
+}
+
+fn with_checkpoints() -> ReplicationConfig {
+    ReplicationConfig {
+        checkpoint_every_ns: 1_000,
+        ..ReplicationConfig::default()
+    }
+}
+
+#[test]
+fn a_checkpoint_holds_only_versions_completed_before_its_flush_and_forgets_failed_writes() {
+    let mut c = cluster(with_checkpoints());
+    fill(&mut c, 1, 4, 1, 1);
+    let n3 = NodeId(3);
+    // The first checkpoint is full. A write to block 8 reaches n3 after its flush
+    // was issued: not in it, though its version is claimed.
+    c.engines.get_mut(&n3).unwrap().handle_tick(10_000);
+    c.collect();
+    assert!(matches!(c.ios.last(), Some((n, _, IoCmd::Flush)) if *n == n3));
+    c.client_sends(NodeId(1), write(10, 8, block(2, 1)));
+    c.deliver();
+    assert!(c.complete_one(n3), "the flush");
+    let want: BTreeMap<Lba, Version> = (0..4).map(|b| (Lba(b), v(b + 1))).collect();
+    assert_eq!(restored(&c, 3), want);
+    assert_eq!(c.engines[&n3].block_version(Lba(8)), Some(v(5)));
+    // Nothing is written down before the flush that makes it durable completes.
+    c.settle();
+    assert_eq!(restored(&c, 3), want);
+    assert_eq!(c.engines[&n3].checkpoints_written(), (1, 4));
+
+    // Block 8 (v5) is taken into the next checkpoint; before its flush completes,
+    // a newer write to block 8 fails on n3's device. Its version is forgotten at
+    // once, and the checkpoint must not write v5 back: what block 8 holds is
+    // unknown.
+    c.client_sends(NodeId(1), write(11, 8, block(3, 1)));
+    c.deliver();
+    c.engines.get_mut(&n3).unwrap().handle_tick(20_000);
+    c.collect();
+    c.fail_next_io(n3, DevError::Media(Lba(8)));
+    assert_eq!(c.engines[&n3].block_version(Lba(8)), None);
+    assert_eq!(restored(&c, 3), want);
+    c.settle();
+    assert_eq!(restored(&c, 3), want, "v5 of block 8 was written back");
+
+    // A later write to block 8 completes and is checkpointed as a delta.
+    c.client_sends(NodeId(1), write_at_epoch(12, 1, block(4, 1), 2));
+    c.settle();
+    let v1 = c.engines[&n3].block_version(Lba(1)).unwrap();
+    c.engines.get_mut(&n3).unwrap().handle_tick(30_000);
+    c.settle();
+    let mut want = want;
+    want.insert(Lba(1), v1);
+    assert_eq!(restored(&c, 3), want);
+    assert_eq!(c.engines[&n3].checkpoints_written(), (2, 5));
+    // Not before the interval: nothing dirty is left anyway.
+    c.engines.get_mut(&n3).unwrap().handle_tick(30_500);
+    c.collect();
+    assert!(c.ios.is_empty());
+}
+
+#[test]
+fn a_replica_restarted_from_its_checkpoint_is_sent_only_what_it_lacks() {
+    use crate::control::Command;
+    let mut c = cluster(with_checkpoints());
+    fill(&mut c, 1, 6, 1, 1);
+    let n3 = NodeId(3);
+    c.engines.get_mut(&n3).unwrap().handle_tick(10_000);
+    c.settle();
+    // Two more writes reach n3's device but no checkpoint; then n3 loses power
+    // and its device's cache with them.
+    c.client_sends(NodeId(1), write(20, 2, block(2, 1)));
+    c.client_sends(NodeId(1), write(21, 9, block(2, 1)));
+    c.settle();
+    let disk = c.disks.get_mut(&n3).unwrap();
+    disk.insert(2, vec![1; BS]);
+    disk.remove(&9);
+    let map = c.engines[&n3].map().clone();
+    let epochs = map
+        .state()
+        .extents
+        .iter()
+        .map(|(&id, e)| (id, e.epoch))
+        .collect();
+    let mut fresh = Replicator::new(n3, map, with_checkpoints());
+    fresh.set_clock(0, u64::MAX);
+    fresh.set_restored(epochs);
+    fresh.restore_versions(restored(&c, 3));
+    assert_eq!(fresh.block_version(Lba(2)), Some(v(3)), "a lower bound");
+    assert_eq!(fresh.block_version(Lba(9)), None);
+    c.engines.insert(n3, fresh);
+    publish(&mut c, Command::Restarted { node: n3 });
+    c.settle();
+    // Its probes asked only for blocks 2 and 9: the rest it still holds.
+    assert_eq!(c.copies, vec![(Lba(2), 1), (Lba(9), 1)]);
+    let progress = c.engines[&NodeId(1)].rebuild_progress();
+    assert_eq!(progress[0].bytes_sent, 2 * BS as u64);
+    for lba in 0..16 {
+        assert_eq!(
+            c.disk_block(n3, lba),
+            c.disk_block(NodeId(1), lba),
+            "block {lba} differs after the rebuild"
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_asked_for_covers_every_write_completed_before_the_ask() {
+    let mut c = cluster(with_checkpoints());
+    let n3 = NodeId(3);
+    assert_eq!(
+        Replicator::new(
+            n3,
+            c.engines[&n3].map().clone(),
+            ReplicationConfig::default()
+        )
+        .checkpoint_now(),
+        None,
+        "checkpoints off"
+    );
+    fill(&mut c, 1, 2, 1, 1);
+    // A checkpoint is in flight when block 5's write completes and a checkpoint
+    // is asked for: the one in flight does not cover it, the next one does.
+    c.engines.get_mut(&n3).unwrap().handle_tick(10_000);
+    c.collect();
+    c.client_sends(NodeId(1), write(10, 5, block(2, 1)));
+    c.deliver();
+    let at = c
+        .ios
+        .iter()
+        .position(|(n, _, cmd)| *n == n3 && matches!(cmd, IoCmd::Write { .. }));
+    let (_, io, _) = c.ios.remove(at.unwrap());
+    c.engines
+        .get_mut(&n3)
+        .unwrap()
+        .handle_io(io, IoResult::Done);
+    c.collect();
+    let asked = c.engines.get_mut(&n3).unwrap().checkpoint_now().unwrap();
+    assert_eq!(asked, 2);
+    assert!(c.complete_one(n3), "the first flush");
+    assert_eq!(c.engines[&n3].checkpoints_finished(), 1);
+    assert_eq!(restored(&c, 3).get(&Lba(5)), None);
+    c.settle();
+    assert_eq!(c.engines[&n3].checkpoints_finished(), 2);
+    assert_eq!(restored(&c, 3).get(&Lba(5)), Some(&v(3)));
+    // With nothing in flight it is taken at once.
+    let asked = c.engines.get_mut(&n3).unwrap().checkpoint_now().unwrap();
+    assert_eq!(asked, 3);
+    c.settle();
+    assert_eq!(c.engines[&n3].checkpoints_finished(), 3);
+}
+
+#[test]
+fn a_probe_waits_for_a_deposed_primarys_own_write_still_on_its_device() {
+    use crate::control::Command;
+    let mut c = cluster(ReplicationConfig::default());
+    // n1 writes block 3; the replicas' devices finish, n1's own does not yet.
+    c.client_sends(NodeId(1), write(1, 3, block(5, 1)));
+    c.deliver();
+    while c.complete_one(NodeId(2)) || c.complete_one(NodeId(3)) {}
+    c.deliver();
+    // n1 is deposed (n2 leads at epoch 2), then comes back and rebuilds: n2's
+    // probe for block 3 finds n1 claiming the version its own write gave.
+    n1_goes_down(&mut c);
+    publish(&mut c, Command::NodeUp { node: NodeId(1) });
+    c.deliver();
+    let probed = |c: &Cluster| {
+        c.engines[&NodeId(2)]
+            .rebuild_progress()
+            .iter()
+            .map(|p| p.bytes_done)
+            .sum::<u64>()
+    };
+    assert_eq!(probed(&c), 0, "n1 answered before its own write finished");
+    // That write fails: n1 forgets the version, and its answer asks for block 3.
+    c.fail_next_io(NodeId(1), DevError::Media(Lba(3)));
+    assert_eq!(c.engines[&NodeId(1)].block_version(Lba(3)), None);
+    c.settle();
+    assert_eq!(c.copies, vec![(Lba(3), 1)]);
+    assert_eq!(c.disk_block(NodeId(1), 3), Some(5));
 }
