@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 /// The two magic bytes that open every frame.
 pub const MAGIC: [u8; 2] = *b"WR";
 /// Current version of the frame and message encoding.
-pub const WIRE_VERSION: u8 = 4;
+pub const WIRE_VERSION: u8 = 5;
 /// Frame header length in bytes.
 pub const HEADER_BYTES: usize = 8;
 /// Largest body accepted: a 1 MiB data payload plus room for the message fields.
@@ -116,6 +116,9 @@ pub enum Message {
         epoch: Epoch,
         /// Version the primary gave this write.
         version: Version,
+        /// Every write of this extent up to this version has been acknowledged to
+        /// its client (or failed): a replica forgets those in its uncertain tail.
+        settled: Version,
         /// The client's request this write serves (a retry of a write reuses its
         /// request id; a replica that becomes primary recognises it).
         origin: (NodeId, RequestId),
@@ -243,6 +246,18 @@ pub enum Message {
         op: OpId,
         /// `(from, to)`, offsets in the run, or why not.
         result: Result<(u32, u32), WeirError>,
+    },
+    /// Replica -> an extent's new primary, when the replica sees it take over:
+    /// the blocks of writes it took from earlier primaries that may not have been
+    /// acknowledged (its uncertain tail). The new primary makes every copy of those
+    /// blocks agree with its own before it serves.
+    ReconcileTail {
+        /// The extent.
+        extent: ExtentId,
+        /// The epoch at which the new primary's reign began (`primary_since`).
+        reign: Epoch,
+        /// Runs of blocks: (first block, blocks).
+        blocks: Vec<(Lba, u32)>,
     },
 }
 

@@ -29,6 +29,7 @@ pub use scrub::SCRUB_RUN_BYTES;
 mod applied;
 mod checkpoint;
 mod rebuild;
+mod reconcile;
 mod repair;
 mod scrub;
 use crate::device::DevError;
@@ -271,6 +272,14 @@ enum Op {
     /// A rebuild chunk, under a shared range lock from its probe until the replica
     /// acknowledges it.
     Rebuild(rebuild::Chunk),
+    /// A new primary writing back its copy of blocks an earlier primary's
+    /// unanswered write may have touched (see `reconcile`): read under an exclusive
+    /// range lock, then written like a client write from this node.
+    Reconcile {
+        extent: ExtentId,
+        lba: Lba,
+        blocks: u64,
+    },
 }
 
 /// The acknowledgements a fan-out still waits for, by sender, and the first error
@@ -395,6 +404,8 @@ enum IoPurpose {
 struct PrimaryExtent {
     last_version: Version,
     lock: RangeLock,
+    /// Versions of writes not yet answered (see `reconcile`).
+    unsettled: std::collections::BTreeSet<Version>,
 }
 
 /// The replication engine of one node.
@@ -443,12 +454,14 @@ pub struct Replicator {
     /// After a restart: (extent, replica) seen in sync at an epoch after the
     /// restored one. Such a replica lacks only writes this node has seen since.
     seen_in_sync: std::collections::BTreeSet<(ExtentId, NodeId)>,
+    /// Uncertain tails, and reconciliation when a primary takes over.
+    reconcile: reconcile::Reconciler,
 }
 
 impl Replicator {
     /// The engine of node `me` under `map`.
     pub fn new(me: NodeId, map: ClusterMap, config: ReplicationConfig) -> Self {
-        Replicator {
+        let mut engine = Replicator {
             me,
             map,
             config,
@@ -472,7 +485,10 @@ impl Replicator {
             deferred: BTreeMap::new(),
             restored: BTreeMap::new(),
             seen_in_sync: std::collections::BTreeSet::new(),
-        }
+            reconcile: reconcile::Reconciler::default(),
+        };
+        engine.reconcile_start_with();
+        engine
     }
 
     /// This node restarted with a map whose extents had these epochs: of the
@@ -550,6 +566,7 @@ impl Replicator {
         if self.now_ns < self.lease_end()
             && self.now_ns >= self.serve_from(extent)
             && !restarted_here
+            && self.reconciled(extent)
         {
             Ok(())
         } else {
@@ -571,6 +588,7 @@ impl Replicator {
             .map(|(&id, e)| (id, e.epoch))
             // Not at an epoch it may have served in before a restart.
             .filter(|(id, epoch)| self.restored.get(id).is_none_or(|r| epoch > r))
+            .filter(|(id, _)| self.reconciled(*id))
             .collect();
         let until_ns = self.lease_end();
         for (extent, epoch) in led {
@@ -602,6 +620,7 @@ impl Replicator {
         self.pump_rebuilds();
         self.scrub_tick();
         self.checkpoint_tick();
+        self.reconcile_tick();
         let mut asks = Vec::new();
         for op in self.ops.values() {
             let Op::Write {
@@ -708,11 +727,27 @@ impl Replicator {
                 extent,
                 epoch,
                 version,
+                settled,
                 origin,
                 lba,
                 data,
                 fua,
-            } => self.replica_write(from, op, extent, epoch, version, origin, lba, data, fua),
+            } => self.replica_write(
+                from,
+                op,
+                extent,
+                epoch,
+                (version, settled),
+                origin,
+                lba,
+                data,
+                fua,
+            ),
+            Message::ReconcileTail {
+                extent,
+                reign,
+                blocks,
+            } => self.reconcile_tail(from, extent, reign, blocks),
             Message::ReplicaWriteAck { op, result } => self.write_acked(from, op, result),
             Message::ReplicaFlush { op } => {
                 if !self.map.nodes().contains(&from) {
@@ -1043,6 +1078,10 @@ impl Replicator {
                 self.actions.push_back(Action::Io { io, cmd });
                 return Vec::new();
             }
+            Some(&Op::Reconcile { lba, blocks, .. }) => {
+                self.start_reconcile_read(op, lba, blocks);
+                return Vec::new();
+            }
             Some(Op::Flush { .. }) => panic!("{op} cannot be started"),
             None => return Vec::new(),
         };
@@ -1106,6 +1145,8 @@ impl Replicator {
             .expect("locked extent has state");
         let version = state.last_version.next();
         state.last_version = version;
+        state.unsettled.insert(version);
+        let settled = self.settled(extent);
         if let Some(Op::Write { version: v, .. }) = self.ops.get_mut(&op) {
             *v = version;
         }
@@ -1160,12 +1201,14 @@ impl Replicator {
             // here means its own state is corrupt.
             panic!("primary {} version regression at {lba}: {e}", self.me);
         }
-        let write = applied::Applied {
-            lba,
-            blocks,
-            version,
-        };
-        self.applied.note((client, req), write, now_ns);
+        if client != self.me {
+            let write = applied::Applied {
+                lba,
+                blocks,
+                version,
+            };
+            self.applied.note((client, req), write, now_ns);
+        }
         let io = self.io(IoPurpose::Op(op));
         self.write_device(
             io,
@@ -1181,6 +1224,7 @@ impl Replicator {
                 extent,
                 epoch: placement.epoch,
                 version,
+                settled,
                 origin: (client, req),
                 lba,
                 data: data.clone(),
@@ -1227,6 +1271,7 @@ impl Replicator {
             Some(Op::Rebuild(_)) => self.rebuild_read_done(op, result),
             Some(Op::Repair(_)) => self.repair_written(op, result),
             Some(Op::Fetch { .. }) => self.fetch_read_done(op, result),
+            Some(Op::Reconcile { .. }) => self.reconcile_read_done(op, result),
             // The op was failed by a map change while its I/O ran.
             None => tracing::debug!(%op, "completion for an op already failed"),
         }
@@ -1292,7 +1337,15 @@ impl Replicator {
             };
             self.audit(fact);
         }
-        self.reply(client, req, outcome.map(|()| Message::WriteOk { req }));
+        if let Some(state) = self.primary.get_mut(&extent) {
+            state.unsettled.remove(&version);
+        }
+        if client == self.me {
+            // A reconciliation's write-back.
+            self.reconcile_pushed(extent);
+        } else {
+            self.reply(client, req, outcome.map(|()| Message::WriteOk { req }));
+        }
         self.unlock(extent, op);
     }
 
@@ -1333,6 +1386,7 @@ impl Replicator {
             let state = PrimaryExtent {
                 last_version,
                 lock: RangeLock::default(),
+                unsettled: Default::default(),
             };
             self.primary.insert(extent, state);
         }
@@ -1402,6 +1456,7 @@ impl Replicator {
             }
         }
         self.rebuilds_after_map();
+        self.reconcile_after_map();
     }
 
     /// Fail every operation of `extent` and forget its primary state.
@@ -1413,7 +1468,8 @@ impl Replicator {
                 Op::Write { extent: e, .. }
                 | Op::Read { extent: e, .. }
                 | Op::Fetch { extent: e, .. }
-                | Op::Rebuild(rebuild::Chunk { extent: e, .. }) => *e == extent,
+                | Op::Rebuild(rebuild::Chunk { extent: e, .. })
+                | Op::Reconcile { extent: e, .. } => *e == extent,
                 Op::Repair(r) => r.locked && r.extent == extent,
                 Op::Flush { .. } => false,
             })
@@ -1430,7 +1486,7 @@ impl Replicator {
                     }
                 }
                 // The new primary rebuilds afresh; an asking replica asks it.
-                Some(Op::Rebuild(_) | Op::Fetch { .. }) => {}
+                Some(Op::Rebuild(_) | Op::Fetch { .. } | Op::Reconcile { .. }) => {}
                 _ => unreachable!("selected above"),
             }
         }
@@ -1465,7 +1521,7 @@ impl Replicator {
         op: OpId,
         extent: ExtentId,
         epoch: Epoch,
-        version: Version,
+        (version, settled): (Version, Version),
         origin: (NodeId, RequestId),
         lba: Lba,
         data: Bytes,
@@ -1477,6 +1533,7 @@ impl Replicator {
             return self.send(primary, Message::ReplicaWriteAck { op, result: Err(e) });
         }
         let blocks = self.blocks_of(&data);
+        self.note_tail(extent, version, lba, blocks, settled);
         let write = applied::Applied {
             lba,
             blocks,
@@ -1596,6 +1653,10 @@ impl Replicator {
     }
 
     fn fail(&mut self, client: NodeId, req: RequestId, error: WeirError) {
+        if client == self.me {
+            // An internal write (a reconciliation's), failed with its extent.
+            return;
+        }
         self.send(client, Message::Failed { req, error });
     }
 

@@ -82,6 +82,7 @@ fn message() -> impl Strategy<Value = Message> {
                 extent: ExtentId(x),
                 epoch: Epoch(e),
                 version: Version(v),
+                settled: Version(v / 2),
                 origin: (NodeId(c), RequestId(r)),
                 lba: Lba(l),
                 data,
@@ -155,6 +156,16 @@ fn control_message() -> impl Strategy<Value = Message> {
             .prop_map(|(o, r, e)| Message::RebuildProbeOk {
                 op: OpId(o),
                 result: e.map_or(Ok(r), Err)
+            }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            prop::collection::vec((any::<u64>(), any::<u32>()), 0..40)
+        )
+            .prop_map(|(x, e, b)| Message::ReconcileTail {
+                extent: ExtentId(x),
+                reign: Epoch(e),
+                blocks: b.into_iter().map(|(l, n)| (Lba(l), n)).collect(),
             }),
     ]
 }

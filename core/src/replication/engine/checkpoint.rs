@@ -115,8 +115,9 @@ impl Replicator {
             }
             if ok {
                 if enabled {
-                    let d = self.checkpoint.dirty.entry(b).or_default();
-                    *d = (*d).max(v);
+                    // Writes to a block complete in the order they were issued
+                    // (`write_device`): the last one is what the block holds.
+                    self.checkpoint.dirty.insert(b, v);
                 }
                 continue;
             }

@@ -137,6 +137,17 @@ pub(super) struct RebuildState {
     since_ns: Option<u64>,
 }
 
+/// Whether a rebuilding replica holding a block at `held` takes the primary's
+/// copy at `theirs`, `reign` being the floor of the primary's reign
+/// (`primary_since`). It does if its own is older; and if its own is newer but
+/// from before the reign: a write an earlier primary never answered, that reached
+/// this copy and not the primary (its own, if this node was that primary; see
+/// `reconcile`). The copy is the primary's data, what it serves. A newer block
+/// from this reign is a write forwarded after the copy was read: kept.
+fn takes(held: Version, theirs: Version, reign: Version) -> bool {
+    theirs > held || (held > theirs && held < reign)
+}
+
 impl Replicator {
     /// Copies in progress at this node as a primary.
     pub fn rebuild_progress(&self) -> Vec<RebuildProgress> {
@@ -656,11 +667,16 @@ impl Replicator {
             ..
         } = copy;
         let bs = self.map.volume().block_size as usize;
-        // Keep each block the copy has a newer version of, in contiguous runs.
+        // Keep each block the copy should replace (see `takes`), in contiguous runs.
         let mut runs: Vec<(usize, usize)> = Vec::new();
+        let reign = Version::epoch_floor(self.map.extent(copy.extent).primary_since);
         for (i, &v) in versions.iter().enumerate() {
             let b = Lba(lba.0 + i as u64);
-            if v <= self.block_versions.get(&b).copied().unwrap_or_default() {
+            if !takes(
+                self.block_versions.get(&b).copied().unwrap_or_default(),
+                v,
+                reign,
+            ) {
                 continue;
             }
             self.block_versions.insert(b, v);
@@ -735,10 +751,11 @@ impl Replicator {
     /// first block it holds older than the primary's `versions` to the last. Asked
     /// when the answer goes out, after the writes it waited for: one that failed
     /// has made its blocks' versions forgotten by then.
-    fn lacking(&self, lba: Lba, versions: &[Version]) -> (u32, u32) {
+    fn lacking(&self, extent: ExtentId, lba: Lba, versions: &[Version]) -> (u32, u32) {
+        let reign = Version::epoch_floor(self.map.extent(extent).primary_since);
         let lacks = |(i, v): (usize, &Version)| {
             let held = self.block_versions.get(&Lba(lba.0 + i as u64));
-            (*v > held.copied().unwrap_or_default()).then_some(i as u32)
+            takes(held.copied().unwrap_or_default(), *v, reign).then_some(i as u32)
         };
         let first = versions.iter().enumerate().find_map(lacks);
         let last = versions.iter().enumerate().rev().find_map(lacks);
@@ -822,7 +839,7 @@ impl Replicator {
             let msg = match &inc.probe {
                 Some(versions) => Message::RebuildProbeOk {
                     op: inc.op,
-                    result: Ok(self.lacking(inc.lba, versions)),
+                    result: Ok(self.lacking(self.map.extent_of(inc.lba), inc.lba, versions)),
                 },
                 None => Message::RebuildAck {
                     op: inc.op,

@@ -435,6 +435,7 @@ fn a_replica_rejects_an_older_version_over_a_newer_one() {
         extent: ExtentId(0),
         epoch: Epoch(1),
         version: Version(version),
+        settled: Version::default(),
         origin: (NodeId(100), RequestId(version)),
         lba: Lba(2),
         data: block(tag, 1),
@@ -1431,9 +1432,11 @@ fn a_retried_write_overwritten_since_is_answered_without_bringing_old_data_back(
     c.deliver();
     while c.complete_one(NodeId(2)) || c.complete_one(NodeId(3)) {}
     n1_goes_down(&mut c);
-    c.deliver();
+    // n2 leads at epoch 2, once it has written A's blocks back to n3 (they were
+    // in both replicas' uncertain tails).
+    c.settle_without(NodeId(1));
     c.replies.clear();
-    // n2 leads at epoch 2; write B (request 2) overwrites both blocks.
+    // Write B (request 2) overwrites both blocks.
     c.client_sends(NodeId(2), write_at_epoch(2, 0, block(0xB, 2), 2));
     c.settle();
     assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(2) }]);
@@ -1796,4 +1799,128 @@ fn a_probe_waits_for_a_deposed_primarys_own_write_still_on_its_device() {
     c.settle();
     assert_eq!(c.copies, vec![(Lba(3), 1)]);
     assert_eq!(c.disk_block(NodeId(1), 3), Some(5));
+}
+
+/// n1 writes block 5 (tag 7) but only `reaches` gets it before n1 goes down and
+/// n2 takes over; returns the cluster with n2's reconciliation under way.
+fn unacked_write_then_failover(reaches: NodeId) -> Cluster {
+    let mut c = cluster(ReplicationConfig::default());
+    fill(&mut c, 1, 8, 1, 1);
+    let misses = if reaches == NodeId(2) {
+        NodeId(3)
+    } else {
+        NodeId(2)
+    };
+    c.client_sends(NodeId(1), write(50, 5, block(7, 1)));
+    c.settle_without(misses);
+    assert!(
+        !c.replies.contains(&Message::WriteOk { req: RequestId(50) }),
+        "acknowledged without every replica"
+    );
+    // The write to `misses` is lost with n1.
+    c.net.retain(|(_, to, _)| *to != misses);
+    n1_goes_down(&mut c);
+    c.collect();
+    c
+}
+
+#[test]
+fn a_new_primary_writes_back_a_block_only_it_holds_before_it_serves() {
+    let mut c = unacked_write_then_failover(NodeId(2));
+    // n2 holds the unanswered write, n3 does not. Until n3's tail is in and the
+    // block is written back, n2 serves nothing of the extent.
+    let epoch = c.engines[&NodeId(2)].map().extent(ExtentId(0)).epoch;
+    let read_at = |req| Message::Read {
+        req: RequestId(req),
+        volume: VolumeId(1),
+        epoch,
+        lba: Lba(5),
+        blocks: 1,
+    };
+    c.client_sends(NodeId(2), read_at(60));
+    let (from, to, tail) = c
+        .net
+        .iter()
+        .find(|(_, to, _)| *to == NodeId(2))
+        .cloned()
+        .unwrap();
+    assert!(matches!(tail, Message::ReconcileTail { .. }), "{tail:?}");
+    c.net
+        .retain(|(_, t, m)| !(*t == to && matches!(m, Message::ReconcileTail { .. })));
+    c.deliver();
+    assert_eq!(
+        failed_with(&c, 60),
+        Some(WeirError::NoLease(NodeId(2))),
+        "served before reconciling"
+    );
+    c.net.push_back((from, to, tail));
+    c.settle_without(NodeId(1));
+    assert_eq!(c.disk_block(NodeId(3), 5), Some(7));
+    // The fill's 8 writes are still in n3's tail (no later write reached it to
+    // say they settled): written back too, harmlessly.
+    assert_eq!(c.engines[&NodeId(2)].blocks_reconciled(), 8);
+    let v2 = c.engines[&NodeId(2)].block_version(Lba(5));
+    assert_eq!(v2, c.engines[&NodeId(3)].block_version(Lba(5)));
+    assert!(v2.unwrap() > Version::epoch_floor(Epoch(2)));
+    // Now it serves, and the copies agree.
+    c.client_sends(NodeId(2), read_at(61));
+    c.settle_without(NodeId(1));
+    assert!(c.replies.contains(&Message::ReadOk {
+        req: RequestId(61),
+        data: block(7, 1)
+    }));
+}
+
+#[test]
+fn a_new_primary_overwrites_a_block_only_a_replica_holds() {
+    let mut c = unacked_write_then_failover(NodeId(3));
+    // n3 holds the unanswered write, n2 (the new primary) does not: n3's tail
+    // names the block, and n2 writes its own copy back over it.
+    assert_eq!(c.disk_block(NodeId(3), 5), Some(7));
+    c.settle_without(NodeId(1));
+    assert_eq!(c.disk_block(NodeId(3), 5), Some(1));
+    assert_eq!(c.disk_block(NodeId(2), 5), Some(1));
+    assert_eq!(
+        c.engines[&NodeId(2)].block_version(Lba(5)),
+        c.engines[&NodeId(3)].block_version(Lba(5))
+    );
+    // n2's own tail still names the fill's 8 writes (write 50 would have told
+    // it they settled); n3's only block 5.
+    assert_eq!(c.engines[&NodeId(2)].blocks_reconciled(), 8);
+}
+
+#[test]
+fn a_deposed_primary_rejoining_gives_up_its_own_unanswered_write() {
+    use crate::control::Command;
+    let mut c = cluster(ReplicationConfig::default());
+    fill(&mut c, 1, 8, 1, 1);
+    // A later write tells the replicas the fill's writes were all answered.
+    c.client_sends(NodeId(1), write(40, 9, block(1, 1)));
+    c.settle();
+    // n1's write to block 5 reaches its own device only.
+    c.engines
+        .get_mut(&NodeId(1))
+        .unwrap()
+        .handle_message(CLIENT, write(50, 5, block(7, 1)));
+    c.collect();
+    c.net
+        .retain(|(_, _, m)| !matches!(m, Message::ReplicaWrite { .. }));
+    assert!(c.complete_one(NodeId(1)));
+    assert_eq!(c.disk_block(NodeId(1), 5), Some(7));
+    // n1 is deposed; n2 leads without the write; n1 comes back and rebuilds.
+    n1_goes_down(&mut c);
+    c.settle_without(NodeId(1));
+    publish(&mut c, Command::NodeUp { node: NodeId(1) });
+    c.settle();
+    // Its block 5 is newer than n2's, but from before n2's reign and unknown to
+    // n2: it takes n2's copy.
+    assert_eq!(c.disk_block(NodeId(1), 5), Some(1));
+    assert_eq!(
+        c.engines[&NodeId(1)].block_version(Lba(5)),
+        c.engines[&NodeId(2)].block_version(Lba(5))
+    );
+    // Only block 9 (the last write, in the tails) was written back by n2's
+    // reconciliation; block 5 came to n1 as a copy.
+    assert_eq!(c.engines[&NodeId(2)].blocks_reconciled(), 1);
+    assert!(c.copies.contains(&(Lba(5), 1)), "{:?}", c.copies);
 }

@@ -1,0 +1,426 @@
+//! Reconciliation when a primary takes over an extent: before it serves, every
+//! in-sync copy agrees with it on the blocks a write left unacknowledged by an
+//! earlier primary may have touched.
+//!
+//! An earlier primary's write that was in flight when it failed may have reached
+//! some replicas and not others. Nobody acknowledged it, so either outcome is
+//! allowed, but the copies must not disagree: the new primary serves its own copy,
+//! and if a replica holding the other outcome became primary later, a reader could
+//! see the block change with no write.
+//!
+//! - A primary tells its replicas, with every write, the version up to which every
+//!   write of the extent has been answered (`settled`). Each replica keeps, per
+//!   extent, the writes it took above that: its *uncertain tail*, a window as long
+//!   as the primary's writes in flight (at most [`TAIL_MAX`] kept).
+//! - When a replica sees a new primary take over an extent (a new
+//!   `primary_since`), it sends that primary its tail's blocks
+//!   ([`Message::ReconcileTail`]).
+//! - The new primary waits for the tail of every other in-sync replica (asking the
+//!   control plane to drop one silent past [`REPLICA_TIMEOUT_NS`]), adds its own,
+//!   and writes its own copy of every block named, read from its device, to every
+//!   replica at a new version, like a client write. Only then does it serve the
+//!   extent. Rebuilding replicas get those writes too.
+//! - Until the new primary's first write after that, its `settled` is 0, so a
+//!   replica keeps its tail should this primary fail during reconciliation.
+
+use super::*;
+
+/// Most writes one extent's uncertain tail keeps (a primary has at most
+/// [`MAX_OPS_IN_FLIGHT`] writes in flight, of all its extents).
+pub(super) const TAIL_MAX: usize = MAX_OPS_IN_FLIGHT;
+
+/// Runs of blocks, as a tail names them: (first block, blocks).
+type BlockRuns = Vec<(Lba, u32)>;
+
+/// Reconciliation state of one node, as replica and as primary.
+#[derive(Debug, Default)]
+pub(super) struct Reconciler {
+    /// As a replica: per extent, writes taken above the last settled version:
+    /// version -> (first block, blocks).
+    tails: BTreeMap<ExtentId, BTreeMap<Version, (Lba, u64)>>,
+    /// As a replica: the reign (primary, `primary_since`) last seen per extent.
+    seen: BTreeMap<ExtentId, (NodeId, Epoch)>,
+    /// As a primary: the reign reconciled per extent.
+    done: BTreeMap<ExtentId, Epoch>,
+    /// As a primary: reconciliations in progress.
+    running: BTreeMap<ExtentId, Run>,
+    /// Tails that arrived before this node saw the reign they are for:
+    /// (extent, sender) -> (reign, blocks).
+    early: BTreeMap<(ExtentId, NodeId), (Epoch, BlockRuns)>,
+    /// Blocks written back by reconciliations so far.
+    pub(super) blocks_pushed: u64,
+    /// Extents and blocks written back since the last report, and since when.
+    batch: Option<(u64, u64, u64)>,
+}
+
+/// A reconciliation in progress.
+#[derive(Debug)]
+struct Run {
+    /// The reign it is for (`primary_since`).
+    reign: Epoch,
+    /// In-sync replicas whose tail has not arrived.
+    waiting: BTreeSet<NodeId>,
+    /// Blocks named so far.
+    blocks: BTreeSet<u64>,
+    /// Write-backs still running, once every tail is in (`None` before).
+    pushes_left: Option<usize>,
+    /// When it began (the engine's clock).
+    started_ns: u64,
+}
+
+use std::collections::BTreeSet;
+
+impl Replicator {
+    /// Take the reigns of `map` as already reconciled or seen (the map a node
+    /// starts with: nothing was in flight before it).
+    pub(super) fn reconcile_start_with(&mut self) {
+        for (&id, e) in &self.map.state().extents {
+            if e.primary == self.me {
+                self.reconcile.done.insert(id, e.primary_since);
+            } else {
+                self.reconcile.seen.insert(id, (e.primary, e.primary_since));
+            }
+        }
+    }
+
+    /// Whether this primary has reconciled `extent`'s current reign.
+    pub(super) fn reconciled(&self, extent: ExtentId) -> bool {
+        self.reconcile.done.get(&extent) == Some(&self.map.extent(extent).primary_since)
+    }
+
+    /// The `settled` version this primary sends with a write of `extent`: every
+    /// write up to it has been answered. 0 until its reign is reconciled.
+    pub(super) fn settled(&self, extent: ExtentId) -> Version {
+        if !self.reconciled(extent) {
+            return Version::default();
+        }
+        let state = &self.primary[&extent];
+        match state.unsettled.first() {
+            Some(v) => Version(v.0 - 1),
+            None => state.last_version,
+        }
+    }
+
+    /// A replica took write `version` of `[lba, lba + blocks)` in `extent`, with
+    /// the primary's `settled`: note it in the tail, forget what has settled.
+    pub(super) fn note_tail(
+        &mut self,
+        extent: ExtentId,
+        version: Version,
+        lba: Lba,
+        blocks: u64,
+        settled: Version,
+    ) {
+        let tail = self.reconcile.tails.entry(extent).or_default();
+        while let Some(oldest) = tail.first_entry() {
+            if *oldest.key() > settled {
+                break;
+            }
+            oldest.remove();
+        }
+        tail.insert(version, (lba, blocks));
+        while tail.len() > TAIL_MAX {
+            tail.pop_first();
+        }
+        if tail.is_empty() {
+            self.reconcile.tails.remove(&extent);
+        }
+    }
+
+    /// The blocks of this node's tail of `extent`, as runs.
+    fn tail_runs(&self, extent: ExtentId) -> BlockRuns {
+        let mut blocks = BTreeSet::new();
+        for &(lba, n) in self
+            .reconcile
+            .tails
+            .get(&extent)
+            .into_iter()
+            .flat_map(|t| t.values())
+        {
+            blocks.extend(lba.0..lba.0 + n);
+        }
+        let mut runs: BlockRuns = Vec::new();
+        for b in blocks {
+            match runs.last_mut() {
+                Some((l, n)) if l.0 + u64::from(*n) == b => *n += 1,
+                _ => runs.push((Lba(b), 1)),
+            }
+        }
+        runs
+    }
+
+    /// After a map change: send this node's tail to each new primary of an extent
+    /// it holds, and start (or go on with) reconciling each extent it now leads.
+    pub(super) fn reconcile_after_map(&mut self) {
+        let extents: Vec<(ExtentId, NodeId, Epoch, bool, Vec<NodeId>)> = self
+            .map
+            .state()
+            .extents
+            .iter()
+            .map(|(&id, e)| {
+                let holds = e.in_sync.contains(&self.me) || e.rebuilding.contains(&self.me);
+                let others = e
+                    .in_sync
+                    .iter()
+                    .copied()
+                    .filter(|n| *n != self.me)
+                    .collect();
+                (id, e.primary, e.primary_since, holds, others)
+            })
+            .collect();
+        for (extent, primary, reign, holds, others) in extents {
+            if primary == self.me && holds && self.map.extent(extent).in_sync.contains(&self.me) {
+                self.reconcile.seen.remove(&extent);
+                self.lead_reign(extent, reign, others);
+                continue;
+            }
+            self.reconcile.running.remove(&extent);
+            self.reconcile.done.remove(&extent);
+            if holds && self.reconcile.seen.get(&extent) != Some(&(primary, reign)) {
+                self.reconcile.seen.insert(extent, (primary, reign));
+                let blocks = self.tail_runs(extent);
+                self.send(
+                    primary,
+                    Message::ReconcileTail {
+                        extent,
+                        reign,
+                        blocks,
+                    },
+                );
+            }
+        }
+    }
+
+    /// This node leads `extent` in the reign begun at `reign`; `others` are the
+    /// other in-sync replicas.
+    fn lead_reign(&mut self, extent: ExtentId, reign: Epoch, others: Vec<NodeId>) {
+        if self.reconcile.done.get(&extent) == Some(&reign) {
+            return;
+        }
+        let running = self
+            .reconcile
+            .running
+            .get(&extent)
+            .is_some_and(|r| r.reign == reign);
+        if !running {
+            let blocks: BTreeSet<u64> = self
+                .tail_runs(extent)
+                .into_iter()
+                .flat_map(|(l, n)| l.0..l.0 + u64::from(n))
+                .collect();
+            let run = Run {
+                reign,
+                waiting: others.iter().copied().collect(),
+                blocks,
+                pushes_left: None,
+                started_ns: self.now_ns,
+            };
+            self.reconcile.running.insert(extent, run);
+            for node in others.iter() {
+                if let Some((r, blocks)) = self.reconcile.early.remove(&(extent, *node)) {
+                    if r == reign {
+                        self.tail_arrived(extent, *node, reign, blocks);
+                    }
+                }
+            }
+        }
+        // A replica dropped from the in-sync set is no longer waited for.
+        if let Some(run) = self.reconcile.running.get_mut(&extent) {
+            run.waiting.retain(|n| others.contains(n));
+        }
+        self.push_when_ready(extent);
+    }
+
+    /// A replica's tail arrived.
+    pub(super) fn reconcile_tail(
+        &mut self,
+        from: NodeId,
+        extent: ExtentId,
+        reign: Epoch,
+        blocks: BlockRuns,
+    ) {
+        let in_extent = self.map.state().extents.contains_key(&extent)
+            && blocks.iter().all(|&(l, n)| {
+                n > 0
+                    && self
+                        .map
+                        .locate(self.map.volume().id, l, u64::from(n))
+                        .is_ok_and(|x| x == extent)
+            });
+        if !self.map.nodes().contains(&from) || !in_extent {
+            return tracing::warn!(%from, %extent, "tail from a non-member or outside the extent; dropped");
+        }
+        let current = self
+            .reconcile
+            .running
+            .get(&extent)
+            .is_some_and(|r| r.reign == reign && r.waiting.contains(&from));
+        if current {
+            self.tail_arrived(extent, from, reign, blocks);
+            self.push_when_ready(extent);
+        } else if reign > self.map.extent(extent).primary_since {
+            // For a reign this node's map has not reached yet.
+            self.reconcile.early.insert((extent, from), (reign, blocks));
+        }
+    }
+
+    fn tail_arrived(&mut self, extent: ExtentId, from: NodeId, reign: Epoch, blocks: BlockRuns) {
+        let Some(run) = self.reconcile.running.get_mut(&extent) else {
+            return;
+        };
+        if run.reign != reign || !run.waiting.remove(&from) {
+            return;
+        }
+        for (l, n) in blocks {
+            run.blocks.extend(l.0..l.0 + u64::from(n));
+        }
+    }
+
+    /// Once every tail is in, write back every block named; once those are done,
+    /// the reign is reconciled.
+    fn push_when_ready(&mut self, extent: ExtentId) {
+        let Some(run) = self.reconcile.running.get_mut(&extent) else {
+            return;
+        };
+        if !run.waiting.is_empty() {
+            return;
+        }
+        if run.pushes_left.is_none() {
+            let max = u64::from(self.map.volume().max_request_blocks);
+            let mut runs: Vec<(Lba, u64)> = Vec::new();
+            for &b in &run.blocks {
+                match runs.last_mut() {
+                    Some((l, n)) if l.0 + *n == b && *n < max => *n += 1,
+                    _ => runs.push((Lba(b), 1)),
+                }
+            }
+            run.pushes_left = Some(runs.len());
+            self.reconcile.blocks_pushed += run.blocks.len() as u64;
+            if !runs.is_empty() {
+                let since = run.started_ns;
+                let batch = self.reconcile.batch.get_or_insert((0, 0, since));
+                batch.0 += 1;
+                batch.1 += run.blocks.len() as u64;
+                batch.2 = batch.2.min(since);
+            }
+            for (lba, blocks) in runs {
+                let op = self.op_id();
+                self.ops.insert(
+                    op,
+                    Op::Reconcile {
+                        extent,
+                        lba,
+                        blocks,
+                    },
+                );
+                let lock = &mut self.primary_state(extent).lock;
+                if lock.acquire(op, lba, lba.offset(blocks), Mode::Exclusive) {
+                    self.run_ready(vec![op]);
+                }
+            }
+        }
+        self.finish_reconcile(extent);
+    }
+
+    fn finish_reconcile(&mut self, extent: ExtentId) {
+        let finished = self
+            .reconcile
+            .running
+            .get(&extent)
+            .is_some_and(|r| r.pushes_left == Some(0));
+        if finished {
+            let run = self.reconcile.running.remove(&extent).expect("checked");
+            self.reconcile.done.insert(extent, run.reign);
+            self.reconcile.tails.remove(&extent);
+            self.claim_all();
+            if self.reconcile.running.is_empty() {
+                if let Some((extents, blocks, since)) = self.reconcile.batch.take() {
+                    let line = format!(
+                        "{} reconciled {blocks} blocks of {extents} extents with their replicas in {:.1} ms",
+                        self.me,
+                        self.now_ns.saturating_sub(since) as f64 / 1e6
+                    );
+                    self.actions.push_back(Action::Event(line));
+                }
+            }
+        }
+    }
+
+    /// A write-back op starts: read this node's copy of the blocks.
+    pub(super) fn start_reconcile_read(&mut self, op: OpId, lba: Lba, blocks: u64) {
+        let io = self.io(IoPurpose::Op(op));
+        self.actions.push_back(Action::Io {
+            io,
+            cmd: IoCmd::Read { lba, blocks },
+        });
+    }
+
+    /// A write-back's read finished: write the data to every replica at a new
+    /// version, as a client write would be.
+    pub(super) fn reconcile_read_done(&mut self, op: OpId, result: IoResult) {
+        let Some(Op::Reconcile {
+            extent,
+            lba,
+            blocks,
+        }) = self.ops.remove(&op)
+        else {
+            unreachable!("matched a reconcile op");
+        };
+        match result {
+            IoResult::Read(data) => {
+                self.ops.insert(
+                    op,
+                    Op::Write {
+                        client: self.me,
+                        req: RequestId(0),
+                        extent,
+                        lba,
+                        data,
+                        fua: false,
+                        version: Version::default(),
+                        acks: None,
+                        started_ns: 0,
+                    },
+                );
+                self.start_write(op);
+            }
+            IoResult::Failed(e) => {
+                // Its copies may still disagree; a later write to them settles it.
+                tracing::warn!(%extent, %lba, blocks, error = %e, "reconcile read failed; blocks left as they are");
+                self.reconcile_pushed(extent);
+                self.unlock(extent, op);
+            }
+            IoResult::Done => unreachable!("a read answers with data"),
+        }
+    }
+
+    /// One write-back of `extent` finished (or was given up).
+    pub(super) fn reconcile_pushed(&mut self, extent: ExtentId) {
+        if let Some(run) = self.reconcile.running.get_mut(&extent) {
+            if let Some(left) = &mut run.pushes_left {
+                *left = left.saturating_sub(1);
+            }
+        }
+        self.finish_reconcile(extent);
+    }
+
+    /// Ask to drop in-sync replicas whose tail is overdue.
+    pub(super) fn reconcile_tick(&mut self) {
+        let overdue: Vec<(ExtentId, NodeId)> = self
+            .reconcile
+            .running
+            .iter()
+            .filter(|(_, r)| self.now_ns.saturating_sub(r.started_ns) >= REPLICA_TIMEOUT_NS)
+            .flat_map(|(&x, r)| r.waiting.iter().map(move |&n| (x, n)))
+            .collect();
+        for (extent, node) in overdue {
+            let epoch = self.map.extent(extent).epoch;
+            self.ask_drop(extent, epoch, node, "sent no tail in time");
+        }
+    }
+
+    /// Blocks written back by reconciliations so far.
+    pub fn blocks_reconciled(&self) -> u64 {
+        self.reconcile.blocks_pushed
+    }
+}
