@@ -118,8 +118,9 @@ impl NodeHandle {
     }
 
     /// Checkpoint the node's block versions now (a clean shutdown does, so the
-    /// restarted node is sent nothing it holds) and wait until it is written down.
-    /// False if checkpoints are off, the device is gone or the node has stopped.
+    /// restarted node is sent nothing it holds) and wait until it has finished:
+    /// written down, or its flush failed (logged). False if checkpoints are off,
+    /// the device is gone or the node has stopped.
     pub async fn checkpoint(&self) -> bool {
         let (tx, rx) = tokio::sync::oneshot::channel();
         if self.requests.send(Request::Checkpoint(tx)).is_err() {

@@ -237,7 +237,9 @@ pub async fn run(
     // is sent only what is written while it is away.
     if outcome.is_ok() {
         match tokio_real::time::timeout(Duration::from_secs(10), handle.checkpoint()).await {
-            Ok(true) => tracing::info!(%me, "block versions checkpointed"),
+            Ok(true) => {
+                tracing::info!(%me, "block-version checkpoint finished (a failed flush is logged above)")
+            }
             Ok(false) => {
                 tracing::info!(%me, "no block-version checkpoint (off, or the device is gone)")
             }

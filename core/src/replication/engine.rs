@@ -876,8 +876,9 @@ impl Replicator {
             IoPurpose::Checkpoint => self.checkpoint_flushed(io, result),
         }
         if was_write {
-            // A rebuild's answer may have waited for this write.
+            // A rebuild's answer, or a write-back's read, may have waited for it.
             self.answer_rebuilds();
+            self.retry_reconcile_reads();
         }
     }
 
@@ -1085,7 +1086,15 @@ impl Replicator {
             Some(Op::Flush { .. }) => panic!("{op} cannot be started"),
             None => return Vec::new(),
         };
-        if let Err(e) = self.may_serve(extent) {
+        let refused = self.may_serve(extent).and_then(|()| {
+            // A write may not widen the replicas' uncertain tails past what they
+            // keep (see `reconcile`): it waits for the oldest to be answered.
+            match self.ops.get(&op) {
+                Some(Op::Write { .. }) if !self.tail_has_room(extent) => Err(WeirError::Busy),
+                _ => Ok(()),
+            }
+        });
+        if let Err(e) = refused {
             let Some(Op::Write { client, req, .. } | Op::Read { client, req, .. }) =
                 self.ops.remove(&op)
             else {
@@ -1200,6 +1209,13 @@ impl Replicator {
             // The primary gives out versions in order under the lock; a regression
             // here means its own state is corrupt.
             panic!("primary {} version regression at {lba}: {e}", self.me);
+        }
+        // A write-back carries the version of its data as its request id.
+        let internal = client == self.me;
+        self.note_renumbered(lba, blocks, internal.then_some(Version(req.0)));
+        if !internal {
+            // Should this node be deposed, the new primary learns of it.
+            self.note_tail(extent, version, lba, blocks, settled);
         }
         if client != self.me {
             let write = applied::Applied {
@@ -1534,12 +1550,18 @@ impl Replicator {
         }
         let blocks = self.blocks_of(&data);
         self.note_tail(extent, version, lba, blocks, settled);
-        let write = applied::Applied {
-            lba,
-            blocks,
-            version,
-        };
-        self.applied.note(origin, write, self.now_ns);
+        // A primary's write-back names itself as the client, and the version of
+        // its data as the request.
+        let internal = origin.0 == primary;
+        self.note_renumbered(lba, blocks, internal.then_some(Version(origin.1 .0)));
+        if !internal {
+            let write = applied::Applied {
+                lba,
+                blocks,
+                version,
+            };
+            self.applied.note(origin, write, self.now_ns);
+        }
         let fact = Audit::Accepted {
             extent,
             epoch,
@@ -1615,11 +1637,9 @@ impl Replicator {
         let Some(first) = self.applied.get((client, req)) else {
             return false;
         };
-        let newer = |b: u64| {
-            self.block_versions
-                .get(&Lba(b))
-                .is_some_and(|&v| v > first.version)
-        };
+        // A block written back by a reconciliation holds older data than its
+        // version says: what counts is the version of its data.
+        let newer = |b: u64| self.data_version(Lba(b)).is_some_and(|v| v > first.version);
         first.lba == lba && (lba.0..lba.0 + first.blocks).all(newer)
     }
 

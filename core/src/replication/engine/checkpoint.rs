@@ -12,7 +12,7 @@
 //!   durable every write completed before it was issued, so once it completes the
 //!   versions taken are durable: the driver writes them down
 //!   ([`Action::Checkpoint`]). One checkpoint is in flight at a time; a failed flush
-//!   puts its versions back.
+//!   puts a delta's versions back (a failed full checkpoint is taken again whole).
 //! - A device write that fails leaves its blocks' contents unknown. Their versions
 //!   are forgotten at once (written down without a flush: forgetting is always
 //!   safe), and taken out of the checkpoint in flight, which must not write them
@@ -134,10 +134,12 @@ impl Replicator {
             }
         }
         if !forgotten.is_empty() {
-            self.actions.push_back(Action::Checkpoint {
-                runs: runs(&forgotten),
-                full: false,
-            });
+            let runs = runs(&forgotten);
+            // Counted like a delta's, so a device that keeps failing writes still
+            // gets its file compacted.
+            self.checkpoint.delta_runs += runs.len();
+            self.actions
+                .push_back(Action::Checkpoint { runs, full: false });
         }
     }
 
@@ -213,8 +215,15 @@ impl Replicator {
         debug_assert_eq!(flush, io, "one checkpoint at a time");
         self.write_checkpoint(versions, full, result);
         self.checkpoint.finished += 1;
-        if std::mem::take(&mut self.checkpoint.again) && !self.device_gone {
-            self.take_checkpoint();
+        if std::mem::take(&mut self.checkpoint.again) {
+            if self.device_gone {
+                // The one asked for cannot be taken: it counts as finished, so
+                // whoever waits for it is answered.
+                self.checkpoint.taken += 1;
+                self.checkpoint.finished += 1;
+            } else {
+                self.take_checkpoint();
+            }
         }
     }
 

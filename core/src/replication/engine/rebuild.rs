@@ -12,9 +12,10 @@
 //! - Each chunk holds a shared range lock from the probe until the replica
 //!   acknowledges it, so a new write to those blocks reaches the replica only after
 //!   the copy is on its device; device writes to one block never race.
-//! - The replica keeps a block only if the copy's version is newer than what it
-//!   holds (a newer write forwarded meanwhile wins), and acknowledges once its own
-//!   writes and any older write still in flight to those blocks are done.
+//! - The replica keeps its own block only if it is newer than the copy's and from
+//!   the primary's reign (a newer write forwarded meanwhile wins; see `takes`),
+//!   and acknowledges once its own writes and any device write still in flight to
+//!   those blocks are done.
 //! - Bandwidth is bounded ([`ReplicationConfig::rebuild_bytes_per_sec`] over all of
 //!   a primary's copies, at most [`REBUILD_CHUNKS_IN_FLIGHT`] chunks at once), so
 //!   foreground latency stays close to normal.
@@ -144,8 +145,8 @@ pub(super) struct RebuildState {
 /// this copy and not the primary (its own, if this node was that primary; see
 /// `reconcile`). The copy is the primary's data, what it serves. A newer block
 /// from this reign is a write forwarded after the copy was read: kept.
-fn takes(held: Version, theirs: Version, reign: Version) -> bool {
-    theirs > held || (held > theirs && held < reign)
+pub(super) fn takes(held: Version, theirs: Version, reign: Version) -> bool {
+    theirs > held || (held > theirs && held < reign && theirs.0 > 0)
 }
 
 impl Replicator {
@@ -679,6 +680,7 @@ impl Replicator {
             ) {
                 continue;
             }
+            self.note_renumbered(b, 1, None);
             self.block_versions.insert(b, v);
             match runs.last_mut() {
                 Some((start, len)) if *start + *len == i => *len += 1,

@@ -10,8 +10,9 @@
 //!
 //! - A primary tells its replicas, with every write, the version up to which every
 //!   write of the extent has been answered (`settled`). Each replica keeps, per
-//!   extent, the writes it took above that: its *uncertain tail*, a window as long
-//!   as the primary's writes in flight (at most [`TAIL_MAX`] kept).
+//!   extent, the writes it took above that: its *uncertain tail*, from the oldest
+//!   write not yet answered to the newest. A primary keeps that window below
+//!   [`TAIL_MAX`] writes: a write that would widen it past that waits (`Busy`).
 //! - When a replica sees a new primary take over an extent (a new
 //!   `primary_since`), it sends that primary its tail's blocks
 //!   ([`Message::ReconcileTail`]).
@@ -22,6 +23,15 @@
 //!   extent. Rebuilding replicas get those writes too.
 //! - Until the new primary's first write after that, its `settled` is 0, so a
 //!   replica keeps its tail should this primary fail during reconciliation.
+//! - A primary keeps its own writes in its tail too, so a deposed primary that
+//!   comes back names its own unanswered writes. A tail that arrives late (from
+//!   it, or from a replica that was rebuilding at the takeover) has its blocks
+//!   written back as well.
+//! - A write-back reads only once no device write to its blocks is in flight
+//!   here. It gives its blocks a new version but not new data: each node notes
+//!   the version of the data they hold (`renumbered`, carried as the write-back's
+//!   request id), and a retried write is answered as already applied only if the
+//!   data of every block is newer than it (see `applied`).
 
 use super::*;
 
@@ -51,6 +61,12 @@ pub(super) struct Reconciler {
     pub(super) blocks_pushed: u64,
     /// Extents and blocks written back since the last report, and since when.
     batch: Option<(u64, u64, u64)>,
+    /// Blocks whose version was given by a write-back: the version of the data
+    /// they hold (older; 0 if none), which is what a retried write compares with.
+    renumbered: BTreeMap<Lba, Version>,
+    /// Write-backs waiting for a device write to their blocks to finish before
+    /// they read.
+    deferred: Vec<OpId>,
 }
 
 /// A reconciliation in progress.
@@ -101,6 +117,36 @@ impl Replicator {
         }
     }
 
+    /// The version of the data block `lba` holds, if any: its version, unless a
+    /// write-back gave that (see `renumbered`).
+    pub(super) fn data_version(&self, lba: Lba) -> Option<Version> {
+        match self.reconcile.renumbered.get(&lba) {
+            Some(v) => (v.0 > 0).then_some(*v),
+            None => self.block_versions.get(&lba).copied(),
+        }
+    }
+
+    /// `[lba, lba + blocks)` were just given a version: by a write-back of data
+    /// at version `data`, or (`None`) by a write of new data.
+    pub(super) fn note_renumbered(&mut self, lba: Lba, blocks: u64, data: Option<Version>) {
+        for b in lba.0..lba.0 + blocks {
+            match data {
+                Some(v) => self.reconcile.renumbered.insert(Lba(b), v),
+                None => self.reconcile.renumbered.remove(&Lba(b)),
+            };
+        }
+    }
+
+    /// Whether a new write of `extent` keeps the window from the oldest unanswered
+    /// write to the newest within [`TAIL_MAX`].
+    pub(super) fn tail_has_room(&self, extent: ExtentId) -> bool {
+        let state = &self.primary[&extent];
+        state
+            .unsettled
+            .first()
+            .is_none_or(|oldest| state.last_version.0 - oldest.0 + 1 < TAIL_MAX as u64)
+    }
+
     /// A replica took write `version` of `[lba, lba + blocks)` in `extent`, with
     /// the primary's `settled`: note it in the tail, forget what has settled.
     pub(super) fn note_tail(
@@ -139,10 +185,12 @@ impl Replicator {
         {
             blocks.extend(lba.0..lba.0 + n);
         }
+        // Runs no longer than a request, which is what a receiver accepts.
+        let max = self.map.volume().max_request_blocks;
         let mut runs: BlockRuns = Vec::new();
         for b in blocks {
             match runs.last_mut() {
-                Some((l, n)) if l.0 + u64::from(*n) == b => *n += 1,
+                Some((l, n)) if l.0 + u64::from(*n) == b && *n < max => *n += 1,
                 _ => runs.push((Lba(b), 1)),
             }
         }
@@ -176,6 +224,10 @@ impl Replicator {
             }
             self.reconcile.running.remove(&extent);
             self.reconcile.done.remove(&extent);
+            let primary_since = reign;
+            self.reconcile
+                .early
+                .retain(|&(x, _), (r, _)| x != extent || *r > primary_since);
             if holds && self.reconcile.seen.get(&extent) != Some(&(primary, reign)) {
                 self.reconcile.seen.insert(extent, (primary, reign));
                 let blocks = self.tail_runs(extent);
@@ -240,6 +292,7 @@ impl Replicator {
         blocks: BlockRuns,
     ) {
         let in_extent = self.map.state().extents.contains_key(&extent)
+            && blocks.len() <= TAIL_MAX
             && blocks.iter().all(|&(l, n)| {
                 n > 0
                     && self
@@ -250,17 +303,52 @@ impl Replicator {
         if !self.map.nodes().contains(&from) || !in_extent {
             return tracing::warn!(%from, %extent, "tail from a non-member or outside the extent; dropped");
         }
-        let current = self
+        let run = self
             .reconcile
             .running
             .get(&extent)
-            .is_some_and(|r| r.reign == reign && r.waiting.contains(&from));
-        if current {
-            self.tail_arrived(extent, from, reign, blocks);
-            self.push_when_ready(extent);
-        } else if reign > self.map.extent(extent).primary_since {
-            // For a reign this node's map has not reached yet.
-            self.reconcile.early.insert((extent, from), (reign, blocks));
+            .filter(|r| r.reign == reign)
+            .map(|r| (r.waiting.contains(&from), r.pushes_left));
+        let named = || -> BTreeSet<u64> {
+            blocks
+                .iter()
+                .flat_map(|&(l, n)| l.0..l.0 + u64::from(n))
+                .collect()
+        };
+        match run {
+            Some((true, _)) => {
+                self.tail_arrived(extent, from, reign, blocks);
+                self.push_when_ready(extent);
+            }
+            // Not waited for (a rebuilding replica, or a deposed primary back):
+            // its blocks are written back too, and if that has begun, after.
+            Some((false, None)) => {
+                let named = named();
+                if let Some(r) = self.reconcile.running.get_mut(&extent) {
+                    r.blocks.extend(named);
+                }
+            }
+            Some((false, Some(_))) => {
+                let ops = self.write_back(extent, &named());
+                if let Some(Some(left)) = self
+                    .reconcile
+                    .running
+                    .get_mut(&extent)
+                    .map(|r| &mut r.pushes_left)
+                {
+                    *left += ops;
+                }
+            }
+            None if self.reconcile.done.get(&extent) == Some(&reign) && !blocks.is_empty() => {
+                tracing::debug!(%from, %extent, "a late tail: its blocks are written back");
+                self.write_back(extent, &named());
+            }
+            None if reign > self.map.extent(extent).primary_since => {
+                // For a reign this node's map has not reached yet (one per sender
+                // and extent).
+                self.reconcile.early.insert((extent, from), (reign, blocks));
+            }
+            None => {}
         }
     }
 
@@ -279,47 +367,58 @@ impl Replicator {
     /// Once every tail is in, write back every block named; once those are done,
     /// the reign is reconciled.
     fn push_when_ready(&mut self, extent: ExtentId) {
-        let Some(run) = self.reconcile.running.get_mut(&extent) else {
-            return;
-        };
-        if !run.waiting.is_empty() {
-            return;
-        }
-        if run.pushes_left.is_none() {
-            let max = u64::from(self.map.volume().max_request_blocks);
-            let mut runs: Vec<(Lba, u64)> = Vec::new();
-            for &b in &run.blocks {
-                match runs.last_mut() {
-                    Some((l, n)) if l.0 + *n == b && *n < max => *n += 1,
-                    _ => runs.push((Lba(b), 1)),
-                }
-            }
-            run.pushes_left = Some(runs.len());
-            self.reconcile.blocks_pushed += run.blocks.len() as u64;
-            if !runs.is_empty() {
-                let since = run.started_ns;
+        let ready = self
+            .reconcile
+            .running
+            .get(&extent)
+            .is_some_and(|r| r.waiting.is_empty() && r.pushes_left.is_none());
+        if ready {
+            let run = self.reconcile.running.get(&extent).expect("checked");
+            let (blocks, since) = (run.blocks.clone(), run.started_ns);
+            let ops = self.write_back(extent, &blocks);
+            if ops > 0 {
                 let batch = self.reconcile.batch.get_or_insert((0, 0, since));
                 batch.0 += 1;
-                batch.1 += run.blocks.len() as u64;
+                batch.1 += blocks.len() as u64;
                 batch.2 = batch.2.min(since);
             }
-            for (lba, blocks) in runs {
-                let op = self.op_id();
-                self.ops.insert(
-                    op,
-                    Op::Reconcile {
-                        extent,
-                        lba,
-                        blocks,
-                    },
-                );
-                let lock = &mut self.primary_state(extent).lock;
-                if lock.acquire(op, lba, lba.offset(blocks), Mode::Exclusive) {
-                    self.run_ready(vec![op]);
-                }
+            if let Some(run) = self.reconcile.running.get_mut(&extent) {
+                run.pushes_left = Some(ops);
             }
         }
         self.finish_reconcile(extent);
+    }
+
+    /// Write this node's copy of `blocks` of `extent` back to every replica, in
+    /// runs of one data version no longer than a request; returns the runs.
+    fn write_back(&mut self, extent: ExtentId, blocks: &BTreeSet<u64>) -> usize {
+        let max = u64::from(self.map.volume().max_request_blocks);
+        let mut runs: Vec<(Lba, u64, Option<Version>)> = Vec::new();
+        for &b in blocks {
+            let v = self.data_version(Lba(b));
+            match runs.last_mut() {
+                Some((l, n, rv)) if l.0 + *n == b && *n < max && *rv == v => *n += 1,
+                _ => runs.push((Lba(b), 1, v)),
+            }
+        }
+        self.reconcile.blocks_pushed += blocks.len() as u64;
+        let count = runs.len();
+        for (lba, blocks, _) in runs {
+            let op = self.op_id();
+            self.ops.insert(
+                op,
+                Op::Reconcile {
+                    extent,
+                    lba,
+                    blocks,
+                },
+            );
+            let lock = &mut self.primary_state(extent).lock;
+            if lock.acquire(op, lba, lba.offset(blocks), Mode::Exclusive) {
+                self.run_ready(vec![op]);
+            }
+        }
+        count
     }
 
     fn finish_reconcile(&mut self, extent: ExtentId) {
@@ -346,8 +445,19 @@ impl Replicator {
         }
     }
 
-    /// A write-back op starts: read this node's copy of the blocks.
+    /// A write-back op starts: read this node's copy of the blocks, once no
+    /// device write to them is in flight here (a write it took as a replica may
+    /// still be on the device; one that fails is forgotten first).
     pub(super) fn start_reconcile_read(&mut self, op: OpId, lba: Lba, blocks: u64) {
+        let busy = self
+            .checkpoint
+            .writing
+            .values()
+            .any(|(l, vs)| l.0 < lba.0 + blocks && lba.0 < l.0 + vs.len() as u64);
+        if busy {
+            self.reconcile.deferred.push(op);
+            return;
+        }
         let io = self.io(IoPurpose::Op(op));
         self.actions.push_back(Action::Io {
             io,
@@ -355,24 +465,46 @@ impl Replicator {
         });
     }
 
+    /// Start the write-back reads no device write holds up any more.
+    pub(super) fn retry_reconcile_reads(&mut self) {
+        for op in std::mem::take(&mut self.reconcile.deferred) {
+            if let Some(&Op::Reconcile { lba, blocks, .. }) = self.ops.get(&op) {
+                self.start_reconcile_read(op, lba, blocks);
+            }
+        }
+    }
+
     /// A write-back's read finished: write the data to every replica at a new
     /// version, as a client write would be.
     pub(super) fn reconcile_read_done(&mut self, op: OpId, result: IoResult) {
-        let Some(Op::Reconcile {
+        let Some(&Op::Reconcile {
             extent,
             lba,
             blocks,
-        }) = self.ops.remove(&op)
+        }) = self.ops.get(&op)
         else {
             unreachable!("matched a reconcile op");
         };
+        if matches!(result, IoResult::Failed(WeirError::Busy)) {
+            // No buffer to read into now: read again at the next tick.
+            self.reconcile.deferred.push(op);
+            return;
+        }
+        self.ops.remove(&op);
         match result {
             IoResult::Read(data) => {
+                // The version of the data read: the oldest of its blocks' (a run
+                // is cut where versions differ; one that changed since is rare,
+                // and an older version only lets a retry apply again).
+                let data_version = (lba.0..lba.0 + blocks)
+                    .map(|b| self.data_version(Lba(b)).unwrap_or_default())
+                    .min()
+                    .unwrap_or_default();
                 self.ops.insert(
                     op,
                     Op::Write {
                         client: self.me,
-                        req: RequestId(0),
+                        req: RequestId(data_version.0),
                         extent,
                         lba,
                         data,
@@ -385,7 +517,8 @@ impl Replicator {
                 self.start_write(op);
             }
             IoResult::Failed(e) => {
-                // Its copies may still disagree; a later write to them settles it.
+                // A media error (or a lost device): its copies may still disagree;
+                // a later write to them settles it.
                 tracing::warn!(%extent, %lba, blocks, error = %e, "reconcile read failed; blocks left as they are");
                 self.reconcile_pushed(extent);
                 self.unlock(extent, op);
@@ -404,8 +537,10 @@ impl Replicator {
         self.finish_reconcile(extent);
     }
 
-    /// Ask to drop in-sync replicas whose tail is overdue.
+    /// Ask to drop in-sync replicas whose tail is overdue; read again for
+    /// write-backs that found no buffer.
     pub(super) fn reconcile_tick(&mut self) {
+        self.retry_reconcile_reads();
         let overdue: Vec<(ExtentId, NodeId)> = self
             .reconcile
             .running

@@ -1919,8 +1919,70 @@ fn a_deposed_primary_rejoining_gives_up_its_own_unanswered_write() {
         c.engines[&NodeId(1)].block_version(Lba(5)),
         c.engines[&NodeId(2)].block_version(Lba(5))
     );
-    // Only block 9 (the last write, in the tails) was written back by n2's
-    // reconciliation; block 5 came to n1 as a copy.
-    assert_eq!(c.engines[&NodeId(2)].blocks_reconciled(), 1);
-    assert!(c.copies.contains(&(Lba(5), 1)), "{:?}", c.copies);
+    // n2's reconciliation wrote back block 9 (the last write, in the tails);
+    // n1, back, sent its own tail late, naming block 5: written back too.
+    assert_eq!(c.engines[&NodeId(2)].blocks_reconciled(), 2);
+}
+
+#[test]
+fn a_rebuilding_replica_takes_the_copy_over_an_older_reigns_newer_block() {
+    let reign = Version::epoch_floor(Epoch(3));
+    let old = |n| Version(Version::epoch_floor(Epoch(2)).0 + n);
+    let now = |n| Version(reign.0 + n);
+    // Older than the copy: taken. Equal: kept.
+    assert!(rebuild::takes(old(1), old(2), reign));
+    assert!(!rebuild::takes(old(2), old(2), reign));
+    // Newer, but from before the reign (a write the primary never got): taken.
+    assert!(rebuild::takes(old(5), old(2), reign));
+    // Newer and from this reign (forwarded after the copy was read): kept.
+    assert!(!rebuild::takes(now(5), old(2), reign));
+    // A block the primary left out (version 0) is never taken over one held.
+    assert!(!rebuild::takes(old(5), Version(0), reign));
+}
+
+#[test]
+fn a_tail_longer_than_a_request_is_sent_in_runs_the_new_primary_takes() {
+    let mut c = cluster(ReplicationConfig::default());
+    // 12 adjacent blocks written at once: all in the tails (none was answered
+    // before the others started), longer than one request (8 blocks).
+    fill(&mut c, 1, 12, 1, 1);
+    n1_goes_down(&mut c);
+    c.settle_without(NodeId(1));
+    assert_eq!(c.engines[&NodeId(2)].blocks_reconciled(), 12);
+    let epoch = c.engines[&NodeId(2)].map().extent(ExtentId(0)).epoch;
+    c.client_sends(NodeId(2), write_at_epoch(70, 3, block(9, 1), epoch.0));
+    c.settle_without(NodeId(1));
+    assert!(c.replies.contains(&Message::WriteOk { req: RequestId(70) }));
+}
+
+#[test]
+fn a_retry_of_a_write_a_write_back_undid_is_applied_again() {
+    use crate::control::Command;
+    // Write 50 (block 5, tag 7) reaches only n3; n2 takes over and writes its own
+    // copy of block 5 back over it, at a version newer than write 50's.
+    let mut c = unacked_write_then_failover(NodeId(3));
+    c.settle_without(NodeId(1));
+    assert_eq!(c.disk_block(NodeId(3), 5), Some(1));
+    // n2 goes down too; n3 leads. The client retries write 50 there: n3
+    // remembers applying it, but the block's data is older than it now, so it
+    // must be applied again, not answered as done.
+    publish(
+        &mut c,
+        Command::NodeDown {
+            node: NodeId(2),
+            lease_expires_ns: 0,
+        },
+    );
+    c.net.retain(|(_, to, _)| *to != NodeId(2));
+    c.settle_without(NodeId(1));
+    let epoch = c.engines[&NodeId(3)].map().extent(ExtentId(0)).epoch;
+    c.replies.clear();
+    c.client_sends(NodeId(3), write_at_epoch(50, 5, block(7, 1), epoch.0));
+    c.settle_without(NodeId(1));
+    assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(50) }]);
+    assert_eq!(
+        c.disk_block(NodeId(3), 5),
+        Some(7),
+        "acknowledged, not applied"
+    );
 }
