@@ -527,12 +527,17 @@ fn drop_n3(c: &mut Cluster) {
 
 /// n1 is declared down (its lease long over) and every message to it is lost.
 fn n1_goes_down(c: &mut Cluster) {
+    goes_down(c, NodeId(1));
+}
+
+/// `node` is declared down (its lease long over) and every message to it is lost.
+fn goes_down(c: &mut Cluster, node: NodeId) {
     let cmd = crate::control::Command::NodeDown {
-        node: NodeId(1),
+        node,
         lease_expires_ns: 0,
     };
     publish(c, cmd);
-    c.net.retain(|(_, to, _)| *to != NodeId(1));
+    c.net.retain(|(_, to, _)| *to != node);
 }
 
 /// Apply control-plane `cmd` to every engine's map (as the control plane would).
@@ -1312,16 +1317,10 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
     // Before n3's rebuild is done, n2 goes down, and n1, the last in-sync copy,
     // restarts. It restores its versions from its checkpoint (lower bounds; here
     // every one), but a replica it has not seen in sync since may hold a later
-    // write n1 lost with its cache: it must copy whole extents above them all. (A restarted node with another in-sync copy beside it leaves the
-    // in-sync set instead; the control plane's tests cover that.)
-    publish(
-        &mut c,
-        Command::NodeDown {
-            node: NodeId(2),
-            lease_expires_ns: 0,
-        },
-    );
-    c.net.retain(|(_, to, _)| *to != NodeId(2));
+    // write n1 lost with its cache: it must copy whole extents above them all.
+    // (A restarted node with another in-sync copy beside it leaves the in-sync
+    // set instead; the control plane's tests cover that.)
+    goes_down(&mut c, NodeId(2));
     let map = c.engines[&NodeId(1)].map().clone();
     let epochs: BTreeMap<ExtentId, Epoch> = map
         .state()
@@ -1957,7 +1956,6 @@ fn a_tail_longer_than_a_request_is_sent_in_runs_the_new_primary_takes() {
 
 #[test]
 fn a_retry_of_a_write_a_write_back_undid_is_applied_again() {
-    use crate::control::Command;
     // Write 50 (block 5, tag 7) reaches only n3; n2 takes over and writes its own
     // copy of block 5 back over it, at a version newer than write 50's.
     let mut c = unacked_write_then_failover(NodeId(3));
@@ -1966,14 +1964,7 @@ fn a_retry_of_a_write_a_write_back_undid_is_applied_again() {
     // n2 goes down too; n3 leads. The client retries write 50 there: n3
     // remembers applying it, but the block's data is older than it now, so it
     // must be applied again, not answered as done.
-    publish(
-        &mut c,
-        Command::NodeDown {
-            node: NodeId(2),
-            lease_expires_ns: 0,
-        },
-    );
-    c.net.retain(|(_, to, _)| *to != NodeId(2));
+    goes_down(&mut c, NodeId(2));
     c.settle_without(NodeId(1));
     let epoch = c.engines[&NodeId(3)].map().extent(ExtentId(0)).epoch;
     c.replies.clear();
