@@ -65,10 +65,8 @@ pub trait LogStore: Send + Sync + 'static {
 }
 
 /// Where a node keeps its block-version checkpoints (a file in production; see
-/// [`crate::replication::versions`]).
-pub trait VersionStore: Send + Sync + 'static {
-    /// Append a delta `record` and make it durable before returning.
-    fn append(&mut self, record: &[u8]) -> std::io::Result<()>;
+/// [`crate::replication::versions`]): deltas are appended like a log's records.
+pub trait VersionStore: LogStore {
     /// Replace everything with a full checkpoint `record`, durably and atomically
     /// (the old contents stay whole until the new ones are).
     fn replace(&mut self, record: &[u8]) -> std::io::Result<()>;

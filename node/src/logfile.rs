@@ -26,9 +26,7 @@ impl LogFile {
             .open(path)?;
         if !existed {
             // A new file's directory entry must survive a power loss too.
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                File::open(dir)?.sync_all()?;
-            }
+            sync_parent(path)?;
         }
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
@@ -60,10 +58,6 @@ impl weir_core::node::LogStore for LogFile {
 }
 
 impl weir_core::node::VersionStore for LogFile {
-    fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
-        weir_core::node::LogStore::append(self, record)
-    }
-
     /// Write `record` to a file beside this one, sync it, rename it over this one
     /// and sync the directory: a crash leaves the old file or the new one, whole.
     fn replace(&mut self, record: &[u8]) -> std::io::Result<()> {
@@ -76,11 +70,18 @@ impl weir_core::node::VersionStore for LogFile {
             f.sync_all()?;
         }
         std::fs::rename(&aside, &self.path)?;
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            File::open(dir)?.sync_all()?;
-        }
+        sync_parent(&self.path)?;
         self.file = OpenOptions::new().append(true).open(&self.path)?;
         Ok(())
+    }
+}
+
+/// Sync the directory holding `path`, so an entry created or renamed in it
+/// survives a power loss.
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => File::open(dir)?.sync_all(),
+        None => Ok(()),
     }
 }
 
@@ -115,12 +116,18 @@ mod tests {
     use super::*;
     use weir_core::node::LogStore;
 
+    /// An empty directory of this test process's own.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("weir-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     #[test]
     fn records_survive_reopening_and_a_torn_tail_is_cut() {
-        let dir = std::env::temp_dir().join(format!("weir-log-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("log");
         let path = dir.join("raft.log");
-        let _ = std::fs::remove_file(&path);
         let (mut log, bytes) = LogFile::open(&path).unwrap();
         assert!(bytes.is_empty());
         log.append(b"first").unwrap();
@@ -139,14 +146,12 @@ mod tests {
     #[test]
     fn a_replaced_file_holds_only_the_new_record_and_takes_appends() {
         use weir_core::node::VersionStore;
-        let dir = std::env::temp_dir().join(format!("weir-ckpt-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("ckpt");
         let path = dir.join("versions.ckpt");
-        let _ = std::fs::remove_file(&path);
         let (mut f, _) = LogFile::open(&path).unwrap();
-        VersionStore::append(&mut f, b"delta").unwrap();
+        f.append(b"delta").unwrap();
         f.replace(b"full").unwrap();
-        VersionStore::append(&mut f, b"+1").unwrap();
+        f.append(b"+1").unwrap();
         drop(f);
         assert_eq!(std::fs::read(&path).unwrap(), b"full+1");
         assert!(!dir.join("versions.ckpt.new").exists());
@@ -155,8 +160,7 @@ mod tests {
 
     #[test]
     fn a_recreated_device_file_has_another_identity() {
-        let dir = std::env::temp_dir().join(format!("weir-ident-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("ident");
         let path = dir.join("device.img");
         std::fs::write(&path, b"").unwrap();
         let first = device_identity(&path, 1 << 20).unwrap();

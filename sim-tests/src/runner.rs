@@ -873,10 +873,6 @@ impl weir_core::node::LogStore for MemLog {
 }
 
 impl weir_core::node::VersionStore for MemLog {
-    fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
-        weir_core::node::LogStore::append(self, record)
-    }
-
     fn replace(&mut self, record: &[u8]) -> std::io::Result<()> {
         *self.0.lock().expect("versions") = record.to_vec();
         Ok(())

@@ -282,6 +282,29 @@ enum Op {
     },
 }
 
+impl Op {
+    /// A write of `data` at `lba` for (`client`, `req`), not started yet.
+    fn write(
+        (client, req): (NodeId, RequestId),
+        extent: ExtentId,
+        lba: Lba,
+        data: Bytes,
+        fua: bool,
+    ) -> Op {
+        Op::Write {
+            client,
+            req,
+            extent,
+            lba,
+            data,
+            fua,
+            version: Version::default(),
+            acks: None,
+            started_ns: 0,
+        }
+    }
+}
+
 /// The acknowledgements a fan-out still waits for, by sender, and the first error
 /// among them. Only a node asked, and only once, can acknowledge: a stray or forged
 /// ack is refused, never counted.
@@ -435,7 +458,7 @@ pub struct Replicator {
     rebuild: rebuild::RebuildState,
     /// The background scrubber.
     scrub: scrub::Scrubber,
-    /// Block-version checkpoints, and the versions each device write carries.
+    /// Block-version checkpoints.
     checkpoint: checkpoint::Checkpoints,
     /// The device answered `Gone`: what this node holds is lost, whatever its
     /// versions say (a rebuild's probe is refused).
@@ -444,7 +467,10 @@ pub struct Replicator {
     /// one to overlapping blocks (a deposed primary's write still on the device and
     /// the new primary's must land in version order). Keyed by `IoId` as `OpId`.
     device_lock: RangeLock,
-    device_writes: std::collections::BTreeSet<IoId>,
+    /// Device writes in flight (issued, or waiting in `device_lock`), each with
+    /// its first block and the version claimed for each of its blocks before it
+    /// was issued (0: none).
+    device_writes: BTreeMap<IoId, (Lba, Vec<Version>)>,
     deferred: BTreeMap<IoId, IoCmd>,
     /// After a restart: each extent's epoch in the map the node restarted with. It
     /// serves as a primary only at later epochs (of its versions from before it
@@ -481,7 +507,7 @@ impl Replicator {
             checkpoint: checkpoint::Checkpoints::default(),
             device_gone: false,
             device_lock: RangeLock::default(),
-            device_writes: std::collections::BTreeSet::new(),
+            device_writes: BTreeMap::new(),
             deferred: BTreeMap::new(),
             restored: BTreeMap::new(),
             seen_in_sync: std::collections::BTreeSet::new(),
@@ -521,8 +547,15 @@ impl Replicator {
             panic!("{io:?} is not a write");
         };
         let (lba, blocks) = (*lba, self.blocks_of(data));
-        self.note_device_write(io, lba, blocks);
-        self.device_writes.insert(io);
+        let versions = (lba.0..lba.0 + blocks)
+            .map(|b| {
+                self.block_versions
+                    .get(&Lba(b))
+                    .copied()
+                    .unwrap_or_default()
+            })
+            .collect();
+        self.device_writes.insert(io, (lba, versions));
         if self
             .device_lock
             .acquire(OpId(io.0), lba, lba.offset(blocks), Mode::Exclusive)
@@ -531,6 +564,14 @@ impl Replicator {
         } else {
             self.deferred.insert(io, cmd);
         }
+    }
+
+    /// Whether a device write to any of `[lba, lba + blocks)` is in flight here:
+    /// its versions are claimed already, and a failed one forgets them.
+    fn writing_to(&self, lba: Lba, blocks: u64) -> bool {
+        self.device_writes
+            .values()
+            .any(|(l, vs)| l.0 < lba.0 + blocks && lba.0 < l.0 + vs.len() as u64)
     }
 
     /// The cluster clock reads `now_ns` and this node's lease runs until
@@ -810,9 +851,10 @@ impl Replicator {
         if matches!(result, IoResult::Failed(WeirError::Device(DevError::Gone))) {
             self.device_gone = true;
         }
-        let was_write = self.device_writes.remove(&io);
-        if was_write {
-            self.device_write_done(io, !matches!(result, IoResult::Failed(_)));
+        let write = self.device_writes.remove(&io);
+        let was_write = write.is_some();
+        if let Some((lba, versions)) = write {
+            self.device_write_done(lba, versions, !matches!(result, IoResult::Failed(_)));
             for next in self.device_lock.release(OpId(io.0)) {
                 let cmd = self
                     .deferred
@@ -936,20 +978,8 @@ impl Replicator {
             Err(e) => return self.fail(client, req, e),
         };
         let op = self.op_id();
-        self.ops.insert(
-            op,
-            Op::Write {
-                client,
-                req,
-                extent,
-                lba,
-                data,
-                fua,
-                version: Version::default(),
-                acks: None,
-                started_ns: 0,
-            },
-        );
+        self.ops
+            .insert(op, Op::write((client, req), extent, lba, data, fua));
         let lock = &mut self.primary_state(extent).lock;
         if lock.acquire(op, lba, lba.offset(blocks), Mode::Exclusive) {
             self.run_ready(vec![op]);

@@ -43,11 +43,23 @@ pub fn encode(device: Option<&str>, runs: &[VersionRun]) -> Vec<u8> {
 
 /// Runs of equal versions over consecutive blocks, in block order.
 pub fn runs<'a>(versions: impl IntoIterator<Item = (&'a Lba, &'a Version)>) -> Vec<VersionRun> {
-    let mut out: Vec<VersionRun> = Vec::new();
-    for (&lba, &version) in versions {
+    runs_by(versions.into_iter().map(|(l, v)| (l.0, *v)), u64::MAX)
+        .into_iter()
+        .map(|(first, n, v)| (Lba(first), n, v))
+        .collect()
+}
+
+/// Runs of consecutive blocks with equal keys, at most `max` blocks each, from
+/// `blocks` in block order: (first block, blocks, key).
+pub fn runs_by<K: PartialEq>(
+    blocks: impl IntoIterator<Item = (u64, K)>,
+    max: u64,
+) -> Vec<(u64, u64, K)> {
+    let mut out: Vec<(u64, u64, K)> = Vec::new();
+    for (b, key) in blocks {
         match out.last_mut() {
-            Some((first, n, v)) if *v == version && first.0 + *n == lba.0 => *n += 1,
-            _ => out.push((lba, 1, version)),
+            Some((first, n, k)) if *k == key && *first + *n == b && *n < max => *n += 1,
+            _ => out.push((b, 1, key)),
         }
     }
     out

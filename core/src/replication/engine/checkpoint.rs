@@ -38,9 +38,6 @@ const FULL_SLACK_RUNS: usize = 1 << 16;
 /// Checkpoint state of one node.
 #[derive(Debug, Default)]
 pub(super) struct Checkpoints {
-    /// The versions each device write in flight carries, one per block from its
-    /// first (0: the block had none).
-    pub(super) writing: BTreeMap<IoId, (Lba, Vec<Version>)>,
     /// Versions of writes completed since the last checkpoint was taken (0:
     /// forgotten).
     dirty: BTreeMap<Lba, Version>,
@@ -86,26 +83,10 @@ impl Replicator {
         (self.checkpoint.written, self.checkpoint.blocks_written)
     }
 
-    /// Device write `io` to `[lba, lba + blocks)` was issued: note the versions it
-    /// carries (claimed before it was issued).
-    pub(super) fn note_device_write(&mut self, io: IoId, lba: Lba, blocks: u64) {
-        let versions = (lba.0..lba.0 + blocks)
-            .map(|b| {
-                self.block_versions
-                    .get(&Lba(b))
-                    .copied()
-                    .unwrap_or_default()
-            })
-            .collect();
-        self.checkpoint.writing.insert(io, (lba, versions));
-    }
-
-    /// Device write `io` finished: its versions are completed, or, if it failed,
-    /// forgotten (here, in the checkpoint in flight, and in the file at once).
-    pub(super) fn device_write_done(&mut self, io: IoId, ok: bool) {
-        let Some((lba, versions)) = self.checkpoint.writing.remove(&io) else {
-            return;
-        };
+    /// A device write at `lba` carrying `versions` finished: its versions are
+    /// completed, or, if it failed, forgotten (here, in the checkpoint in flight,
+    /// and in the file at once).
+    pub(super) fn device_write_done(&mut self, lba: Lba, versions: Vec<Version>, ok: bool) {
         let enabled = self.config.checkpoint_every_ns > 0;
         let mut forgotten = BTreeMap::new();
         for (i, v) in versions.into_iter().enumerate() {
@@ -188,7 +169,7 @@ impl Replicator {
         let dirty = std::mem::take(&mut self.checkpoint.dirty);
         let versions = if full {
             let mut all = self.block_versions.clone();
-            for (lba, vs) in self.checkpoint.writing.values() {
+            for (lba, vs) in self.device_writes.values() {
                 for b in lba.0..lba.0 + vs.len() as u64 {
                     all.remove(&Lba(b));
                 }

@@ -822,18 +822,12 @@ impl Replicator {
         if self.rebuild.incoming.is_empty() {
             return;
         }
-        // Any device write of these blocks still in flight here (forwarded,
-        // copied, a repair, or this node's own from when it was primary): its
-        // versions are claimed already, and a failed one forgets them.
-        let busy = |writing: &BTreeMap<IoId, (Lba, Vec<Version>)>, lba: Lba, blocks: u64| {
-            writing
-                .values()
-                .any(|(l, vs)| l.0 < lba.0 + blocks && lba.0 < l.0 + vs.len() as u64)
-        };
         let mut i = 0;
         while i < self.rebuild.incoming.len() {
             let inc = &self.rebuild.incoming[i];
-            if inc.ios_left > 0 || busy(&self.checkpoint.writing, inc.lba, inc.blocks) {
+            // Any device write of these blocks (forwarded, copied, a repair, or
+            // this node's own from when it was primary) is waited for.
+            if inc.ios_left > 0 || self.writing_to(inc.lba, inc.blocks) {
                 i += 1;
                 continue;
             }

@@ -34,6 +34,7 @@
 //!   data of every block is newer than it (see `applied`).
 
 use super::*;
+use crate::replication::versions::runs_by;
 
 /// Most writes one extent's uncertain tail keeps (a primary has at most
 /// [`MAX_OPS_IN_FLIGHT`] writes in flight, of all its extents).
@@ -173,61 +174,59 @@ impl Replicator {
         }
     }
 
-    /// The blocks of this node's tail of `extent`, as runs.
-    fn tail_runs(&self, extent: ExtentId) -> BlockRuns {
-        let mut blocks = BTreeSet::new();
-        for &(lba, n) in self
+    /// The blocks of this node's tail of `extent`.
+    fn tail_blocks(&self, extent: ExtentId) -> BTreeSet<u64> {
+        let tail = self
             .reconcile
             .tails
             .get(&extent)
             .into_iter()
-            .flat_map(|t| t.values())
-        {
-            blocks.extend(lba.0..lba.0 + n);
-        }
-        // Runs no longer than a request, which is what a receiver accepts.
-        let max = self.map.volume().max_request_blocks;
-        let mut runs: BlockRuns = Vec::new();
-        for b in blocks {
-            match runs.last_mut() {
-                Some((l, n)) if l.0 + u64::from(*n) == b && *n < max => *n += 1,
-                _ => runs.push((Lba(b), 1)),
-            }
-        }
-        runs
+            .flat_map(|t| t.values());
+        tail.flat_map(|&(lba, n)| lba.0..lba.0 + n).collect()
+    }
+
+    /// The blocks of this node's tail of `extent`, in runs no longer than a
+    /// request (what a receiver accepts).
+    fn tail_runs(&self, extent: ExtentId) -> BlockRuns {
+        let max = u64::from(self.map.volume().max_request_blocks);
+        let blocks = self.tail_blocks(extent).into_iter().map(|b| (b, ()));
+        runs_by(blocks, max)
+            .into_iter()
+            .map(|(first, n, ())| (Lba(first), n as u32))
+            .collect()
     }
 
     /// After a map change: send this node's tail to each new primary of an extent
     /// it holds, and start (or go on with) reconciling each extent it now leads.
     pub(super) fn reconcile_after_map(&mut self) {
-        let extents: Vec<(ExtentId, NodeId, Epoch, bool, Vec<NodeId>)> = self
+        let extents: Vec<(ExtentId, NodeId, Epoch, bool, bool, Vec<NodeId>)> = self
             .map
             .state()
             .extents
             .iter()
             .map(|(&id, e)| {
-                let holds = e.in_sync.contains(&self.me) || e.rebuilding.contains(&self.me);
+                let in_sync = e.in_sync.contains(&self.me);
+                let holds = in_sync || e.rebuilding.contains(&self.me);
                 let others = e
                     .in_sync
                     .iter()
                     .copied()
                     .filter(|n| *n != self.me)
                     .collect();
-                (id, e.primary, e.primary_since, holds, others)
+                (id, e.primary, e.primary_since, in_sync, holds, others)
             })
             .collect();
-        for (extent, primary, reign, holds, others) in extents {
-            if primary == self.me && holds && self.map.extent(extent).in_sync.contains(&self.me) {
+        for (extent, primary, reign, in_sync, holds, others) in extents {
+            if primary == self.me && in_sync {
                 self.reconcile.seen.remove(&extent);
                 self.lead_reign(extent, reign, others);
                 continue;
             }
             self.reconcile.running.remove(&extent);
             self.reconcile.done.remove(&extent);
-            let primary_since = reign;
             self.reconcile
                 .early
-                .retain(|&(x, _), (r, _)| x != extent || *r > primary_since);
+                .retain(|&(x, _), (r, _)| x != extent || *r > reign);
             if holds && self.reconcile.seen.get(&extent) != Some(&(primary, reign)) {
                 self.reconcile.seen.insert(extent, (primary, reign));
                 let blocks = self.tail_runs(extent);
@@ -255,11 +254,7 @@ impl Replicator {
             .get(&extent)
             .is_some_and(|r| r.reign == reign);
         if !running {
-            let blocks: BTreeSet<u64> = self
-                .tail_runs(extent)
-                .into_iter()
-                .flat_map(|(l, n)| l.0..l.0 + u64::from(n))
-                .collect();
+            let blocks = self.tail_blocks(extent);
             let run = Run {
                 reign,
                 waiting: others.iter().copied().collect(),
@@ -309,12 +304,6 @@ impl Replicator {
             .get(&extent)
             .filter(|r| r.reign == reign)
             .map(|r| (r.waiting.contains(&from), r.pushes_left));
-        let named = || -> BTreeSet<u64> {
-            blocks
-                .iter()
-                .flat_map(|&(l, n)| l.0..l.0 + u64::from(n))
-                .collect()
-        };
         match run {
             Some((true, _)) => {
                 self.tail_arrived(extent, from, reign, blocks);
@@ -323,13 +312,13 @@ impl Replicator {
             // Not waited for (a rebuilding replica, or a deposed primary back):
             // its blocks are written back too, and if that has begun, after.
             Some((false, None)) => {
-                let named = named();
+                let named = named_blocks(&blocks);
                 if let Some(r) = self.reconcile.running.get_mut(&extent) {
                     r.blocks.extend(named);
                 }
             }
             Some((false, Some(_))) => {
-                let ops = self.write_back(extent, &named());
+                let ops = self.write_back(extent, &named_blocks(&blocks));
                 if let Some(Some(left)) = self
                     .reconcile
                     .running
@@ -341,7 +330,7 @@ impl Replicator {
             }
             None if self.reconcile.done.get(&extent) == Some(&reign) && !blocks.is_empty() => {
                 tracing::debug!(%from, %extent, "a late tail: its blocks are written back");
-                self.write_back(extent, &named());
+                self.write_back(extent, &named_blocks(&blocks));
             }
             None if reign > self.map.extent(extent).primary_since => {
                 // For a reign this node's map has not reached yet (one per sender
@@ -359,9 +348,7 @@ impl Replicator {
         if run.reign != reign || !run.waiting.remove(&from) {
             return;
         }
-        for (l, n) in blocks {
-            run.blocks.extend(l.0..l.0 + u64::from(n));
-        }
+        run.blocks.extend(named_blocks(&blocks));
     }
 
     /// Once every tail is in, write back every block named; once those are done,
@@ -393,17 +380,11 @@ impl Replicator {
     /// runs of one data version no longer than a request; returns the runs.
     fn write_back(&mut self, extent: ExtentId, blocks: &BTreeSet<u64>) -> usize {
         let max = u64::from(self.map.volume().max_request_blocks);
-        let mut runs: Vec<(Lba, u64, Option<Version>)> = Vec::new();
-        for &b in blocks {
-            let v = self.data_version(Lba(b));
-            match runs.last_mut() {
-                Some((l, n, rv)) if l.0 + *n == b && *n < max && *rv == v => *n += 1,
-                _ => runs.push((Lba(b), 1, v)),
-            }
-        }
+        let runs = runs_by(blocks.iter().map(|&b| (b, self.data_version(Lba(b)))), max);
         self.reconcile.blocks_pushed += blocks.len() as u64;
         let count = runs.len();
-        for (lba, blocks, _) in runs {
+        for (first, blocks, _) in runs {
+            let lba = Lba(first);
             let op = self.op_id();
             self.ops.insert(
                 op,
@@ -449,12 +430,7 @@ impl Replicator {
     /// device write to them is in flight here (a write it took as a replica may
     /// still be on the device; one that fails is forgotten first).
     pub(super) fn start_reconcile_read(&mut self, op: OpId, lba: Lba, blocks: u64) {
-        let busy = self
-            .checkpoint
-            .writing
-            .values()
-            .any(|(l, vs)| l.0 < lba.0 + blocks && lba.0 < l.0 + vs.len() as u64);
-        if busy {
+        if self.writing_to(lba, blocks) {
             self.reconcile.deferred.push(op);
             return;
         }
@@ -500,20 +476,9 @@ impl Replicator {
                     .map(|b| self.data_version(Lba(b)).unwrap_or_default())
                     .min()
                     .unwrap_or_default();
-                self.ops.insert(
-                    op,
-                    Op::Write {
-                        client: self.me,
-                        req: RequestId(data_version.0),
-                        extent,
-                        lba,
-                        data,
-                        fua: false,
-                        version: Version::default(),
-                        acks: None,
-                        started_ns: 0,
-                    },
-                );
+                let origin = (self.me, RequestId(data_version.0));
+                self.ops
+                    .insert(op, Op::write(origin, extent, lba, data, false));
                 self.start_write(op);
             }
             IoResult::Failed(e) => {
@@ -558,4 +523,11 @@ impl Replicator {
     pub fn blocks_reconciled(&self) -> u64 {
         self.reconcile.blocks_pushed
     }
+}
+
+/// The blocks a tail's runs name.
+fn named_blocks(runs: &BlockRuns) -> BTreeSet<u64> {
+    runs.iter()
+        .flat_map(|&(l, n)| l.0..l.0 + u64::from(n))
+        .collect()
 }

@@ -1912,7 +1912,7 @@ fn a_deposed_primary_rejoining_gives_up_its_own_unanswered_write() {
     publish(&mut c, Command::NodeUp { node: NodeId(1) });
     c.settle();
     // Its block 5 is newer than n2's, but from before n2's reign and unknown to
-    // n2: it takes n2's copy.
+    // n2: it ends up with n2's copy.
     assert_eq!(c.disk_block(NodeId(1), 5), Some(1));
     assert_eq!(
         c.engines[&NodeId(1)].block_version(Lba(5)),
