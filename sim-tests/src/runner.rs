@@ -1036,7 +1036,10 @@ impl Worker {
 const LIVENESS_BOUND: Duration = Duration::from_secs(2);
 
 /// Wait until the cluster has healed (at most [`LIVENESS_BOUND`]): every `live`
-/// node (alive with a device at the end) is up in the map, no up node is still
+/// node (alive with a device at the end) is up in the map, every other node is
+/// down in it (campaign seeds 9073 and 9409 read back from a node that crashed
+/// for good and that a leader without a quorum had not yet declared down), no up
+/// node is still
 /// rebuilding an extent, and every extent has `replicas` in-sync copies, or one on
 /// every up node where fewer are up (a spare replaced every node down past the
 /// replacement timeout).
@@ -1059,6 +1062,15 @@ async fn await_in_sync(volume: &Volume<SimTransport>, replicas: usize, live: &[N
             live.iter()
                 .filter(|n| state.nodes.get(n) != Some(&NodeStatus::Up))
                 .map(|n| format!("{n}, alive, is not up")),
+        );
+        // A node lost for good must be declared down: until it is, it stays in
+        // the in-sync sets it was in, and the map does not say where the data is.
+        behind.extend(
+            state
+                .nodes
+                .iter()
+                .filter(|(n, s)| **s == NodeStatus::Up && !live.contains(n))
+                .map(|(n, _)| format!("{n}, lost for good, is still up")),
         );
         behind.extend(
             state

@@ -30,10 +30,34 @@ fn run_seed(seed: u64) -> (bool, String) {
     (passed, report)
 }
 
+/// What a set of seeds drew and did.
+#[derive(Default)]
+struct Tally {
+    crashes: u32,
+    stalls: u32,
+    media: u32,
+    repaired: usize,
+}
+
 fn campaign(part: u64) {
+    let t = check_seeds(part * SEEDS_PER_PART + 1..=(part + 1) * SEEDS_PER_PART);
+    assert!(t.crashes > 0, "no seed of this part crashed a node");
+    assert!(
+        t.stalls > 0,
+        "no seed of this part paused or cut off a node"
+    );
+    assert!(
+        t.media == 0 || t.repaired > 0,
+        "{} seeds gave an SSD media errors, but nothing was repaired",
+        t.media
+    );
+}
+
+/// Run `seeds`; panic with the reports of those that fail.
+fn check_seeds(seeds: impl Iterator<Item = u64>) -> Tally {
     let mut failed = Vec::new();
     let (mut crashes, mut stalls, mut media, mut repaired) = (0, 0, 0, 0);
-    for seed in part * SEEDS_PER_PART + 1..=(part + 1) * SEEDS_PER_PART {
+    for seed in seeds {
         let s = Scenario::campaign(seed);
         crashes += s.faults.node_crashes;
         stalls += s.faults.node_pauses + s.faults.partitions;
@@ -79,18 +103,29 @@ fn campaign(part: u64) {
             }
         }
     }
-    assert!(crashes > 0, "no seed of this part crashed a node");
-    assert!(stalls > 0, "no seed of this part paused or cut off a node");
-    assert!(
-        media == 0 || repaired > 0,
-        "{media} seeds gave an SSD media errors, but nothing was repaired"
-    );
     assert!(
         failed.is_empty(),
         "{} failing seeds:\n{}",
         failed.len(),
         failed.join("\n")
     );
+    Tally {
+        crashes,
+        stalls,
+        media,
+        repaired,
+    }
+}
+
+/// Seeds that once failed. 9073 and 9409 crash a node for good while the Raft
+/// leader has no quorum (another node is paused, or its device hangs), so the
+/// dead node is declared down only after the workload; the read-back took the
+/// map before that and read from it. Liveness now waits until every node lost
+/// for good is down in the map.
+#[test]
+fn campaign_seeds_that_once_failed() {
+    let t = check_seeds([9073, 9409].into_iter());
+    assert_eq!(t.crashes, 2, "both seeds crash a node for good");
 }
 
 #[test]

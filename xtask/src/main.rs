@@ -8,9 +8,18 @@
 //!   simulated time per wall time) on the 2:1 and 60:1 scenarios.
 //! - `cargo xtask bench nbd`: fio through the nbd engine against weir (1 and 3
 //!   replicas) and qemu-nbd (`node/examples/bench_nbd.rs`).
+//! - `cargo xtask campaign --seeds A..B [--jobs N] [ARGS...]`: the fault campaign's
+//!   seeds A to B (`A..=B` takes B too), each in a `weir-sim --campaign` process of
+//!   its own, `--jobs` at a time (default: one per core); ARGS go to every run (a
+//!   `--bug NAME` to see which seeds catch it). Prints each failing seed's failed
+//!   checkers and replay command, then a summary line; fails if any seed failed.
 //! - `cargo xtask test`: every check: formatting, clippy on both builds, the normal
 //!   `cargo test --workspace`, and the madsim build of the workspace's tests (device
-//!   model, fabric, seeded scenarios, a determinism check and the seed sweep).
+//!   model, fabric, seeded scenarios, a determinism check and the seed sweep), then
+//!   100 campaign seeds derived from the commit id: the same for a commit, new
+//!   for the next, so every commit widens the campaign's reach.
+
+mod campaign;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -26,8 +35,10 @@ fn main() -> ExitCode {
         Some("sim") => sim(&root, &args[1..]),
         Some("test") => test(&root),
         Some("bench") => bench(&root, &args[1..]),
+        Some("campaign") => campaign::run_cli(&root, &args[1..]),
         _ => {
             eprintln!("usage: cargo xtask sim [--seed N] [--scenario FILE] [--check-determinism]");
+            eprintln!("       cargo xtask campaign --seeds A..B [--jobs N] [weir-sim args]");
             eprintln!("       cargo xtask test");
             eprintln!("       cargo xtask bench fabric|nbd");
             return ExitCode::from(2);
@@ -167,6 +178,7 @@ fn test(root: &Path) -> Result<(), String> {
         let what = format!("weir-sim {}", args[5..].join(" "));
         run(&what, cargo(root, true, &args))?;
     }
+    campaign::commit_seeds(root)?;
     eprintln!("xtask: all tests passed");
     Ok(())
 }
