@@ -172,6 +172,9 @@ pub struct Node<T, D> {
     /// Checkpoints asked for through the handle: (number, who waits).
     checkpoint_waiters: Vec<(u64, tokio::sync::oneshot::Sender<bool>)>,
     reports: Option<watch::Sender<NodeReport>>,
+    /// This node's clock against the true cluster clock (the simulator's clock
+    /// skew; none on real nodes, whose clock is what NTP made it).
+    skew: crate::time::Skew,
 }
 
 /// A device command outstanding this long means the device has stalled: the node
@@ -233,6 +236,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             requests: None,
             checkpoint_waiters: Vec::new(),
             reports: None,
+            skew: crate::time::Skew::default(),
         })
     }
 
@@ -314,6 +318,19 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         });
     }
 
+    /// Read the cluster clock through `skew` (the simulator gives every node a
+    /// clock of its own). Audit facts are logged in true time, so the checkers
+    /// compare what nodes did on one clock.
+    pub fn with_skew(mut self, skew: crate::time::Skew) -> Self {
+        self.skew = skew;
+        self
+    }
+
+    /// This node's cluster clock.
+    fn cluster_ns(&self) -> u64 {
+        self.skew.now_ns()
+    }
+
     /// Record the engine's audit facts in `log` (turns them on).
     pub fn with_audit(mut self, log: AuditLog) -> Self {
         self.engine.enable_audit();
@@ -373,7 +390,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     self.engine.handle_io(io, result)
                 }
                 _ = ticker.tick(), if self.control.is_some() => {
-                    let now = crate::time::cluster_ns();
+                    let now = self.cluster_ns();
                     // Stalled at two ticks in a row: a node that was itself paused
                     // finds its commands old at its first tick back.
                     let stalled = self
@@ -425,7 +442,10 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 frame = self.transport.recv() => {
                     let (from, frame) = frame?;
                     match Message::decode(&frame) {
-                        Ok(msg) => self.route(from, msg, crate::time::cluster_ns()),
+                        Ok(msg) => {
+                            let now = self.cluster_ns();
+                            self.route(from, msg, now)
+                        }
                         Err(e) => tracing::warn!(%from, error = %e, "undecodable frame dropped"),
                     }
                 }
@@ -439,7 +459,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             .control
             .as_ref()
             .map_or(0, |(plane, ..)| plane.lease_until_ns());
-        self.engine.set_clock(crate::time::cluster_ns(), lease);
+        self.engine.set_clock(self.cluster_ns(), lease);
     }
 
     /// Control-plane messages to the control plane, the rest to the data path.
@@ -523,9 +543,10 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     }
                     Action::Audit(fact) => {
                         if let Some(log) = &self.audit {
+                            let skew = self.skew;
                             log.lock()
                                 .expect("audit log")
-                                .push((self.engine.id(), fact));
+                                .push((self.engine.id(), fact.map_times(|t| skew.to_true(t))));
                         }
                     }
                 }

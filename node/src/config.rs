@@ -39,6 +39,10 @@
 //! lease_ms = 1500             # primary lease; a new primary waits this long
 //! detect_ms = 1000            # a node silent this long is declared down
 //! replace_after_s = 600       # a node down this long is replaced by spares (0: never)
+//! clock_offset_max_us = 1000  # how far any node's clock may be from true time
+//! clock_drift_max_ppm = 15    # and how fast or slow it may run; a primary stops
+//!                             # serving 2 x offset + 2 x drift x lease before its
+//!                             # lease ends
 //! ```
 
 use serde::Deserialize;
@@ -229,6 +233,35 @@ pub struct TimeoutSection {
     /// catches up instead of copying whole extents elsewhere.
     #[serde(default = "default_replace")]
     pub replace_after_s: u64,
+    /// Largest offset of any member's clock from true time (NTP on one LAN).
+    #[serde(default = "default_offset_us")]
+    pub clock_offset_max_us: u64,
+    /// Largest rate error of any member's clock.
+    #[serde(default = "default_drift_ppm")]
+    pub clock_drift_max_ppm: u64,
+}
+
+impl TimeoutSection {
+    /// The clocks' bound, from which the lease margin is derived.
+    pub fn clock_bound(&self) -> weir_core::time::ClockBound {
+        weir_core::time::ClockBound {
+            offset_max_ns: self.clock_offset_max_us.saturating_mul(1000),
+            drift_max_ppm: self.clock_drift_max_ppm,
+        }
+    }
+
+    /// How long before its lease's end a primary stops serving, ns.
+    pub fn lease_margin_ns(&self) -> u64 {
+        self.clock_bound()
+            .lease_margin_ns(self.lease_ms.saturating_mul(1_000_000))
+    }
+}
+
+fn default_offset_us() -> u64 {
+    weir_core::time::ClockBound::DEFAULT.offset_max_ns / 1000
+}
+fn default_drift_ppm() -> u64 {
+    weir_core::time::ClockBound::DEFAULT.drift_max_ppm
 }
 
 fn default_replace() -> u64 {
@@ -263,7 +296,7 @@ fn default_nbd() -> SocketAddr {
     "127.0.0.1:10809".parse().expect("a valid address")
 }
 fn default_lease() -> u64 {
-    1500
+    weir_core::control::DEFAULT_LEASE_NS / 1_000_000
 }
 fn default_detect() -> u64 {
     1000
@@ -296,6 +329,8 @@ impl Default for TimeoutSection {
             lease_ms: default_lease(),
             detect_ms: default_detect(),
             replace_after_s: default_replace(),
+            clock_offset_max_us: default_offset_us(),
+            clock_drift_max_ppm: default_drift_ppm(),
         }
     }
 }
@@ -446,6 +481,17 @@ impl Config {
                 "a node is replaced only after its lease has run out: above lease_ms, or 0".into(),
             );
         }
+        if t.lease_margin_ns() >= t.lease_ms.saturating_mul(1_000_000) / 4 {
+            return bad(
+                "timeouts.clock_offset_max_us",
+                format!(
+                    "clocks this far apart leave a primary too little of its lease: the \
+                     margin, 2 x offset + 2 x drift x lease = {} us, must stay below a \
+                     quarter of lease_ms",
+                    t.lease_margin_ns() / 1000
+                ),
+            );
+        }
         Ok(())
     }
 
@@ -509,6 +555,18 @@ mod tests {
         assert_eq!(c.my_addr(), "127.0.0.1:7402".parse().unwrap());
         assert_eq!(c.timeouts.lease_ms, 1500);
         assert_eq!(c.timeouts.replace_after_s, 600);
+        // 1 ms offsets and 15 ppm over a 1.5 s lease.
+        assert_eq!(c.timeouts.lease_margin_ns(), 2_000_000 + 45_000);
+    }
+
+    #[test]
+    fn clocks_too_far_apart_for_the_lease_are_refused() {
+        let e = parse(&format!("{GOOD}\n[timeouts]\nclock_offset_max_us = 200000"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("clock_offset_max_us"), "{e}");
+        let ok = parse(&format!("{GOOD}\n[timeouts]\nclock_offset_max_us = 100"));
+        assert_eq!(ok.unwrap().timeouts.lease_margin_ns(), 200_000 + 45_000);
     }
 
     #[test]

@@ -170,6 +170,7 @@ pub async fn run(
         ReplicationConfig {
             scrub_bytes_per_sec: config.device.scrub_rate.0,
             checkpoint_every_ns: config.device.checkpoint_ms * 1_000_000,
+            lease_margin_ns: t.lease_margin_ns(),
             ..ReplicationConfig::default()
         },
         BufPool::new(POOL_BYTES),

@@ -34,7 +34,8 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     sample_us: u64,
     /// Turn on a deliberate bug (repeatable), to see the checkers catch it:
-    /// skip-last-replica, ack-before-slowest, serve-before-lease, rebuild-one-short, accept-stale-epoch.
+    /// skip-last-replica, ack-before-slowest, serve-before-lease, rebuild-one-short,
+    /// accept-stale-epoch, ignore-lease-margin.
     #[arg(long, value_enum)]
     bug: Vec<Bug>,
 }
@@ -47,6 +48,7 @@ enum Bug {
     ServeBeforeLease,
     RebuildOneShort,
     AcceptStaleEpoch,
+    IgnoreLeaseMargin,
 }
 
 fn main() -> ExitCode {
@@ -92,6 +94,7 @@ fn main() -> ExitCode {
             Bug::ServeBeforeLease => scenario.bugs.serve_before_lease = true,
             Bug::RebuildOneShort => scenario.bugs.rebuild_one_short = true,
             Bug::AcceptStaleEpoch => scenario.bugs.accept_stale_epoch = true,
+            Bug::IgnoreLeaseMargin => scenario.bugs.ignore_lease_margin = true,
         }
     }
     run(&args, &scenario, &name)

@@ -126,6 +126,8 @@ pub struct Report {
     pub fabric: FabricSummary,
     /// Checker verdicts.
     pub verdicts: Vec<Verdict>,
+    /// The nodes' clocks (offset and drift) and the lease margin, in a line.
+    pub clocks: String,
     /// Faults injected, described, in time order.
     pub faults: Vec<String>,
     /// Control-plane events (nodes down and up, failovers), in time order.
@@ -179,6 +181,7 @@ impl Report {
             intervals,
             fabric,
             verdicts,
+            clocks: String::new(),
             faults: Vec::new(),
             events: Vec::new(),
         }
@@ -204,6 +207,9 @@ impl fmt::Display for Report {
             "  cluster   {} nodes, {} replicas, {} MiB volume in {} MiB extents, {} B blocks",
             c.nodes, c.replicas, c.volume_mib, c.extent_mib, c.block_size
         )?;
+        if !self.clocks.is_empty() {
+            writeln!(f, "  clocks    {}", self.clocks)?;
+        }
         let fs = &s.fabric;
         if fs.transport == "roce" {
             writeln!(
@@ -300,6 +306,7 @@ impl fmt::Display for Report {
             (b.serve_before_lease, "serve-before-lease"),
             (b.rebuild_one_short, "rebuild-one-short"),
             (b.accept_stale_epoch, "accept-stale-epoch"),
+            (b.ignore_lease_margin, "ignore-lease-margin"),
         ] {
             if on {
                 write!(f, " --bug {flag}")?;

@@ -30,6 +30,7 @@ use weir_core::error::WeirError;
 use weir_core::map::{ClusterMap, VolumeSpec};
 use weir_core::node::{AuditLog, EventLog, Node};
 use weir_core::replication::ReplicationConfig;
+use weir_core::time::Skew;
 use weir_core::{BufPool, Lba, NodeId, VolumeId};
 use weir_nvme_sim::{SimSsd, SsdConfig};
 use weir_transport_sim::fabric::config::Topology;
@@ -162,6 +163,11 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         bug_serve_before_lease: scenario.bugs.serve_before_lease,
         bug_rebuild_one_short: scenario.bugs.rebuild_one_short,
         bug_accept_stale_epoch: scenario.bugs.accept_stale_epoch,
+        bug_ignore_lease_margin: scenario.bugs.ignore_lease_margin,
+        lease_margin_ns: scenario
+            .cluster
+            .clock_bound()
+            .lease_margin_ns(timeouts(&scenario).lease_ns),
         audit: true,
         rebuild_bytes_per_sec: 0,
         scrub_bytes_per_sec: scenario.cluster.scrub_mib_per_sec << 20,
@@ -169,6 +175,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     };
     let events: EventLog = Arc::default();
     let audit: AuditLog = Arc::default();
+    let mut skews = Vec::new();
     let hosts = start_nodes(
         &fabric,
         &map,
@@ -176,6 +183,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         &scenario,
         (&events, cluster_start),
         &audit,
+        &mut skews,
     );
     // Every host attaches before traffic starts.
     let checker = Arc::new(fabric.endpoint(NodeId(CHECKER_HOST)).expect("new host"));
@@ -264,6 +272,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let fabric_summary = summarize(&fabric);
     let mut report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
     report.faults = faults;
+    report.clocks = clocks_line(&skews, config.lease_margin_ns);
     // One line per rebuilt extent is too many for a report: one line per node.
     let mut lines: Vec<(u64, String)> = events
         .lock()
@@ -317,6 +326,25 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         history,
         telemetry,
     }
+}
+
+/// Each node's clock, and the margin leases keep for their disagreement.
+fn clocks_line(skews: &[(NodeId, Skew)], margin_ns: u64) -> String {
+    let nodes: Vec<String> = skews
+        .iter()
+        .map(|(n, k)| {
+            format!(
+                "{n} {:+.3} ms {:+} ppm",
+                k.offset_ns as f64 / 1e6,
+                k.drift_ppm
+            )
+        })
+        .collect();
+    format!(
+        "{}; leases end {:.3} ms early",
+        nodes.join(", "),
+        margin_ns as f64 / 1e6
+    )
 }
 
 /// One line per node for its media-error repairs (each repair logs one): how many,
@@ -793,13 +821,26 @@ fn start_nodes(
     s: &Scenario,
     (events, cluster_start): (&EventLog, Instant),
     audit: &AuditLog,
+    skews: &mut Vec<(NodeId, Skew)>,
 ) -> Vec<(NodeId, madsim::task::NodeId, Arc<SimSsd>)> {
     let voters = map.nodes().to_vec();
     let timeouts = timeouts(s);
     let bootstrap = weir_core::control::plane::bootstrap(map, s.cluster.replicas as u8);
     let mut hosts = Vec::new();
+    let bound = s.cluster.clock_bound();
+    let since_ns = weir_core::time::cluster_ns();
     for &id in map.nodes() {
         let transport = Arc::new(fabric.endpoint(id).expect("new host"));
+        // The node's clock, the same in every incarnation (it is the host's).
+        let skew = Skew {
+            offset_ns: thread_rng()
+                .gen_range(-(bound.offset_max_ns as i64)..=bound.offset_max_ns as i64),
+            drift_ppm: thread_rng()
+                .gen_range(-(bound.drift_max_ppm as i64)..=bound.drift_max_ppm as i64),
+            since_ns,
+        };
+        assert!(skew.within(&bound));
+        skews.push((id, skew));
         let ssd = SsdConfig {
             block_size: s.cluster.block_size,
             ..SsdConfig::default()
@@ -841,6 +882,7 @@ fn start_nodes(
             .expect("node fits")
             .with_control(plane, TICK, events.clone())
             .with_events_since(cluster_start)
+            .with_skew(skew)
             .with_audit(audit.clone())
             .with_log_store(Box::new(log.clone()))
             .with_version_store(Box::new(versions.clone()), device, restored);

@@ -145,6 +145,22 @@ pub struct ClusterSpec {
     /// How often each node checkpoints its block versions (simulated ms), so a
     /// restarted node is sent only the blocks written since. 0: never.
     pub checkpoint_ms: u64,
+    /// Each node's clock is off the true time by up to this much (drawn per node
+    /// from the seed), microseconds. Leases keep a margin of twice this (plus the
+    /// drift's share) before they end.
+    pub clock_offset_max_us: u64,
+    /// ... and runs fast or slow by up to this much, parts per million.
+    pub clock_drift_max_ppm: u64,
+}
+
+impl ClusterSpec {
+    /// The bound on the nodes' clocks that lease margins are derived from.
+    pub fn clock_bound(&self) -> weir_core::time::ClockBound {
+        weir_core::time::ClockBound {
+            offset_max_ns: self.clock_offset_max_us * 1000,
+            drift_max_ppm: self.clock_drift_max_ppm,
+        }
+    }
 }
 
 impl Default for ClusterSpec {
@@ -158,6 +174,8 @@ impl Default for ClusterSpec {
             replace_after_ms: 200,
             scrub_mib_per_sec: 0,
             checkpoint_ms: 20,
+            clock_offset_max_us: weir_core::time::ClockBound::DEFAULT.offset_max_ns / 1000,
+            clock_drift_max_ppm: weir_core::time::ClockBound::DEFAULT.drift_max_ppm,
         }
     }
 }
@@ -258,6 +276,9 @@ pub struct BugSpec {
     pub rebuild_one_short: bool,
     /// Replicas take writes from an older epoch.
     pub accept_stale_epoch: bool,
+    /// Primaries serve to their lease's end by their own clock, with no margin for
+    /// the clocks' disagreement.
+    pub ignore_lease_margin: bool,
 }
 
 /// A scenario that cannot run.
@@ -368,6 +389,10 @@ impl Scenario {
         if pick(12, 4) == 0 {
             s.fabric.transport = "tcp-dctcp".into();
         }
+        // Clocks from perfect to 5 ms apart (an NTP server lost for a while),
+        // drifting up to RFC 5905's 15 ppm or a free-running oscillator's 100 ppm.
+        s.cluster.clock_offset_max_us = [0, 100, 1000, 5000][pick(24, 4) as usize];
+        s.cluster.clock_drift_max_ppm = [0, 15, 100][pick(25, 3) as usize];
         s
     }
 
@@ -453,6 +478,13 @@ impl Scenario {
             return bad(
                 "cluster.replace_after_ms",
                 "must be 0 or above the 150 ms lease (at most an hour)",
+            );
+        }
+        if c.clock_offset_max_us > 20_000 || c.clock_drift_max_ppm > 1000 {
+            // The lease is 150 ms: clocks 40 ms apart would leave it little.
+            return bad(
+                "cluster.clock_offset_max_us",
+                "clocks at most 20000 us off and 1000 ppm fast or slow",
             );
         }
         if c.checkpoint_ms > 60_000 {

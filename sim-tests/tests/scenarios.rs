@@ -282,6 +282,25 @@ fn rebuilding_one_version_short_is_caught_and_named() {
 }
 
 #[test]
+fn ignoring_the_lease_margin_is_caught_when_clocks_disagree() {
+    // Campaign seed 58: clocks up to 1 ms apart (n2 0.83 ms fast, n4 0.88 ms
+    // slow), and n4 is cut off. Serving to the lease's end by n4's slow clock, it
+    // still serves after the leader, by its own clock, let the new primary start.
+    let first = first_violation(58, |s| s.bugs.ignore_lease_margin = true, "leases");
+    assert!(
+        first.contains("may serve it"),
+        "unreadable violation: {first}"
+    );
+    let r = run(58, &Scenario::campaign(58), "campaign").report;
+    assert!(r.passed(), "{r}");
+    assert!(
+        r.clocks.contains("leases end 2.030 ms early"),
+        "{}",
+        r.clocks
+    );
+}
+
+#[test]
 fn accepting_a_stale_epoch_is_caught_and_named() {
     let first = first_violation(1, |s| s.bugs.accept_stale_epoch = true, "epochs only grow");
     assert!(

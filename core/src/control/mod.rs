@@ -6,6 +6,6 @@ pub mod plane;
 pub mod raft;
 pub mod state;
 
-pub use plane::{ControlPlane, PlaneAction, Timeouts};
+pub use plane::{ControlPlane, PlaneAction, Timeouts, DEFAULT_LEASE_NS};
 pub use raft::{MapRaft, RaftAction, RaftError};
 pub use state::{ClusterState, Command, NodeStatus, Refusal};

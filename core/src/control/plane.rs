@@ -99,6 +99,9 @@ pub struct ControlPlane {
     first_heartbeat_ns: Option<u64>,
 }
 
+/// The daemon's default lease, ns (`[timeouts] lease_ms`).
+pub const DEFAULT_LEASE_NS: u64 = 1_500_000_000;
+
 /// The control plane's timeouts, ns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeouts {

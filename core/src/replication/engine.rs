@@ -191,12 +191,84 @@ pub enum Audit {
     },
 }
 
+impl Audit {
+    /// The same fact with every time passed through `f` (a node's clock to the
+    /// true time, for checkers that compare nodes).
+    pub fn map_times(self, f: impl Fn(u64) -> u64) -> Audit {
+        match self {
+            Audit::Claim {
+                extent,
+                epoch,
+                from_ns,
+                until_ns,
+            } => Audit::Claim {
+                extent,
+                epoch,
+                from_ns: f(from_ns),
+                until_ns: f(until_ns),
+            },
+            Audit::Acked {
+                extent,
+                lba,
+                blocks,
+                version,
+                at_ns,
+                in_sync,
+            } => Audit::Acked {
+                extent,
+                lba,
+                blocks,
+                version,
+                at_ns: f(at_ns),
+                in_sync,
+            },
+            Audit::Accepted {
+                extent,
+                epoch,
+                map_epoch,
+                at_ns,
+            } => Audit::Accepted {
+                extent,
+                epoch,
+                map_epoch,
+                at_ns: f(at_ns),
+            },
+            Audit::Rebuilt {
+                extent,
+                node,
+                bytes,
+                skipped,
+                started_ns,
+                at_ns,
+            } => Audit::Rebuilt {
+                extent,
+                node,
+                bytes,
+                skipped,
+                started_ns: f(started_ns),
+                at_ns: f(at_ns),
+            },
+            Audit::Persisted {
+                lba,
+                blocks,
+                version,
+                at_ns,
+            } => Audit::Persisted {
+                lba,
+                blocks,
+                version,
+                at_ns: f(at_ns),
+            },
+        }
+    }
+}
+
 /// A write a replica has not acknowledged for this long makes the primary ask the
 /// control plane to drop that replica from the in-sync set.
 pub const REPLICA_TIMEOUT_NS: u64 = 100_000_000;
 
 /// Engine switches.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReplicationConfig {
     /// TEST ONLY, a deliberate bug: the primary does not forward writes to the last
     /// replica of each extent and counts it as acknowledged. The simulator's checkers
@@ -215,6 +287,13 @@ pub struct ReplicationConfig {
     /// epoch than its map's, trusting the sender's view (no epoch, primary or
     /// membership check).
     pub bug_accept_stale_epoch: bool,
+    /// TEST ONLY, a deliberate bug: a primary serves until its lease's end as its
+    /// own clock reads it, ignoring `lease_margin_ns` (safe only when every clock
+    /// agrees).
+    pub bug_ignore_lease_margin: bool,
+    /// How long before its lease's end a primary stops serving, ns: the clocks'
+    /// disagreement ([`crate::time::ClockBound::lease_margin_ns`]).
+    pub lease_margin_ns: u64,
     /// Report [`Audit`] facts (the simulator's invariant checkers use them).
     pub audit: bool,
     /// Rebuild bandwidth of one primary over all its rebuilds, bytes per second;
@@ -226,6 +305,27 @@ pub struct ReplicationConfig {
     /// [`Action::Checkpoint`]), ns; 0: never (a restarted node is then sent every
     /// block it has not been written since).
     pub checkpoint_every_ns: u64,
+}
+
+impl Default for ReplicationConfig {
+    /// No bugs, no audit, default rates, and the lease margin of
+    /// [`crate::time::ClockBound::DEFAULT`] for the default lease.
+    fn default() -> Self {
+        ReplicationConfig {
+            bug_skip_last_replica: false,
+            bug_ack_before_slowest: false,
+            bug_serve_before_lease: false,
+            bug_rebuild_one_short: false,
+            bug_accept_stale_epoch: false,
+            bug_ignore_lease_margin: false,
+            lease_margin_ns: crate::time::ClockBound::DEFAULT
+                .lease_margin_ns(crate::control::DEFAULT_LEASE_NS),
+            audit: false,
+            rebuild_bytes_per_sec: 0,
+            scrub_bytes_per_sec: 0,
+            checkpoint_every_ns: 0,
+        }
+    }
 }
 
 /// A client operation this node coordinates.
@@ -586,8 +686,11 @@ impl Replicator {
 
     /// The time until which this node may serve, as a primary, under its lease.
     fn lease_end(&self) -> u64 {
+        if self.config.bug_ignore_lease_margin {
+            return self.lease_until_ns;
+        }
         self.lease_until_ns
-            .saturating_sub(crate::time::MAX_CLOCK_SKEW_NS)
+            .saturating_sub(self.config.lease_margin_ns)
     }
 
     /// The earliest time this node may serve `extent` as its primary.

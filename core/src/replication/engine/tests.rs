@@ -731,7 +731,10 @@ fn a_primary_serves_only_under_its_lease() {
     assert_eq!(failed_with(&c, 3), Some(WeirError::NoLease(NodeId(1))));
     // Within the skew margin of the lease's end it no longer serves either.
     let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
-    n1.set_clock(0, 100_000_000 + crate::time::MAX_CLOCK_SKEW_NS);
+    n1.set_clock(
+        0,
+        100_000_000 + ReplicationConfig::default().lease_margin_ns,
+    );
     c.client_sends(NodeId(1), read(4, 0, 1));
     c.settle();
     assert_eq!(failed_with(&c, 4), Some(WeirError::NoLease(NodeId(1))));
