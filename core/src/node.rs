@@ -155,9 +155,11 @@ pub struct Node<T, D> {
     /// flush waits for the device's write cache to drain, which under a heavy write
     /// load takes long on a healthy device, so it does not count as a stall).
     device_inflight: std::collections::BTreeMap<IoId, Option<tokio::time::Instant>>,
-    /// Whether the device answered within [`DEVICE_TIMEOUT`] at the last tick.
+    /// A device command outstanding this long means the device has stalled.
+    device_timeout: std::time::Duration,
+    /// Whether the device answered within `device_timeout` at the last tick.
     device_healthy: bool,
-    /// Ticks in a row that found a device command older than [`DEVICE_TIMEOUT`].
+    /// Ticks in a row that found a device command older than `device_timeout`.
     stalled_ticks: u32,
     /// The device answered `Gone`: the node serves nothing until restarted.
     device_gone: bool,
@@ -177,10 +179,11 @@ pub struct Node<T, D> {
     skew: crate::time::Skew,
 }
 
-/// A device command outstanding this long means the device has stalled: the node
-/// stops heartbeating so its extents fail over (its replicas rebuild once the
-/// device answers again).
-pub const DEVICE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(100);
+/// The default device timeout ([`Node::with_device_timeout`]): a device command
+/// outstanding this long means the device has stalled, and the node stops
+/// heartbeating so its extents fail over (its replicas rebuild once the device
+/// answers again).
+pub const DEFAULT_DEVICE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// A node with the given adapters. `pool` supplies the buffers device reads
@@ -226,6 +229,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             control: None,
             audit: None,
             device_inflight: std::collections::BTreeMap::new(),
+            device_timeout: DEFAULT_DEVICE_TIMEOUT,
             device_healthy: true,
             stalled_ticks: 0,
             device_gone: false,
@@ -326,6 +330,17 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         self
     }
 
+    /// Declare the device stalled when a command is outstanding for `timeout`
+    /// (at two ticks in a row).
+    pub fn with_device_timeout(mut self, timeout: std::time::Duration) -> Self {
+        assert!(
+            !timeout.is_zero(),
+            "a device timeout of zero would stall every node"
+        );
+        self.device_timeout = timeout;
+        self
+    }
+
     /// This node's cluster clock.
     fn cluster_ns(&self) -> u64 {
         self.skew.now_ns()
@@ -398,7 +413,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         .values()
                         .flatten()
                         .min()
-                        .is_some_and(|&t| crate::time::now() - t >= DEVICE_TIMEOUT);
+                        .is_some_and(|&t| crate::time::now() - t >= self.device_timeout);
                     self.stalled_ticks = if stalled { self.stalled_ticks + 1 } else { 0 };
                     let healthy = self.stalled_ticks < 2 && !self.device_gone;
                     if healthy != self.device_healthy {
@@ -409,8 +424,9 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                             format!("{}'s device is gone: its extents fail over", self.engine.id())
                         } else {
                             format!(
-                                "{}'s device stalled past {DEVICE_TIMEOUT:?}: its extents fail over",
-                                self.engine.id()
+                                "{}'s device stalled past {:?}: its extents fail over",
+                                self.engine.id(),
+                                self.device_timeout
                             )
                         };
                         self.event(start, line);

@@ -39,6 +39,9 @@
 //! lease_ms = 1500             # primary lease; a new primary waits this long
 //! detect_ms = 1000            # a node silent this long is declared down
 //! replace_after_s = 600       # a node down this long is replaced by spares (0: never)
+//! replica_ms = 100            # a replica silent this long on a write is dropped
+//! device_ms = 100             # a device command outstanding this long: stalled,
+//!                             # the node's extents fail over
 //! clock_offset_max_us = 1000  # how far any node's clock may be from true time
 //! clock_drift_max_ppm = 15    # and how fast or slow it may run; a primary stops
 //!                             # serving 2 x offset + 2 x drift x lease before its
@@ -233,6 +236,13 @@ pub struct TimeoutSection {
     /// catches up instead of copying whole extents elsewhere.
     #[serde(default = "default_replace")]
     pub replace_after_s: u64,
+    /// A replica silent this long on a write is asked to be dropped.
+    #[serde(default = "default_replica_ms")]
+    pub replica_ms: u64,
+    /// A device command outstanding this long (at two ticks) means the device
+    /// stalled: the node stops heartbeating and its extents fail over.
+    #[serde(default = "default_device_ms")]
+    pub device_ms: u64,
     /// Largest offset of any member's clock from true time (NTP on one LAN).
     #[serde(default = "default_offset_us")]
     pub clock_offset_max_us: u64,
@@ -257,6 +267,12 @@ impl TimeoutSection {
     }
 }
 
+fn default_replica_ms() -> u64 {
+    weir_core::replication::DEFAULT_REPLICA_TIMEOUT_NS / 1_000_000
+}
+fn default_device_ms() -> u64 {
+    weir_core::node::DEFAULT_DEVICE_TIMEOUT.as_millis() as u64
+}
 fn default_offset_us() -> u64 {
     weir_core::time::ClockBound::DEFAULT.offset_max_ns / 1000
 }
@@ -329,6 +345,8 @@ impl Default for TimeoutSection {
             lease_ms: default_lease(),
             detect_ms: default_detect(),
             replace_after_s: default_replace(),
+            replica_ms: default_replica_ms(),
+            device_ms: default_device_ms(),
             clock_offset_max_us: default_offset_us(),
             clock_drift_max_ppm: default_drift_ppm(),
         }
@@ -479,6 +497,12 @@ impl Config {
             return bad(
                 "timeouts.replace_after_s",
                 "a node is replaced only after its lease has run out: above lease_ms, or 0".into(),
+            );
+        }
+        if t.replica_ms == 0 || t.device_ms == 0 {
+            return bad(
+                "timeouts",
+                "replica_ms and device_ms must be above 0".into(),
             );
         }
         if t.lease_margin_ns() >= t.lease_ms.saturating_mul(1_000_000) / 4 {

@@ -171,11 +171,13 @@ pub async fn run(
             scrub_bytes_per_sec: config.device.scrub_rate.0,
             checkpoint_every_ns: config.device.checkpoint_ms * 1_000_000,
             lease_margin_ns: t.lease_margin_ns(),
+            replica_timeout_ns: t.replica_ms * 1_000_000,
             ..ReplicationConfig::default()
         },
         BufPool::new(POOL_BYTES),
     )?
     .with_control(plane, Duration::from_millis(t.tick_ms), events.clone())
+    .with_device_timeout(Duration::from_millis(t.device_ms))
     .with_log_store(Box::new(log))
     .with_version_store(Box::new(versions_file), identity, restored.versions);
     let handle = node.handle();

@@ -168,6 +168,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
             .cluster
             .clock_bound()
             .lease_margin_ns(timeouts(&scenario).lease_ns),
+        replica_timeout_ns: scenario.cluster.replica_timeout_ms * 1_000_000,
         audit: true,
         rebuild_bytes_per_sec: 0,
         scrub_bytes_per_sec: scenario.cluster.scrub_mib_per_sec << 20,
@@ -828,6 +829,7 @@ fn start_nodes(
     let bootstrap = weir_core::control::plane::bootstrap(map, s.cluster.replicas as u8);
     let mut hosts = Vec::new();
     let bound = s.cluster.clock_bound();
+    let device_timeout = Duration::from_millis(s.cluster.device_timeout_ms);
     let since_ns = weir_core::time::cluster_ns();
     for &id in map.nodes() {
         let transport = Arc::new(fabric.endpoint(id).expect("new host"));
@@ -883,6 +885,7 @@ fn start_nodes(
             .with_control(plane, TICK, events.clone())
             .with_events_since(cluster_start)
             .with_skew(skew)
+            .with_device_timeout(device_timeout)
             .with_audit(audit.clone())
             .with_log_store(Box::new(log.clone()))
             .with_version_store(Box::new(versions.clone()), device, restored);

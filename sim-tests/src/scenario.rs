@@ -151,6 +151,12 @@ pub struct ClusterSpec {
     pub clock_offset_max_us: u64,
     /// ... and runs fast or slow by up to this much, parts per million.
     pub clock_drift_max_ppm: u64,
+    /// A replica silent this long on a write is dropped from the in-sync set
+    /// (simulated ms).
+    pub replica_timeout_ms: u64,
+    /// A device command outstanding this long means the device stalled: the node
+    /// stops heartbeating and its extents fail over (simulated ms).
+    pub device_timeout_ms: u64,
 }
 
 impl ClusterSpec {
@@ -176,6 +182,8 @@ impl Default for ClusterSpec {
             checkpoint_ms: 20,
             clock_offset_max_us: weir_core::time::ClockBound::DEFAULT.offset_max_ns / 1000,
             clock_drift_max_ppm: weir_core::time::ClockBound::DEFAULT.drift_max_ppm,
+            replica_timeout_ms: 100,
+            device_timeout_ms: 100,
         }
     }
 }
@@ -485,6 +493,12 @@ impl Scenario {
             return bad(
                 "cluster.clock_offset_max_us",
                 "clocks at most 20000 us off and 1000 ppm fast or slow",
+            );
+        }
+        if c.replica_timeout_ms == 0 || c.device_timeout_ms == 0 {
+            return bad(
+                "cluster.replica_timeout_ms",
+                "replica and device timeouts must be above 0",
             );
         }
         if c.checkpoint_ms > 60_000 {

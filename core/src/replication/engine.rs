@@ -263,9 +263,10 @@ impl Audit {
     }
 }
 
-/// A write a replica has not acknowledged for this long makes the primary ask the
-/// control plane to drop that replica from the in-sync set.
-pub const REPLICA_TIMEOUT_NS: u64 = 100_000_000;
+/// The default of [`ReplicationConfig::replica_timeout_ns`]: a write a replica
+/// has not acknowledged for this long makes the primary ask the control plane to
+/// drop that replica from the in-sync set.
+pub const DEFAULT_REPLICA_TIMEOUT_NS: u64 = 100_000_000;
 
 /// Engine switches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -294,6 +295,9 @@ pub struct ReplicationConfig {
     /// How long before its lease's end a primary stops serving, ns: the clocks'
     /// disagreement ([`crate::time::ClockBound::lease_margin_ns`]).
     pub lease_margin_ns: u64,
+    /// A replica silent this long on a write, a repair or a reconciliation is
+    /// asked to be dropped from the in-sync set, ns.
+    pub replica_timeout_ns: u64,
     /// Report [`Audit`] facts (the simulator's invariant checkers use them).
     pub audit: bool,
     /// Rebuild bandwidth of one primary over all its rebuilds, bytes per second;
@@ -320,6 +324,7 @@ impl Default for ReplicationConfig {
             bug_ignore_lease_margin: false,
             lease_margin_ns: crate::time::ClockBound::DEFAULT
                 .lease_margin_ns(crate::control::DEFAULT_LEASE_NS),
+            replica_timeout_ns: DEFAULT_REPLICA_TIMEOUT_NS,
             audit: false,
             rebuild_bytes_per_sec: 0,
             scrub_bytes_per_sec: 0,
@@ -755,7 +760,7 @@ impl Replicator {
     }
 
     /// The driver's clock moved to `now_ns`: writes some in-sync replica has left
-    /// unanswered for [`REPLICA_TIMEOUT_NS`] make this primary ask the control plane
+    /// unanswered for [`ReplicationConfig::replica_timeout_ns`] make this primary ask the control plane
     /// to drop that replica, after which the write is acknowledged without it.
     pub fn handle_tick(&mut self, now_ns: u64) {
         self.now_ns = self.now_ns.max(now_ns);
@@ -776,7 +781,7 @@ impl Replicator {
             else {
                 continue;
             };
-            if now_ns.saturating_sub(*started_ns) < REPLICA_TIMEOUT_NS {
+            if now_ns.saturating_sub(*started_ns) < self.config.replica_timeout_ns {
                 continue;
             }
             let epoch = self.map.extent(*extent).epoch;
@@ -794,7 +799,7 @@ impl Replicator {
     fn ask_drop(&mut self, extent: ExtentId, epoch: Epoch, node: NodeId, why: &str) {
         let now_ns = self.now_ns;
         let last = self.drops_asked.get(&(extent, epoch, node)).copied();
-        if last.is_none_or(|t| now_ns.saturating_sub(t) >= REPLICA_TIMEOUT_NS) {
+        if last.is_none_or(|t| now_ns.saturating_sub(t) >= self.config.replica_timeout_ns) {
             self.drops_asked.insert((extent, epoch, node), now_ns);
             tracing::warn!(%extent, %node, why, "asking to drop a replica");
             let command = crate::control::Command::DropReplica {

@@ -10,4 +10,5 @@ pub mod versions;
 
 pub use engine::{
     Action, Audit, IoCmd, IoId, IoResult, RebuildProgress, ReplicationConfig, Replicator,
+    DEFAULT_REPLICA_TIMEOUT_NS,
 };

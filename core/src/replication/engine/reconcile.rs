@@ -17,7 +17,7 @@
 //!   `primary_since`), it sends that primary its tail's blocks
 //!   ([`Message::ReconcileTail`]).
 //! - The new primary waits for the tail of every other in-sync replica (asking the
-//!   control plane to drop one silent past [`REPLICA_TIMEOUT_NS`]), adds its own,
+//!   control plane to drop one silent past the replica timeout), adds its own,
 //!   and writes its own copy of every block named, read from its device, to every
 //!   replica at a new version, like a client write. Only then does it serve the
 //!   extent. Rebuilding replicas get those writes too.
@@ -510,7 +510,9 @@ impl Replicator {
             .reconcile
             .running
             .iter()
-            .filter(|(_, r)| self.now_ns.saturating_sub(r.started_ns) >= REPLICA_TIMEOUT_NS)
+            .filter(|(_, r)| {
+                self.now_ns.saturating_sub(r.started_ns) >= self.config.replica_timeout_ns
+            })
             .flat_map(|(&x, r)| r.waiting.iter().map(move |&n| (x, n)))
             .collect();
         for (extent, node) in overdue {

@@ -157,13 +157,13 @@ impl Replicator {
 
     /// Repairs whose peer has been silent past the replica timeout ask the next.
     pub(super) fn expire_repairs(&mut self) {
-        let now = self.now_ns;
+        let (now, timeout_ns) = (self.now_ns, self.config.replica_timeout_ns);
         let stale: Vec<OpId> = self
             .ops
             .iter()
             .filter(|(_, o)| {
                 matches!(o, Op::Repair(r) if !r.writing && !r.tried.is_empty()
-                    && now.saturating_sub(r.asked_ns) >= REPLICA_TIMEOUT_NS)
+                    && now.saturating_sub(r.asked_ns) >= timeout_ns)
             })
             .map(|(&op, _)| op)
             .collect();

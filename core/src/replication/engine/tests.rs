@@ -652,10 +652,13 @@ fn a_replica_silent_past_its_timeout_is_reported_once() {
     c.complete_one(NodeId(2));
     c.deliver();
     let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
-    n1.handle_tick(1_000 + REPLICA_TIMEOUT_NS - 1);
+    n1.handle_tick(1_000 + DEFAULT_REPLICA_TIMEOUT_NS - 1);
     c.collect();
     assert!(c.controls.is_empty(), "asked before the timeout");
-    for t in [REPLICA_TIMEOUT_NS + 1_000, REPLICA_TIMEOUT_NS + 50_000_000] {
+    for t in [
+        DEFAULT_REPLICA_TIMEOUT_NS + 1_000,
+        DEFAULT_REPLICA_TIMEOUT_NS + 50_000_000,
+    ] {
         c.engines.get_mut(&NodeId(1)).unwrap().handle_tick(t);
         c.collect();
     }
