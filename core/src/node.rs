@@ -94,7 +94,7 @@ pub struct NodeReport {
 /// The daemon's handle on a running node: ask for map changes, watch its reports.
 #[derive(Clone, Debug)]
 pub struct NodeHandle {
-    requests: mpsc::UnboundedSender<Request>,
+    requests: mpsc::Sender<Request>,
     reports: watch::Receiver<NodeReport>,
 }
 
@@ -110,9 +110,10 @@ enum Request {
 
 impl NodeHandle {
     /// Ask the control plane to commit `command` (forwarded to the leader). The
-    /// outcome shows in a later report's map; false if the node has stopped.
+    /// outcome shows in a later report's map; false if the node has stopped or
+    /// already holds [`NODE_REQUESTS_MAX`] requests it has not taken.
     pub fn request(&self, command: Command) -> bool {
-        self.requests.send(Request::Control(command)).is_ok()
+        self.requests.try_send(Request::Control(command)).is_ok()
     }
 
     /// Checkpoint the node's block versions now (a clean shutdown does, so the
@@ -121,7 +122,7 @@ impl NodeHandle {
     /// the device is gone or the node has stopped.
     pub async fn checkpoint(&self) -> bool {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.requests.send(Request::Checkpoint(tx)).is_err() {
+        if self.requests.send(Request::Checkpoint(tx)).await.is_err() {
             return false;
         }
         rx.await.unwrap_or(false)
@@ -133,9 +134,69 @@ impl NodeHandle {
     }
 }
 
-/// Control-plane events a node reports (failovers, nodes down and up), with the
-/// time since the node started, ns.
-pub type EventLog = Arc<std::sync::Mutex<Vec<(u64, String)>>>;
+/// Events a node reports (failovers, nodes down and up, rebuilds), shared with
+/// whoever shows them.
+pub type EventLog = Arc<std::sync::Mutex<Events>>;
+
+/// The default bound of an [`Events`] ring.
+pub const EVENTS_MAX: usize = 1024;
+
+/// The latest events of a node, oldest first, each with the time since the node
+/// started (ns): a ring of a fixed capacity, so a log nobody reads stays bounded.
+#[derive(Debug)]
+pub struct Events {
+    capacity: usize,
+    lines: std::collections::VecDeque<(u64, String)>,
+    dropped: u64,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events::with_capacity(EVENTS_MAX)
+    }
+}
+
+impl Events {
+    /// A ring that keeps the latest `capacity` events (at least one).
+    pub fn with_capacity(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        Events {
+            capacity,
+            lines: std::collections::VecDeque::with_capacity(capacity.min(EVENTS_MAX)),
+            dropped: 0,
+        }
+    }
+
+    /// Keep `line`, at `at_ns`; the oldest event goes if the ring is full.
+    pub fn push(&mut self, at_ns: u64, line: String) {
+        if self.lines.len() == self.capacity {
+            self.lines.pop_front();
+            self.dropped += 1;
+        }
+        self.lines.push_back((at_ns, line));
+        debug_assert!(self.lines.len() <= self.capacity);
+    }
+
+    /// The events kept, oldest first.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &(u64, String)> + '_ {
+        self.lines.iter()
+    }
+
+    /// How many events the ring holds.
+    pub fn len(&self) -> usize {
+        self.lines.len()
+    }
+
+    /// Whether the ring holds none.
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
+    /// Events pushed out of the ring so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
 
 /// Audit facts of every node that shares it, by node (for the simulator's
 /// invariant checkers; see [`crate::replication::Audit`]).
@@ -170,7 +231,7 @@ pub struct Node<T, D> {
     restored_blocks: usize,
     /// Event times count from this instant (default: when `run` starts).
     events_since: Option<tokio::time::Instant>,
-    requests: Option<mpsc::UnboundedReceiver<Request>>,
+    requests: Option<mpsc::Receiver<Request>>,
     /// Checkpoints asked for through the handle: (number, who waits).
     checkpoint_waiters: Vec<(u64, tokio::sync::oneshot::Sender<bool>)>,
     reports: Option<watch::Sender<NodeReport>>,
@@ -178,6 +239,13 @@ pub struct Node<T, D> {
     /// skew; none on real nodes, whose clock is what NTP made it).
     skew: crate::time::Skew,
 }
+
+/// Device completions waiting for the node's loop; a device task past this
+/// waits (with its buffer) until the loop takes one.
+pub const DEVICE_COMPLETIONS_MAX: usize = 1024;
+
+/// Requests through a [`NodeHandle`] that the node has not taken yet.
+pub const NODE_REQUESTS_MAX: usize = 64;
 
 /// The default device timeout ([`Node::with_device_timeout`]): a device command
 /// outstanding this long means the device has stalled, and the node stops
@@ -289,7 +357,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
 
     /// A handle for the daemon around the node.
     pub fn handle(&mut self) -> NodeHandle {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(NODE_REQUESTS_MAX);
         let (report_tx, report_rx) = watch::channel(NodeReport::default());
         self.requests = Some(rx);
         self.reports = Some(report_tx);
@@ -360,19 +428,9 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
 
     /// Serve until the transport closes.
     pub async fn run(mut self) -> Result<(), NodeError> {
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(IoId, IoResult)>();
+        let (done_tx, mut done_rx) = mpsc::channel::<(IoId, IoResult)>(DEVICE_COMPLETIONS_MAX);
         let start = self.events_since.unwrap_or_else(crate::time::now);
-        if self.restored_blocks > 0 {
-            let bytes =
-                self.restored_blocks as u64 * u64::from(self.engine.map().volume().block_size);
-            let line = format!(
-                "{} restored the versions of {} blocks ({:.1} MiB) from its checkpoints",
-                self.engine.id(),
-                self.restored_blocks,
-                bytes as f64 / (1 << 20) as f64
-            );
-            self.event(start, line);
-        }
+        self.announce_restored(start);
         let tick = self
             .control
             .as_ref()
@@ -394,67 +452,9 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             // from tokio's unseeded thread-local RNG, which would break determinism.
             tokio::select! {
                 biased;
-                Some((io, result)) = done_rx.recv() => {
-                    self.device_inflight.remove(&io);
-                    if matches!(result, IoResult::Failed(WeirError::Device(DevError::Gone))) {
-                        // The device is gone: the node stops heartbeating, so it is
-                        // declared down and its replicas leave every in-sync set.
-                        self.device_gone = true;
-                    }
-                    self.clock();
-                    self.engine.handle_io(io, result)
-                }
-                _ = ticker.tick(), if self.control.is_some() => {
-                    let now = self.cluster_ns();
-                    // Stalled at two ticks in a row: a node that was itself paused
-                    // finds its commands old at its first tick back.
-                    let stalled = self
-                        .device_inflight
-                        .values()
-                        .flatten()
-                        .min()
-                        .is_some_and(|&t| crate::time::now() - t >= self.device_timeout);
-                    self.stalled_ticks = if stalled { self.stalled_ticks + 1 } else { 0 };
-                    let healthy = self.stalled_ticks < 2 && !self.device_gone;
-                    if healthy != self.device_healthy {
-                        self.device_healthy = healthy;
-                        let line = if healthy {
-                            format!("{}'s device answers again", self.engine.id())
-                        } else if self.device_gone {
-                            format!("{}'s device is gone: its extents fail over", self.engine.id())
-                        } else {
-                            format!(
-                                "{}'s device stalled past {:?}: its extents fail over",
-                                self.engine.id(),
-                                self.device_timeout
-                            )
-                        };
-                        self.event(start, line);
-                    }
-                    if let Some((plane, ..)) = &mut self.control {
-                        plane.set_healthy(healthy);
-                        plane.tick(now);
-                    }
-                    self.clock();
-                    self.engine.handle_tick(now);
-                    self.report();
-                }
-                Some(request) = recv_request(&mut self.requests) => match request {
-                    Request::Control(command) => {
-                        if let Some((plane, ..)) = &mut self.control {
-                            plane.request(&command);
-                        }
-                    }
-                    Request::Checkpoint(done) => {
-                        self.clock();
-                        match self.engine.checkpoint_now() {
-                            Some(n) => self.checkpoint_waiters.push((n, done)),
-                            None => {
-                                let _ = done.send(false);
-                            }
-                        }
-                    }
-                },
+                Some((io, result)) = done_rx.recv() => self.completed(io, result),
+                _ = ticker.tick(), if self.control.is_some() => self.on_tick(start),
+                Some(request) = recv_request(&mut self.requests) => self.on_request(request),
                 frame = self.transport.recv() => {
                     let (from, frame) = frame?;
                     match Message::decode(&frame) {
@@ -463,6 +463,98 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                             self.route(from, msg, now)
                         }
                         Err(e) => tracing::warn!(%from, error = %e, "undecodable frame dropped"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// A line for the block versions restored from checkpoints, if any.
+    fn announce_restored(&self, start: tokio::time::Instant) {
+        if self.restored_blocks == 0 {
+            return;
+        }
+        let bytes = self.restored_blocks as u64 * u64::from(self.engine.map().volume().block_size);
+        let line = format!(
+            "{} restored the versions of {} blocks ({:.1} MiB) from its checkpoints",
+            self.engine.id(),
+            self.restored_blocks,
+            bytes as f64 / (1 << 20) as f64
+        );
+        self.event(start, line);
+    }
+
+    /// A device command completed.
+    fn completed(&mut self, io: IoId, result: IoResult) {
+        let was = self.device_inflight.remove(&io);
+        assert!(
+            was.is_some(),
+            "a completion of {io:?}, which was not issued"
+        );
+        if matches!(result, IoResult::Failed(WeirError::Device(DevError::Gone))) {
+            // The device is gone: the node stops heartbeating, so it is
+            // declared down and its replicas leave every in-sync set.
+            self.device_gone = true;
+        }
+        self.clock();
+        self.engine.handle_io(io, result)
+    }
+
+    /// The control plane's tick: judge the device's health, tick the control plane
+    /// and the engine, publish a report.
+    fn on_tick(&mut self, start: tokio::time::Instant) {
+        let now = self.cluster_ns();
+        // Stalled at two ticks in a row: a node that was itself paused
+        // finds its commands old at its first tick back.
+        let stalled = self
+            .device_inflight
+            .values()
+            .flatten()
+            .min()
+            .is_some_and(|&t| crate::time::now() - t >= self.device_timeout);
+        self.stalled_ticks = if stalled { self.stalled_ticks + 1 } else { 0 };
+        let healthy = self.stalled_ticks < 2 && !self.device_gone;
+        if healthy != self.device_healthy {
+            self.device_healthy = healthy;
+            let line = if healthy {
+                format!("{}'s device answers again", self.engine.id())
+            } else if self.device_gone {
+                format!(
+                    "{}'s device is gone: its extents fail over",
+                    self.engine.id()
+                )
+            } else {
+                format!(
+                    "{}'s device stalled past {:?}: its extents fail over",
+                    self.engine.id(),
+                    self.device_timeout
+                )
+            };
+            self.event(start, line);
+        }
+        if let Some((plane, ..)) = &mut self.control {
+            plane.set_healthy(healthy);
+            plane.tick(now);
+        }
+        self.clock();
+        self.engine.handle_tick(now);
+        self.report();
+    }
+
+    /// A request through the [`NodeHandle`].
+    fn on_request(&mut self, request: Request) {
+        match request {
+            Request::Control(command) => {
+                if let Some((plane, ..)) = &mut self.control {
+                    plane.request(&command);
+                }
+            }
+            Request::Checkpoint(done) => {
+                self.clock();
+                match self.engine.checkpoint_now() {
+                    Some(n) => self.checkpoint_waiters.push((n, done)),
+                    None => {
+                        let _ = done.send(false);
                     }
                 }
             }
@@ -509,7 +601,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
 
     async fn drain_actions(
         &mut self,
-        done: &mpsc::UnboundedSender<(IoId, IoResult)>,
+        done: &mpsc::Sender<(IoId, IoResult)>,
         start: tokio::time::Instant,
     ) -> Result<(), NodeError> {
         // Until both are quiet: a control request from the data path makes work for
@@ -578,7 +670,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         let at = (crate::time::now() - start).as_nanos() as u64;
         tracing::info!(node = %self.engine.id(), "{line}");
         if let Some((_, _, events)) = &self.control {
-            events.lock().expect("event log").push((at, line));
+            events.lock().expect("event log").push(at, line);
         }
     }
 
@@ -604,7 +696,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
     }
 
-    fn issue(&mut self, io: IoId, cmd: IoCmd, done: mpsc::UnboundedSender<(IoId, IoResult)>) {
+    fn issue(&mut self, io: IoId, cmd: IoCmd, done: mpsc::Sender<(IoId, IoResult)>) {
         let issued = (!matches!(cmd, IoCmd::Flush)).then(crate::time::now);
         self.device_inflight.insert(io, issued);
         let device = self.device.clone();
@@ -621,8 +713,10 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         buf,
                     },
                     Err(e) => {
+                        // Answered at once, not through the channel: the engine
+                        // sees the failure before its next action.
                         tracing::warn!(error = %e, "no buffer for a read");
-                        let _ = done.send((io, IoResult::Failed(WeirError::Busy)));
+                        self.completed(io, IoResult::Failed(WeirError::Busy));
                         return;
                     }
                 }
@@ -640,16 +734,37 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 Ok(DevCompletion::Done) => IoResult::Done,
                 Err(e) => IoResult::Failed(WeirError::Device(e)),
             };
-            // The node may have stopped; then nobody needs the result.
-            let _ = done.send((io, result));
+            // The node may have stopped; then nobody needs the result. A full
+            // channel holds this task (and its buffer) until the node drains it.
+            let _ = done.send((io, result)).await;
         });
     }
 }
 
 /// The next admin request, or never if the node has no handle.
-async fn recv_request(requests: &mut Option<mpsc::UnboundedReceiver<Request>>) -> Option<Request> {
+async fn recv_request(requests: &mut Option<mpsc::Receiver<Request>>) -> Option<Request> {
     match requests {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_event_ring_keeps_the_latest_and_counts_what_it_dropped() {
+        let mut events = Events::with_capacity(3);
+        for i in 0..5u64 {
+            events.push(i, format!("event {i}"));
+        }
+        let kept: Vec<u64> = events.iter().map(|(at, _)| *at).collect();
+        assert_eq!(kept, [2, 3, 4], "oldest first, the latest three");
+        assert_eq!(events.dropped(), 2);
+        assert_eq!(events.len(), 3);
+        let one = Events::with_capacity(0);
+        assert!(one.is_empty());
+        assert_eq!(one.capacity, 1, "a ring holds at least one event");
     }
 }

@@ -11,77 +11,16 @@
 //!
 //! Needs the release `weir` binary (`WEIR_BIN`, set by xtask), fio and qemu-nbd.
 
+mod common;
+
+use common::{fio, weir_cluster, Result, Target, VOLUME};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const VOLUME: &str = "bench";
+/// The volume's size, and the pool's.
 const SIZE: &str = "1G";
-
-struct Target {
-    label: &'static str,
-    uri: String,
-    process: Child,
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our child's pid.
-        unsafe { libc::kill(self.process.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.process.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
-}
-
-fn weir_cluster(weir: &Path, dir: &Path, label: &'static str, nodes: u32, offset: u16) -> Target {
-    let _ = std::fs::remove_dir_all(dir);
-    let mut child = Command::new(weir)
-        .args(["cluster", "up", "--pool-size", "4G"])
-        .args([
-            "--nodes",
-            &nodes.to_string(),
-            "--replicas",
-            &nodes.to_string(),
-        ])
-        .arg("--dir")
-        .arg(dir)
-        .args(["--port-offset", &offset.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("weir runs");
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-        assert!(n > 0, "weir cluster up ended: see {}", dir.display());
-        if line.contains("nodes up") {
-            break;
-        }
-    }
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    let admin = format!("127.0.0.1:{}", 9401 + offset);
-    let status = Command::new(weir)
-        .args([
-            "volume", "create", VOLUME, "--size", SIZE, "--admin", &admin,
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success(), "volume create failed");
-    Target {
-        label,
-        uri: format!("nbd://127.0.0.1:{}/{VOLUME}", 10809 + offset),
-        process: child,
-    }
-}
+const POOL: &str = "4G";
 
 fn qemu_nbd(dir: &Path, port: u16) -> Target {
     let _ = std::fs::remove_dir_all(dir);
@@ -143,51 +82,6 @@ const JOBS: [Job; 3] = [
     },
 ];
 
-#[derive(Clone, Copy, Default)]
-struct Result {
-    iops: f64,
-    mb_s: f64,
-    p99_us: f64,
-}
-
-fn fio(uri: &str, rw: &str, bs: &str, depth: u32, runtime: Option<u64>) -> Result {
-    let mut cmd = Command::new("fio");
-    cmd.args(["--name=bench", "--ioengine=nbd", &format!("--uri={uri}")])
-        .args([
-            &format!("--rw={rw}"),
-            &format!("--bs={bs}"),
-            &format!("--iodepth={depth}"),
-        ])
-        .args([&format!("--size={SIZE}"), "--output-format=json"]);
-    if let Some(s) = runtime {
-        cmd.args(["--time_based", &format!("--runtime={s}")]);
-    }
-    let out = cmd.output().expect("fio is needed (Debian: fio)");
-    assert!(
-        out.status.success(),
-        "fio failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // fio may print notes before its JSON.
-    let text = String::from_utf8_lossy(&out.stdout);
-    let json = &text[text.find('{').expect("fio printed JSON")..];
-    let v: serde_json::Value = serde_json::from_str(json).expect("fio JSON");
-    let job = &v["jobs"][0];
-    let side = if rw.contains("write") {
-        &job["write"]
-    } else {
-        &job["read"]
-    };
-    Result {
-        iops: side["iops"].as_f64().unwrap_or(0.0),
-        mb_s: side["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
-        p99_us: side["clat_ns"]["percentile"]["99.000000"]
-            .as_f64()
-            .unwrap_or(0.0)
-            / 1e3,
-    }
-}
-
 fn main() {
     let weir = PathBuf::from(
         std::env::var("WEIR_BIN").expect("WEIR_BIN: run through cargo xtask bench nbd"),
@@ -198,19 +92,31 @@ fn main() {
         .unwrap_or(20);
     let work = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-nbd");
     let targets = [
-        weir_cluster(&weir, &work.join("a"), "a weir, 1 replica", 1, 3000),
+        weir_cluster(
+            &weir,
+            &work.join("a"),
+            "a weir, 1 replica",
+            (1, 3000),
+            (POOL, SIZE),
+        ),
         qemu_nbd(&work.join("b"), 15809),
-        weir_cluster(&weir, &work.join("c"), "c weir, 3 replicas", 3, 4000),
+        weir_cluster(
+            &weir,
+            &work.join("c"),
+            "c weir, 3 replicas",
+            (3, 4000),
+            (POOL, SIZE),
+        ),
     ];
     for t in &targets {
         eprintln!("bench: filling {} ({})", t.label, t.uri);
-        fio(&t.uri, "write", "1m", 8, None);
+        fio(&t.uri, ("write", "1m"), 8, SIZE, None);
     }
     let mut results = vec![[Result::default(); 3]; JOBS.len()];
     for (j, job) in JOBS.iter().enumerate() {
         for (i, t) in targets.iter().enumerate() {
             eprintln!("bench: {} on {} for {runtime} s", job.name, t.label);
-            results[j][i] = fio(&t.uri, job.rw, job.bs, 32, Some(runtime));
+            results[j][i] = fio(&t.uri, (job.rw, job.bs), 32, SIZE, Some(runtime));
         }
     }
     let host = std::fs::read_to_string("/proc/cpuinfo")

@@ -23,8 +23,8 @@ use weir_core::NodeId;
 
 /// How long a volume change may take to commit before the request fails.
 const COMMIT_WAIT: Duration = Duration::from_secs(10);
-/// Events kept for `/status`.
-const EVENTS_KEPT: usize = 50;
+/// Events kept for `/status` (the node's event ring holds this many).
+pub(crate) const EVENTS_KEPT: usize = 50;
 
 /// What the endpoint serves from.
 pub struct Admin {
@@ -220,12 +220,11 @@ impl Admin {
                 r.extent, r.node, r.bytes_done, r.bytes_total, r.bytes_sent
             );
         }
-        let mut events = self.events.lock().expect("event log");
-        let cut = events.len().saturating_sub(EVENTS_KEPT);
-        events.drain(..cut);
+        let events = self.events.lock().expect("event log");
         if !events.is_empty() {
             let _ = writeln!(out, "recent events (seconds since start):");
-            for (at, line) in events.iter() {
+            let skip = events.len().saturating_sub(EVENTS_KEPT);
+            for (at, line) in events.iter().skip(skip) {
                 let _ = writeln!(out, "  {:10.3} {line}", *at as f64 / 1e9);
             }
         }

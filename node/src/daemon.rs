@@ -20,7 +20,7 @@ use std::time::Duration;
 use weir_core::client::Volume;
 use weir_core::control::{ControlPlane, Timeouts};
 use weir_core::map::VolumeSpec;
-use weir_core::node::{EventLog, Node};
+use weir_core::node::{EventLog, Events, Node};
 use weir_core::replication::ReplicationConfig;
 use weir_core::{BlockDevice, BufPool, ClusterMap, DevCommand, NodeId, VolumeId};
 use weir_nvme_uring::{UringDevice, UringOptions};
@@ -162,7 +162,9 @@ pub async fn run(
     let (node_side, client_side) =
         crate::splice::splice(me, Some(transport.clone()), client_id, Some(client.clone()));
 
-    let events: EventLog = Arc::default();
+    let events: EventLog = Arc::new(std::sync::Mutex::new(Events::with_capacity(
+        crate::admin::EVENTS_KEPT,
+    )));
     let mut node = Node::new(
         node_side,
         device.clone(),

@@ -374,7 +374,9 @@ async fn transmission<B: Backend>(
     backend: Arc<B>,
     export: Export,
 ) -> Result<(), ConnError> {
-    let (tx, rx) = mpsc::unbounded_channel::<Reply>();
+    // Every reply holds one of the connection's request slots until it is on the
+    // socket, so the channel never holds more than MAX_INFLIGHT_REQUESTS.
+    let (tx, rx) = mpsc::channel::<Reply>(MAX_INFLIGHT_REQUESTS);
     let writer = tokio_real::spawn(write_replies(w, rx));
     let budget = Arc::new(Semaphore::new(MAX_INFLIGHT_BYTES as usize));
     let slots = Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS));
@@ -446,13 +448,15 @@ async fn transmission<B: Backend>(
                 backend.record(command_name(command), u64::from(len), started.elapsed());
             }
             let close = command == CMD_READ && error != 0;
-            let _ = tx.send(Reply {
-                cookie,
-                error,
-                data,
-                _held: (slot, bytes),
-                close,
-            });
+            let _ = tx
+                .send(Reply {
+                    cookie,
+                    error,
+                    data,
+                    _held: (slot, bytes),
+                    close,
+                })
+                .await;
         });
     };
     drop(tx);
@@ -529,10 +533,7 @@ async fn run<B: Backend>(
     (result.err().unwrap_or(0), None)
 }
 
-async fn write_replies(
-    mut w: Writer,
-    mut rx: mpsc::UnboundedReceiver<Reply>,
-) -> std::io::Result<()> {
+async fn write_replies(mut w: Writer, mut rx: mpsc::Receiver<Reply>) -> std::io::Result<()> {
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         // Batch whatever is ready into one flush.

@@ -358,6 +358,8 @@ fn real_clients_on_a_three_node_cluster_and_a_restart() {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            // No state file left in the working directory.
+            "--verify_state_save=0",
             "--offset=64M",
         ],
         5 * MINUTE,
@@ -498,6 +500,8 @@ fn killing_a_node_during_a_fio_verify_run_loses_nothing() {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            // No state file left in the working directory.
+            "--verify_state_save=0",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

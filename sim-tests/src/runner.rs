@@ -28,7 +28,7 @@ use weir_core::control::{ControlPlane, Timeouts};
 use weir_core::device::DevError;
 use weir_core::error::WeirError;
 use weir_core::map::{ClusterMap, VolumeSpec};
-use weir_core::node::{AuditLog, EventLog, Node};
+use weir_core::node::{AuditLog, EventLog, Events, Node};
 use weir_core::replication::ReplicationConfig;
 use weir_core::time::Skew;
 use weir_core::{BufPool, Lba, NodeId, VolumeId};
@@ -45,6 +45,9 @@ const READBACK_PARALLEL: usize = 64;
 /// Attempts of one read-back before the replica counts as unreadable (each waits
 /// up to the client's call timeout).
 const READBACK_ATTEMPTS_MAX: usize = 8;
+/// Events a run keeps (every node's, and the faults'): the report lists them all,
+/// and a run far past this would be too long to read anyway.
+const SIM_EVENTS_MAX: usize = 1 << 20;
 /// Each node's buffer budget for device reads.
 const NODE_POOL_BYTES: usize = 256 << 20;
 
@@ -174,7 +177,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         scrub_bytes_per_sec: scenario.cluster.scrub_mib_per_sec << 20,
         checkpoint_every_ns: scenario.cluster.checkpoint_ms * 1_000_000,
     };
-    let events: EventLog = Arc::default();
+    let events: EventLog = Arc::new(Mutex::new(Events::with_capacity(SIM_EVENTS_MAX)));
     let audit: AuditLog = Arc::default();
     let mut skews = Vec::new();
     let hosts = start_nodes(
@@ -675,7 +678,7 @@ fn schedule_node_faults(
                 let line = format!("{node} lost power: {lost} unflushed blocks dropped");
                 // Event times count from the cluster's start, like the nodes' own.
                 let at = (Instant::now() - cluster_start).as_nanos() as u64;
-                events.lock().expect("event log").push((at, line));
+                events.lock().expect("event log").push(at, line);
             }
             tokio::time::sleep(Duration::from_micros(for_us)).await;
             ssd.power_on();

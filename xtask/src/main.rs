@@ -8,6 +8,8 @@
 //!   simulated time per wall time) on the 2:1 and 60:1 scenarios.
 //! - `cargo xtask bench nbd`: fio through the nbd engine against weir (1 and 3
 //!   replicas) and qemu-nbd (`node/examples/bench_nbd.rs`).
+//! - `cargo xtask bench memory`: a node's RSS as 6 GiB are written with 4 KiB
+//!   random writes and rewritten (`node/examples/bench_memory.rs`).
 //! - `cargo xtask campaign --seeds A..B [--jobs N] [ARGS...]`: the fault campaign's
 //!   seeds A to B (`A..=B` takes B too), each in a `weir-sim --campaign` process of
 //!   its own, `--jobs` at a time (default: one per core); ARGS go to every run (a
@@ -40,7 +42,7 @@ fn main() -> ExitCode {
             eprintln!("usage: cargo xtask sim [--seed N] [--scenario FILE] [--check-determinism]");
             eprintln!("       cargo xtask campaign --seeds A..B [--jobs N] [weir-sim args]");
             eprintln!("       cargo xtask test");
-            eprintln!("       cargo xtask bench fabric|nbd");
+            eprintln!("       cargo xtask bench fabric|nbd|memory");
             return ExitCode::from(2);
         }
     };
@@ -114,28 +116,38 @@ fn bench(root: &Path, args: &[String]) -> Result<(), String> {
                 ],
             ),
         ),
-        Some("nbd") => {
-            run(
-                "build the release weir binary",
-                cargo(
-                    root,
-                    false,
-                    &["build", "--release", "-p", "weir", "--bin", "weir"],
-                ),
-            )?;
-            let mut cmd = cargo(
-                root,
-                false,
-                &["run", "--release", "-p", "weir", "--example", "bench_nbd"],
-            );
-            cmd.env("WEIR_BIN", root.join("target/release/weir"));
-            run(
-                "NBD benchmark (fio: weir 1 replica, qemu-nbd, weir 3 replicas)",
-                cmd,
-            )
-        }
-        _ => Err("bench: say which one (available: fabric, nbd)".into()),
+        Some("nbd") => release_example(
+            root,
+            "bench_nbd",
+            "NBD benchmark (fio: weir 1 replica, qemu-nbd, weir 3 replicas)",
+        ),
+        Some("memory") => release_example(
+            root,
+            "bench_memory",
+            "memory benchmark (a node's RSS as 6 GiB are written and rewritten)",
+        ),
+        _ => Err("bench: say which one (available: fabric, nbd, memory)".into()),
     }
+}
+
+/// Build the release `weir` binary, then run the `weir` crate's `example` in
+/// release mode with `WEIR_BIN` pointing at it.
+fn release_example(root: &Path, example: &str, what: &str) -> Result<(), String> {
+    run(
+        "build the release weir binary",
+        cargo(
+            root,
+            false,
+            &["build", "--release", "-p", "weir", "--bin", "weir"],
+        ),
+    )?;
+    let mut cmd = cargo(
+        root,
+        false,
+        &["run", "--release", "-p", "weir", "--example", example],
+    );
+    cmd.env("WEIR_BIN", root.join("target/release/weir"));
+    run(what, cmd)
 }
 
 fn test(root: &Path) -> Result<(), String> {

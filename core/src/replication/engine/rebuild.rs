@@ -27,6 +27,8 @@
 use super::*;
 use crate::wire::RebuildCopy;
 
+mod replica;
+
 /// Bytes per rebuild chunk.
 pub const REBUILD_CHUNK_BYTES: u64 = 128 << 10;
 /// Default rebuild bandwidth of one primary, bytes per second.
@@ -269,27 +271,9 @@ impl Replicator {
                 self.withdraw_chunk(extent, op);
             }
             if leads && e.in_sync.contains(&node) {
-                let took_ns = self.now_ns.saturating_sub(c.started_ns).max(1);
-                let line = format!(
-                    "{node} rebuilt in {extent}: {:.1} MiB in {:.1} ms ({:.0} MB/s), \
-                     {:.1} MiB it had not sent",
-                    c.bytes_done as f64 / f64::from(1 << 20),
-                    took_ns as f64 / 1e6,
-                    c.bytes_done as f64 * 1e3 / took_ns as f64,
-                    c.bytes_skipped as f64 / f64::from(1 << 20),
-                );
-                self.actions.push_back(Action::Event(line));
-                self.audit(Audit::Rebuilt {
-                    extent,
-                    node,
-                    bytes: c.bytes_done,
-                    skipped: c.bytes_skipped,
-                    started_ns: c.started_ns,
-                    at_ns: self.now_ns,
-                });
+                self.copy_finished(extent, node, &c);
             }
         }
-        let bs = u64::from(self.map.volume().block_size);
         let new: Vec<(ExtentId, NodeId, Epoch)> = self
             .map
             .state()
@@ -300,37 +284,7 @@ impl Replicator {
             .filter(|(id, n, _)| !self.rebuild.copies.contains_key(&(*id, *n)))
             .collect();
         for (extent, node, epoch) in new {
-            let (start, end) = (self.extent_start(extent), self.map.extent_end(extent));
-            let full = self.copies_in_full(extent, node);
-            let held = self.block_versions.range(start..end);
-            let written = match full {
-                Some(_) => end.0 - start.0,
-                None => held.clone().count() as u64,
-            };
-            let skip = self
-                .config
-                .bug_rebuild_one_short
-                .then(|| held.max_by_key(|(_, v)| **v).map(|(l, _)| *l))
-                .flatten();
-            tracing::info!(%extent, %node, bytes = written * bs, "rebuild starts");
-            self.rebuild.copies.insert(
-                (extent, node),
-                Copy {
-                    epoch,
-                    cursor: start,
-                    end,
-                    chunks: BTreeMap::new(),
-                    joining: false,
-                    asked_ns: None,
-                    backoff_until_ns: 0,
-                    bytes_done: 0,
-                    bytes_skipped: 0,
-                    bytes_total: written * bs,
-                    started_ns: self.now_ns,
-                    skip,
-                    full,
-                },
-            );
+            self.start_copy(extent, node, epoch);
         }
         // Replicas that rebuild nowhere any more (down, or in sync) owe nothing.
         let state = self.map.state();
@@ -338,6 +292,63 @@ impl Replicator {
             .unacked
             .retain(|n, _| state.extents.values().any(|e| e.rebuilding.contains(n)));
         self.pump_rebuilds();
+    }
+
+    /// The copy `c` of `extent` to `node` is done: the node is in sync.
+    fn copy_finished(&mut self, extent: ExtentId, node: NodeId, c: &Copy) {
+        let took_ns = self.now_ns.saturating_sub(c.started_ns).max(1);
+        let line = format!(
+            "{node} rebuilt in {extent}: {:.1} MiB in {:.1} ms ({:.0} MB/s), \
+             {:.1} MiB it had not sent",
+            c.bytes_done as f64 / f64::from(1 << 20),
+            took_ns as f64 / 1e6,
+            c.bytes_done as f64 * 1e3 / took_ns as f64,
+            c.bytes_skipped as f64 / f64::from(1 << 20),
+        );
+        self.actions.push_back(Action::Event(line));
+        self.audit(Audit::Rebuilt {
+            extent,
+            node,
+            bytes: c.bytes_done,
+            skipped: c.bytes_skipped,
+            started_ns: c.started_ns,
+            at_ns: self.now_ns,
+        });
+    }
+
+    /// Start copying `extent` to `node`, rebuilding at `epoch`.
+    fn start_copy(&mut self, extent: ExtentId, node: NodeId, epoch: Epoch) {
+        let bs = u64::from(self.map.volume().block_size);
+        let (start, end) = (self.extent_start(extent), self.map.extent_end(extent));
+        let full = self.copies_in_full(extent, node);
+        let held = self.block_versions.range(start..end);
+        let written = match full {
+            Some(_) => end.0 - start.0,
+            None => held.clone().count() as u64,
+        };
+        let skip = self
+            .config
+            .bug_rebuild_one_short
+            .then(|| held.max_by_key(|(_, v)| **v).map(|(l, _)| *l))
+            .flatten();
+        tracing::info!(%extent, %node, bytes = written * bs, "rebuild starts");
+        let copy = Copy {
+            epoch,
+            cursor: start,
+            end,
+            chunks: BTreeMap::new(),
+            joining: false,
+            asked_ns: None,
+            backoff_until_ns: 0,
+            bytes_done: 0,
+            bytes_skipped: 0,
+            bytes_total: written * bs,
+            started_ns: self.now_ns,
+            skip,
+            full,
+        };
+        let before = self.rebuild.copies.insert((extent, node), copy);
+        assert!(before.is_none(), "one copy of {extent} to {node} at a time");
     }
 
     /// Whether a copy of `extent` to `node` must cover every block, and at what
@@ -378,95 +389,118 @@ impl Replicator {
         let allowed = u128::from(rate) * u128::from(now.saturating_sub(since)) / 1_000_000_000
             + u128::from(REBUILD_CHUNK_BYTES);
         let mut in_flight: usize = self.rebuild.copies.values().map(|c| c.chunks.len()).sum();
-        for (extent, node) in keys {
-            loop {
-                let c = self
-                    .rebuild
-                    .copies
-                    .get_mut(&(extent, node))
-                    .expect("listed");
-                if c.chunks.len() >= REBUILD_CHUNKS_PER_COPY || c.backoff_until_ns > now {
-                    break;
-                }
-                if !c.joining {
-                    if in_flight >= REBUILD_CHUNKS_IN_FLIGHT
-                        || u128::from(self.rebuild.sent_bytes) >= allowed
-                    {
-                        break;
-                    }
-                    let next = match c.full {
-                        Some(_) => (c.cursor < c.end).then_some(c.cursor),
-                        None => self
-                            .block_versions
-                            .range(c.cursor..c.end)
-                            .next()
-                            .map(|(&l, _)| l),
-                    };
-                    let Some(first) = next else {
-                        // Walked to the end: joining once every chunk is answered.
-                        if c.chunks.is_empty() {
-                            c.joining = true;
-                            tracing::debug!(%extent, %node, "rebuild copied; joining");
-                            self.ask_rebuild_done(extent, node);
-                        }
-                        break;
-                    };
-                    // A run of consecutive blocks this node holds: only they are locked.
-                    let limit = (first.0 + chunk_blocks).min(c.end.0);
-                    let versions: Vec<Version> = match c.full {
-                        // Versions from before the restart are only lower bounds
-                        // (checkpoints): the replica may hold a later write this
-                        // node lost with its cache. Every such block is sent at
-                        // `base`, above them all, so the replica takes this node's.
-                        Some(base) => (first.0..limit)
-                            .map(|b| {
-                                let v = self.block_versions.get(&Lba(b)).copied();
-                                v.map_or(base, |v| v.max(base))
-                            })
-                            .collect(),
-                        None => self
-                            .block_versions
-                            .range(first..Lba(limit))
-                            .zip(first.0..)
-                            .take_while(|((l, _), b)| l.0 == *b)
-                            .map(|((l, v), _)| {
-                                if c.skip == Some(*l) {
-                                    Version::default()
-                                } else {
-                                    *v
-                                }
-                            })
-                            .collect(),
-                    };
-                    let end = Lba(first.0 + versions.len() as u64);
-                    c.cursor = end;
-                    let op = self.op_id();
-                    let c = self
-                        .rebuild
-                        .copies
-                        .get_mut(&(extent, node))
-                        .expect("listed");
-                    c.chunks.insert(op, now);
-                    in_flight += 1;
-                    self.ops.insert(
-                        op,
-                        Op::Rebuild(Chunk {
-                            extent,
-                            node,
-                            lba: first,
-                            versions,
-                            phase: ChunkPhase::Locking,
-                        }),
-                    );
-                    let lock = &mut self.primary_state(extent).lock;
-                    if lock.acquire(op, first, end, Mode::Shared) {
-                        self.run_ready(vec![op]);
-                    }
-                } else {
-                    self.ask_rebuild_done(extent, node);
-                    break;
-                }
+        for key in keys {
+            // Each round starts one chunk; bounded by the copy's chunks in flight.
+            while self.pump_copy(key, chunk_blocks, allowed, &mut in_flight) {}
+        }
+    }
+
+    /// Start the next chunk of the copy `key` if its bounds and the primary's
+    /// allow (`allowed` bytes sent so far, [`REBUILD_CHUNKS_IN_FLIGHT`]); a copy
+    /// walked to its end joins. Whether a chunk started.
+    fn pump_copy(
+        &mut self,
+        key: (ExtentId, NodeId),
+        chunk_blocks: u64,
+        allowed: u128,
+        in_flight: &mut usize,
+    ) -> bool {
+        let (extent, node) = key;
+        let now = self.now_ns;
+        let c = self.rebuild.copies.get_mut(&key).expect("listed");
+        if c.chunks.len() >= REBUILD_CHUNKS_PER_COPY || c.backoff_until_ns > now {
+            return false;
+        }
+        if c.joining {
+            self.ask_rebuild_done(extent, node);
+            return false;
+        }
+        if *in_flight >= REBUILD_CHUNKS_IN_FLIGHT || u128::from(self.rebuild.sent_bytes) >= allowed
+        {
+            return false;
+        }
+        let (full, skip, cursor, walk_end) = (c.full, c.skip, c.cursor, c.end);
+        let next = match full {
+            Some(_) => (cursor < walk_end).then_some(cursor),
+            None => self
+                .block_versions
+                .range(cursor..walk_end)
+                .next()
+                .map(|(&l, _)| l),
+        };
+        let Some(first) = next else {
+            // Walked to the end: joining once every chunk is answered.
+            let c = self.rebuild.copies.get_mut(&key).expect("listed");
+            if c.chunks.is_empty() {
+                c.joining = true;
+                tracing::debug!(%extent, %node, "rebuild copied; joining");
+                self.ask_rebuild_done(extent, node);
             }
+            return false;
+        };
+        let limit = Lba((first.0 + chunk_blocks).min(walk_end.0));
+        let versions = self.chunk_versions(full, skip, first, limit);
+        let end = Lba(first.0 + versions.len() as u64);
+        debug_assert!(
+            first < end && end <= limit,
+            "a chunk holds at least one block"
+        );
+        let op = self.op_id();
+        let c = self.rebuild.copies.get_mut(&key).expect("listed");
+        c.cursor = end;
+        c.chunks.insert(op, now);
+        *in_flight += 1;
+        self.ops.insert(
+            op,
+            Op::Rebuild(Chunk {
+                extent,
+                node,
+                lba: first,
+                versions,
+                phase: ChunkPhase::Locking,
+            }),
+        );
+        let lock = &mut self.primary_state(extent).lock;
+        if lock.acquire(op, first, end, Mode::Shared) {
+            self.run_ready(vec![op]);
+        }
+        true
+    }
+
+    /// The versions a chunk from `first` sends (up to `limit`): the run of
+    /// consecutive blocks this node holds (`skip` left out, by the test-only bug),
+    /// or, for a copy in `full`, every block at that version at least.
+    fn chunk_versions(
+        &self,
+        full: Option<Version>,
+        skip: Option<Lba>,
+        first: Lba,
+        limit: Lba,
+    ) -> Vec<Version> {
+        match full {
+            // Versions from before the restart are only lower bounds
+            // (checkpoints): the replica may hold a later write this
+            // node lost with its cache. Every such block is sent at
+            // `base`, above them all, so the replica takes this node's.
+            Some(base) => (first.0..limit.0)
+                .map(|b| {
+                    let v = self.block_versions.get(&Lba(b)).copied();
+                    v.map_or(base, |v| v.max(base))
+                })
+                .collect(),
+            None => self
+                .block_versions
+                .range(first..limit)
+                .zip(first.0..)
+                .take_while(|((l, _), b)| l.0 == *b)
+                .map(|((l, v), _)| {
+                    if skip == Some(*l) {
+                        Version::default()
+                    } else {
+                        *v
+                    }
+                })
+                .collect(),
         }
     }
 
@@ -649,170 +683,6 @@ impl Replicator {
         }
         self.unlock(extent, op);
         self.pump_rebuilds();
-    }
-
-    // ---- replica side --------------------------------------------------------------
-
-    /// A primary's copy arrived.
-    pub(super) fn rebuild_write(&mut self, primary: NodeId, op: OpId, copy: RebuildCopy) {
-        let blocks = match self.check_rebuild_write(primary, &copy) {
-            Ok(blocks) => blocks,
-            Err(e) => {
-                return self.send(primary, Message::RebuildAck { op, result: Err(e) });
-            }
-        };
-        let RebuildCopy {
-            lba,
-            versions,
-            data,
-            ..
-        } = copy;
-        let bs = self.map.volume().block_size as usize;
-        // Keep each block the copy should replace (see `takes`), in contiguous runs.
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        let reign = Version::epoch_floor(self.map.extent(copy.extent).primary_since);
-        for (i, &v) in versions.iter().enumerate() {
-            let b = Lba(lba.0 + i as u64);
-            if !takes(
-                self.block_versions.get(&b).copied().unwrap_or_default(),
-                v,
-                reign,
-            ) {
-                continue;
-            }
-            self.note_renumbered(b, 1, None);
-            self.block_versions.insert(b, v);
-            match runs.last_mut() {
-                Some((start, len)) if *start + *len == i => *len += 1,
-                _ => runs.push((i, 1)),
-            }
-        }
-        self.rebuild.incoming.push(Incoming {
-            primary,
-            op,
-            lba,
-            blocks,
-            ios_left: runs.len(),
-            error: None,
-            probe: None,
-        });
-        for (start, len) in runs {
-            let io = self.io(IoPurpose::RebuildWrite { primary, op });
-            let cmd = IoCmd::Write {
-                lba: Lba(lba.0 + start as u64),
-                data: data.slice(start * bs..(start + len) * bs),
-                fua: false,
-            };
-            self.write_device(io, cmd);
-        }
-        self.answer_rebuilds();
-    }
-
-    /// A primary asks which part of a run of blocks this replica lacks: the blocks
-    /// from the first it holds older than the primary's version to the last. The
-    /// answer waits, like a copy's ack, for any older write to those blocks still
-    /// in flight here (the versions it holds are claimed when a write arrives).
-    pub(super) fn rebuild_probe(&mut self, primary: NodeId, op: OpId, copy: RebuildCopy) {
-        let blocks = copy.versions.len() as u64;
-        let checked = if self.device_gone {
-            Err(WeirError::Device(DevError::Gone))
-        } else if copy.data.is_empty() {
-            self.blocks_in_extent(
-                copy.extent,
-                copy.lba,
-                blocks as usize * self.map.volume().block_size as usize,
-            )
-            .and_then(|_| {
-                self.check_sender(primary, copy.extent, copy.epoch, false, |p, me| {
-                    p.rebuilding.contains(&me)
-                })
-            })
-        } else {
-            Err(WeirError::BadLength {
-                len: copy.data.len() as u64,
-                block_size: self.map.volume().block_size,
-                max_bytes: 0,
-            })
-        };
-        if let Err(e) = checked {
-            return self.send(primary, Message::RebuildProbeOk { op, result: Err(e) });
-        }
-        self.rebuild.incoming.push(Incoming {
-            primary,
-            op,
-            lba: copy.lba,
-            blocks,
-            ios_left: 0,
-            error: None,
-            probe: Some(copy.versions),
-        });
-        self.answer_rebuilds();
-    }
-
-    /// The part of a probed run at `lba` this replica lacks, as offsets: from the
-    /// first block it holds older than the primary's `versions` to the last. Asked
-    /// when the answer goes out, after the writes it waited for: one that failed
-    /// has made its blocks' versions forgotten by then.
-    fn lacking(&self, extent: ExtentId, lba: Lba, versions: &[Version]) -> (u32, u32) {
-        let reign = Version::epoch_floor(self.map.extent(extent).primary_since);
-        let lacks = |(i, v): (usize, &Version)| {
-            let held = self.block_versions.get(&Lba(lba.0 + i as u64));
-            takes(held.copied().unwrap_or_default(), *v, reign).then_some(i as u32)
-        };
-        let first = versions.iter().enumerate().find_map(lacks);
-        let last = versions.iter().enumerate().rev().find_map(lacks);
-        match (first, last) {
-            (Some(a), Some(b)) => (a, b + 1),
-            _ => (0, 0),
-        }
-    }
-
-    fn check_rebuild_write(&self, primary: NodeId, copy: &RebuildCopy) -> Result<u64, WeirError> {
-        let RebuildCopy {
-            extent,
-            epoch,
-            lba,
-            versions,
-            data,
-        } = copy;
-        let blocks = self.blocks_in_extent(*extent, *lba, data.len())?;
-        if blocks != versions.len() as u64 {
-            return Err(WeirError::BadLength {
-                len: data.len() as u64,
-                block_size: self.map.volume().block_size,
-                max_bytes: (versions.len() * self.map.volume().block_size as usize) as u32,
-            });
-        }
-        self.check_sender(primary, *extent, *epoch, false, |p, me| {
-            p.rebuilding.contains(&me)
-        })?;
-        Ok(blocks)
-    }
-
-    /// A device write of copy `op` from `primary` finished.
-    pub(super) fn rebuild_io_done(&mut self, primary: NodeId, op: OpId, result: IoResult) {
-        if let Some(inc) = self
-            .rebuild
-            .incoming
-            .iter_mut()
-            .find(|i| i.primary == primary && i.op == op)
-        {
-            inc.ios_left -= 1;
-            if let IoResult::Failed(e) = result {
-                inc.error.get_or_insert(e);
-                // What the copy's blocks hold is unknown now: forget their
-                // versions, so a probe asks for them again.
-                let (lba, blocks) = (inc.lba, inc.blocks);
-                let stale: Vec<Lba> = self
-                    .block_versions
-                    .range(lba..lba.offset(blocks))
-                    .map(|(&l, _)| l)
-                    .collect();
-                for l in stale {
-                    self.block_versions.remove(&l);
-                }
-            }
-        }
     }
 
     /// Answer every copy whose writes are done, and every probe, whose blocks no

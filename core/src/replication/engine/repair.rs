@@ -40,6 +40,14 @@ pub(super) struct Repair {
     pub(super) writing: bool,
 }
 
+/// Who answers a peer's fetch.
+enum FetchRole {
+    /// This node, as the extent's primary, for an in-sync replica.
+    Primary,
+    /// This node, as an in-sync replica, for its primary.
+    Replica,
+}
+
 impl Replicator {
     /// A primary's client read `op` failed with a media error: repair instead, still
     /// holding its lock, and answer the client from the copy.
@@ -182,74 +190,83 @@ impl Replicator {
         lba: Lba,
         blocks: u32,
     ) {
-        let refuse =
-            |this: &mut Self, e| this.send(from, Message::FetchBlocksOk { op, result: Err(e) });
+        if !self.map.nodes().contains(&from) {
+            return tracing::warn!(%from, "fetch from a non-member; dropped");
+        }
         let blocks = u64::from(blocks);
-        let bs = u64::from(self.map.volume().block_size);
-        let fits = self
-            .blocks_in_extent(extent, lba, (blocks * bs) as usize)
-            .and_then(
-                |_| match blocks <= u64::from(self.map.volume().max_request_blocks) {
-                    true => Ok(()),
-                    false => Err(WeirError::BadLength {
-                        len: blocks * bs,
-                        block_size: bs as u32,
-                        max_bytes: self.map.volume().max_request_bytes(),
-                    }),
-                },
-            );
-        if let Err(e) = fits {
-            return refuse(self, e);
+        match self.check_fetch(from, extent, epoch, lba, blocks) {
+            Err(e) => self.send(from, Message::FetchBlocksOk { op, result: Err(e) }),
+            // An in-sync replica asks its primary: answered under a shared lock.
+            Ok(FetchRole::Primary) => {
+                let mine = self.op_id();
+                let fetch = Op::Fetch {
+                    to: from,
+                    remote: op,
+                    extent,
+                    lba,
+                    blocks,
+                };
+                self.ops.insert(mine, fetch);
+                let lock = &mut self.primary_state(extent).lock;
+                if lock.acquire(mine, lba, lba.offset(blocks), Mode::Shared) {
+                    self.run_ready(vec![mine]);
+                }
+            }
+            // The primary asks an in-sync replica: it holds the lock itself.
+            Ok(FetchRole::Replica) => {
+                let io = self.io(IoPurpose::Fetch { to: from, op });
+                self.actions.push_back(Action::Io {
+                    io,
+                    cmd: IoCmd::Read { lba, blocks },
+                });
+            }
+        }
+    }
+
+    /// May `from`'s fetch of `blocks` at `lba` be answered, and in which role?
+    fn check_fetch(
+        &self,
+        from: NodeId,
+        extent: ExtentId,
+        epoch: Epoch,
+        lba: Lba,
+        blocks: u64,
+    ) -> Result<FetchRole, WeirError> {
+        let volume = self.map.volume();
+        let bs = u64::from(volume.block_size);
+        self.blocks_in_extent(extent, lba, (blocks * bs) as usize)?;
+        if blocks > u64::from(volume.max_request_blocks) {
+            return Err(WeirError::BadLength {
+                len: blocks * bs,
+                block_size: bs as u32,
+                max_bytes: volume.max_request_bytes(),
+            });
         }
         let placement = self.map.extent(extent);
         if epoch != placement.epoch {
             let current = placement.epoch;
-            return refuse(
-                self,
-                WeirError::StaleEpoch {
-                    got: epoch,
-                    current,
-                },
-            );
+            return Err(WeirError::StaleEpoch {
+                got: epoch,
+                current,
+            });
         }
         if placement.primary == self.me {
-            // An in-sync replica asks its primary: answered under a shared lock.
             if !placement.in_sync.contains(&from) || from == self.me {
-                return refuse(self, WeirError::NotPrimary(self.me));
+                return Err(WeirError::NotPrimary(self.me));
             }
-            if let Err(e) = self.may_serve(extent) {
-                return refuse(self, e);
-            }
+            self.may_serve(extent)?;
             if self.ops.len() >= MAX_OPS_IN_FLIGHT {
-                return refuse(self, WeirError::Busy);
+                return Err(WeirError::Busy);
             }
-            let mine = self.op_id();
-            let fetch = Op::Fetch {
-                to: from,
-                remote: op,
-                extent,
-                lba,
-                blocks,
-            };
-            self.ops.insert(mine, fetch);
-            let lock = &mut self.primary_state(extent).lock;
-            if lock.acquire(mine, lba, lba.offset(blocks), Mode::Shared) {
-                self.run_ready(vec![mine]);
-            }
-            return;
+            return Ok(FetchRole::Primary);
         }
-        // The primary asks an in-sync replica: it holds the lock itself.
         if placement.primary != from || !placement.in_sync.contains(&self.me) {
-            return refuse(self, WeirError::NotPrimary(from));
+            return Err(WeirError::NotPrimary(from));
         }
         if self.ios.len() >= MAX_OPS_IN_FLIGHT {
-            return refuse(self, WeirError::Busy);
+            return Err(WeirError::Busy);
         }
-        let io = self.io(IoPurpose::Fetch { to: from, op });
-        self.actions.push_back(Action::Io {
-            io,
-            cmd: IoCmd::Read { lba, blocks },
-        });
+        Ok(FetchRole::Replica)
     }
 
     /// A primary's answer to a replica's fetch finished its read: answer, then

@@ -1,0 +1,71 @@
+//! The engine's switches and rates ([`ReplicationConfig`]), with their defaults.
+
+/// The default of [`ReplicationConfig::replica_timeout_ns`]: a write a replica
+/// has not acknowledged for this long makes the primary ask the control plane to
+/// drop that replica from the in-sync set.
+pub const DEFAULT_REPLICA_TIMEOUT_NS: u64 = 100_000_000;
+
+/// Engine switches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicationConfig {
+    /// TEST ONLY, a deliberate bug: the primary does not forward writes to the last
+    /// replica of each extent and counts it as acknowledged. The simulator's checkers
+    /// must catch this; it exists to prove that they can fail.
+    pub bug_skip_last_replica: bool,
+    /// TEST ONLY, a deliberate bug: the primary acknowledges a write as soon as all
+    /// but the slowest in-sync replica have persisted it.
+    pub bug_ack_before_slowest: bool,
+    /// TEST ONLY, a deliberate bug: a new primary serves at once after a failover,
+    /// without waiting for the old primary's lease to run out.
+    pub bug_serve_before_lease: bool,
+    /// TEST ONLY, a deliberate bug: a rebuild leaves out the extent's newest
+    /// block, so the replica joins the in-sync set one version short.
+    pub bug_rebuild_one_short: bool,
+    /// TEST ONLY, a deliberate bug: a replica takes a write that carries an older
+    /// epoch than its map's, trusting the sender's view (no epoch, primary or
+    /// membership check).
+    pub bug_accept_stale_epoch: bool,
+    /// TEST ONLY, a deliberate bug: a primary serves until its lease's end as its
+    /// own clock reads it, ignoring `lease_margin_ns` (safe only when every clock
+    /// agrees).
+    pub bug_ignore_lease_margin: bool,
+    /// How long before its lease's end a primary stops serving, ns: the clocks'
+    /// disagreement ([`crate::time::ClockBound::lease_margin_ns`]).
+    pub lease_margin_ns: u64,
+    /// A replica silent this long on a write, a repair or a reconciliation is
+    /// asked to be dropped from the in-sync set, ns.
+    pub replica_timeout_ns: u64,
+    /// Report [`super::Audit`] facts (the simulator's invariant checkers use them).
+    pub audit: bool,
+    /// Rebuild bandwidth of one primary over all its rebuilds, bytes per second;
+    /// 0 means [`super::DEFAULT_REBUILD_BYTES_PER_SEC`].
+    pub rebuild_bytes_per_sec: u64,
+    /// Background scrub rate of one node, bytes per second; 0: no scrubbing.
+    pub scrub_bytes_per_sec: u64,
+    /// How often a node checkpoints its block versions (a device flush, then
+    /// [`super::Action::Checkpoint`]), ns; 0: never (a restarted node is then sent every
+    /// block it has not been written since).
+    pub checkpoint_every_ns: u64,
+}
+
+impl Default for ReplicationConfig {
+    /// No bugs, no audit, default rates, and the lease margin of
+    /// [`crate::time::ClockBound::DEFAULT`] for the default lease.
+    fn default() -> Self {
+        ReplicationConfig {
+            bug_skip_last_replica: false,
+            bug_ack_before_slowest: false,
+            bug_serve_before_lease: false,
+            bug_rebuild_one_short: false,
+            bug_accept_stale_epoch: false,
+            bug_ignore_lease_margin: false,
+            lease_margin_ns: crate::time::ClockBound::DEFAULT
+                .lease_margin_ns(crate::control::DEFAULT_LEASE_NS),
+            replica_timeout_ns: DEFAULT_REPLICA_TIMEOUT_NS,
+            audit: false,
+            rebuild_bytes_per_sec: 0,
+            scrub_bytes_per_sec: 0,
+            checkpoint_every_ns: 0,
+        }
+    }
+}

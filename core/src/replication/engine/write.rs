@@ -1,0 +1,457 @@
+//! The write path at the primary: ordering under the range lock, versions, the
+//! local device write and the forwards to every in-sync replica, acknowledgements,
+//! and device-write ordering per block on every node.
+
+use super::*;
+
+impl Replicator {
+    /// Issue device write `io` once no earlier write to overlapping blocks is still
+    /// on the device.
+    pub(super) fn write_device(&mut self, io: IoId, cmd: IoCmd) {
+        let IoCmd::Write { lba, data, .. } = &cmd else {
+            panic!("{io:?} is not a write");
+        };
+        let (lba, blocks) = (*lba, self.blocks_of(data));
+        let versions = (lba.0..lba.0 + blocks)
+            .map(|b| {
+                self.block_versions
+                    .get(&Lba(b))
+                    .copied()
+                    .unwrap_or_default()
+            })
+            .collect();
+        self.device_writes.insert(io, (lba, versions));
+        if self
+            .device_lock
+            .acquire(OpId(io.0), lba, lba.offset(blocks), Mode::Exclusive)
+        {
+            self.actions.push_back(Action::Io { io, cmd });
+        } else {
+            self.deferred.insert(io, cmd);
+        }
+    }
+
+    /// Whether a device write to any of `[lba, lba + blocks)` is in flight here:
+    /// its versions are claimed already, and a failed one forgets them.
+    pub(super) fn writing_to(&self, lba: Lba, blocks: u64) -> bool {
+        self.device_writes
+            .values()
+            .any(|(l, vs)| l.0 < lba.0 + blocks && lba.0 < l.0 + vs.len() as u64)
+    }
+
+    /// Start `ready` ops (they hold their range locks), and any that become ready
+    /// because one of them failed its lease check and let go of its lock.
+    pub(super) fn run_ready(&mut self, ready: Vec<OpId>) {
+        let mut ready = VecDeque::from(ready);
+        while let Some(op) = ready.pop_front() {
+            ready.extend(self.start(op));
+        }
+    }
+
+    /// `op` holds its range lock: issue its I/O, unless the lease ran out while it
+    /// queued; then fail it and return the ops its lock release makes ready.
+    pub(super) fn start(&mut self, op: OpId) -> Vec<OpId> {
+        let extent = match self.ops.get(&op) {
+            Some(Op::Write { extent, .. } | Op::Read { extent, .. }) => *extent,
+            Some(Op::Rebuild(_)) => {
+                // A copy reads the primary's own data for a replica that checks the
+                // epoch itself: no lease needed. First the replica is asked which
+                // blocks it lacks.
+                return self.probe_chunk(op);
+            }
+            Some(Op::Repair(_)) => {
+                self.ask_next_peer(op);
+                return Vec::new();
+            }
+            Some(&Op::Fetch { lba, blocks, .. }) => {
+                let io = self.io(IoPurpose::Op(op));
+                let cmd = IoCmd::Read { lba, blocks };
+                self.actions.push_back(Action::Io { io, cmd });
+                return Vec::new();
+            }
+            Some(&Op::Reconcile { lba, blocks, .. }) => {
+                self.start_reconcile_read(op, lba, blocks);
+                return Vec::new();
+            }
+            Some(Op::Flush { .. }) => panic!("{op} cannot be started"),
+            None => return Vec::new(),
+        };
+        let refused = self.may_serve(extent).and_then(|()| {
+            // A write may not widen the replicas' uncertain tails past what they
+            // keep (see `reconcile`): it waits for the oldest to be answered.
+            match self.ops.get(&op) {
+                Some(Op::Write { .. }) if !self.tail_has_room(extent) => Err(WeirError::Busy),
+                _ => Ok(()),
+            }
+        });
+        if let Err(e) = refused {
+            let Some(Op::Write { client, req, .. } | Op::Read { client, req, .. }) =
+                self.ops.remove(&op)
+            else {
+                unreachable!("matched above");
+            };
+            self.fail(client, req, e);
+            return self.release(extent, op);
+        }
+        match self.ops.get(&op) {
+            Some(&Op::Write {
+                client, req, lba, ..
+            }) if self.superseded(client, req, lba) => {
+                // Answered as done: it took effect before the writes that
+                // overwrote it (see `applied`). It holds the range lock, so none of
+                // those is still in flight here.
+                self.ops.remove(&op);
+                self.reply(client, req, Ok(Message::WriteOk { req }));
+                return self.release(extent, op);
+            }
+            Some(Op::Write { .. }) => self.start_write(op),
+            Some(Op::Read { lba, blocks, .. }) => {
+                let cmd = IoCmd::Read {
+                    lba: *lba,
+                    blocks: *blocks,
+                };
+                let io = self.io(IoPurpose::Op(op));
+                self.actions.push_back(Action::Io { io, cmd });
+            }
+            _ => unreachable!("matched above"),
+        }
+        Vec::new()
+    }
+
+    pub(super) fn start_write(&mut self, op: OpId) {
+        let (client, req, extent, lba, data, fua) = self.begin_write(op);
+        let version = self.next_version(extent);
+        let settled = self.settled(extent);
+        if let Some(Op::Write { version: v, .. }) = self.ops.get_mut(&op) {
+            *v = version;
+        }
+        let placement = self.map.extent(extent).clone();
+        let forward = self.forward_to(&placement);
+        self.expect_acks(op, extent, &placement, &forward);
+        let blocks = self.blocks_of(&data);
+        self.note_write((client, req), extent, (lba, blocks), version, settled);
+        let io = self.io(IoPurpose::Op(op));
+        self.write_device(
+            io,
+            IoCmd::Write {
+                lba,
+                data: data.clone(),
+                fua,
+            },
+        );
+        for to in forward {
+            let msg = Message::ReplicaWrite {
+                op,
+                extent,
+                epoch: placement.epoch,
+                version,
+                settled,
+                origin: (client, req),
+                lba,
+                data: data.clone(),
+                fua,
+            };
+            self.send(to, msg);
+        }
+    }
+
+    /// Mark write `op` started now; its client, request, extent, first block,
+    /// data and FUA flag.
+    fn begin_write(&mut self, op: OpId) -> (NodeId, RequestId, ExtentId, Lba, Bytes, bool) {
+        let now_ns = self.now_ns;
+        let Some(Op::Write {
+            client,
+            req,
+            extent,
+            lba,
+            data,
+            fua,
+            acks,
+            started_ns,
+            ..
+        }) = self.ops.get_mut(&op)
+        else {
+            panic!("{op} is not a write");
+        };
+        assert!(acks.is_none(), "{op} started twice");
+        *started_ns = now_ns;
+        (*client, *req, *extent, *lba, data.clone(), *fua)
+    }
+
+    /// The extent's next version, given out in order under its lock.
+    fn next_version(&mut self, extent: ExtentId) -> Version {
+        let state = self
+            .primary
+            .get_mut(&extent)
+            .expect("locked extent has state");
+        let version = state.last_version.next();
+        debug_assert!(version > state.last_version);
+        state.last_version = version;
+        state.unsettled.insert(version);
+        version
+    }
+
+    /// The replicas a write goes to: every in-sync and rebuilding one but this node.
+    fn forward_to(&self, placement: &crate::control::state::ExtentState) -> Vec<NodeId> {
+        let mut forward: Vec<NodeId> = placement
+            .replicas
+            .iter()
+            .copied()
+            .filter(|n| {
+                *n != self.me && (placement.in_sync.contains(n) || placement.rebuilding.contains(n))
+            })
+            .collect();
+        if self.config.bug_skip_last_replica {
+            forward.pop();
+        }
+        forward
+    }
+
+    /// Who write `op` waits for: the client's ack waits for the in-sync replicas
+    /// and this node (and a rebuilt replica about to join); the rebuilding ones
+    /// get it too but are not counted on.
+    fn expect_acks(
+        &mut self,
+        op: OpId,
+        extent: ExtentId,
+        placement: &crate::control::state::ExtentState,
+        forward: &[NodeId],
+    ) {
+        let mut expect: Vec<NodeId> = forward
+            .iter()
+            .copied()
+            .filter(|n| placement.in_sync.contains(n))
+            .collect();
+        expect.push(self.me);
+        let extra = forward
+            .iter()
+            .copied()
+            .filter(|n| !expect.contains(n))
+            .collect();
+        let mut acks = Acks::new(expect, extra);
+        for node in self.joining(extent) {
+            acks.promote(node);
+        }
+        for &node in &acks.extra {
+            self.rebuild
+                .unacked
+                .entry(node)
+                .or_default()
+                .insert(op, extent);
+        }
+        let Some(Op::Write { acks: slot, .. }) = self.ops.get_mut(&op) else {
+            panic!("{op} is not a write");
+        };
+        *slot = Some(acks);
+    }
+
+    /// Record write `origin` of `version` to `blocks` at `lba`: its blocks'
+    /// versions, its data version, its place in the uncertain tail and, for a
+    /// client's write, its request (so a retry is not applied twice).
+    fn note_write(
+        &mut self,
+        origin: (NodeId, RequestId),
+        extent: ExtentId,
+        (lba, blocks): (Lba, u64),
+        version: Version,
+        settled: Version,
+    ) {
+        if let Err(e) = self.claim_version(lba, blocks, version) {
+            // The primary gives out versions in order under the lock; a regression
+            // here means its own state is corrupt.
+            panic!("primary {} version regression at {lba}: {e}", self.me);
+        }
+        // A write-back carries the version of its data as its request id.
+        let (client, req) = origin;
+        let internal = client == self.me;
+        self.note_renumbered(lba, blocks, internal.then_some(Version(req.0)));
+        if !internal {
+            // Should this node be deposed, the new primary learns of it.
+            self.note_tail(extent, version, lba, blocks, settled);
+            let write = applied::Applied {
+                lba,
+                blocks,
+                version,
+            };
+            self.applied.note(origin, write, self.now_ns);
+        }
+    }
+
+    pub(super) fn local_io_done(&mut self, op: OpId, result: IoResult) {
+        match self.ops.get(&op) {
+            Some(Op::Write {
+                lba, data, version, ..
+            }) => {
+                let result = io_unit(result);
+                if result.is_ok() {
+                    let fact = Audit::Persisted {
+                        lba: *lba,
+                        blocks: self.blocks_of(data),
+                        version: *version,
+                        at_ns: self.now_ns,
+                    };
+                    self.audit(fact);
+                }
+                self.write_acked(self.me, op, result)
+            }
+            Some(Op::Flush { .. }) => self.flush_acked(self.me, op, io_unit(result)),
+            Some(Op::Read { .. }) => {
+                if let IoResult::Failed(e @ WeirError::Device(DevError::Media(_))) = &result {
+                    return self.repair_read(op, e.clone());
+                }
+                let Some(Op::Read {
+                    client,
+                    req,
+                    extent,
+                    ..
+                }) = self.ops.remove(&op)
+                else {
+                    unreachable!("matched a read above");
+                };
+                self.reply_read(client, req, result);
+                self.unlock(extent, op);
+            }
+            Some(Op::Rebuild(_)) => self.rebuild_read_done(op, result),
+            Some(Op::Repair(_)) => self.repair_written(op, result),
+            Some(Op::Fetch { .. }) => self.fetch_read_done(op, result),
+            Some(Op::Reconcile { .. }) => self.reconcile_read_done(op, result),
+            // The op was failed by a map change while its I/O ran.
+            None => tracing::debug!(%op, "completion for an op already failed"),
+        }
+    }
+
+    /// One replica (or the local device) reported on write `op`.
+    pub(super) fn write_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
+        if self.rebuild_replica_acked(from, op, result.is_err()) && !self.ops.contains_key(&op) {
+            return; // A rebuilding replica's late ack of a finished write.
+        }
+        let Some(Op::Write {
+            acks: Some(acks),
+            extent,
+            ..
+        }) = self.ops.get_mut(&op)
+        else {
+            tracing::warn!(%from, %op, "ack for no running write; dropped");
+            return;
+        };
+        if from != self.me
+            && matches!(result, Err(WeirError::Device(_)))
+            && acks.waiting.contains(&from)
+        {
+            // A replica whose device failed the write (or is gone) does not fail
+            // it for the client: like a silent one, it is dropped from the in-sync
+            // set, and the write is acknowledged without it (it rebuilds later).
+            let (extent, epoch) = (*extent, self.map.extent(*extent).epoch);
+            return self.ask_drop(extent, epoch, from, "its device failed a write");
+        }
+        if let Some(outcome) = acks.count(from, op, result) {
+            return self.finish_write(op, outcome);
+        }
+        if self.config.bug_ack_before_slowest && acks.waiting.len() == 1 && acks.error.is_none() {
+            if let Some(outcome) = acks.retain(|_| false) {
+                self.finish_write(op, outcome);
+            }
+        }
+    }
+
+    /// Every in-sync replica has answered write `op`: reply and release its range.
+    pub(super) fn finish_write(&mut self, op: OpId, outcome: Result<(), WeirError>) {
+        let Some(Op::Write {
+            client,
+            req,
+            extent,
+            lba,
+            data,
+            version,
+            ..
+        }) = self.ops.remove(&op)
+        else {
+            unreachable!("matched a write above");
+        };
+        if outcome.is_ok() {
+            let placement = self.map.extent(extent);
+            let fact = Audit::Acked {
+                extent,
+                lba,
+                blocks: self.blocks_of(&data),
+                version,
+                at_ns: self.now_ns,
+                in_sync: placement.in_sync.iter().copied().collect(),
+            };
+            self.audit(fact);
+        }
+        if let Some(state) = self.primary.get_mut(&extent) {
+            state.unsettled.remove(&version);
+        }
+        if client == self.me {
+            // A reconciliation's write-back.
+            self.reconcile_pushed(extent);
+        } else {
+            self.reply(client, req, outcome.map(|()| Message::WriteOk { req }));
+        }
+        self.unlock(extent, op);
+    }
+
+    pub(super) fn flush_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
+        let Some(Op::Flush { acks, .. }) = self.ops.get_mut(&op) else {
+            tracing::warn!(%from, %op, "ack for no running flush; dropped");
+            return;
+        };
+        let Some(outcome) = acks.count(from, op, result) else {
+            return;
+        };
+        let Some(Op::Flush { client, req, .. }) = self.ops.remove(&op) else {
+            unreachable!("matched a flush above");
+        };
+        self.reply(client, req, outcome.map(|()| Message::FlushOk { req }));
+    }
+
+    /// The primary state of `extent`, created on first use. A node that becomes
+    /// primary (at start, or by failover) numbers its writes above the extent's
+    /// epoch floor and above the highest version it holds, so versions never go
+    /// back.
+    pub(super) fn primary_state(&mut self, extent: ExtentId) -> &mut PrimaryExtent {
+        if !self.primary.contains_key(&extent) {
+            let start = Lba(extent.0 * self.map.volume().extent_blocks);
+            let end = self.map.extent_end(extent);
+            let mut epoch = self.map.extent(extent).epoch;
+            if let Some(&restored) = self.restored.get(&extent) {
+                epoch = epoch.max(restored.next());
+            }
+            let floor = Version::epoch_floor(epoch);
+            let last_version = self
+                .block_versions
+                .range(start..end)
+                .map(|(_, &v)| v)
+                .max()
+                .unwrap_or_default()
+                .max(floor);
+            let state = PrimaryExtent {
+                last_version,
+                lock: RangeLock::default(),
+                unsettled: Default::default(),
+            };
+            self.primary.insert(extent, state);
+        }
+        self.primary.get_mut(&extent).expect("inserted above")
+    }
+
+    pub(super) fn unlock(&mut self, extent: ExtentId, op: OpId) {
+        let ready = self.release(extent, op);
+        self.run_ready(ready);
+    }
+
+    /// Release `op`'s range lock; returns the ops that now hold theirs.
+    pub(super) fn release(&mut self, extent: ExtentId, op: OpId) -> Vec<OpId> {
+        let state = self
+            .primary
+            .get_mut(&extent)
+            .expect("locked extent has state");
+        let ready = state.lock.release(op);
+        debug_assert!({
+            state.lock.self_check();
+            true
+        });
+        ready
+    }
+}

@@ -1,0 +1,146 @@
+//! What the NBD benchmarks share: a local weir cluster as a child process, and
+//! one fio run through fio's nbd engine, parsed from its JSON.
+
+// Each benchmark uses its own part of this.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The volume every benchmark creates.
+pub(crate) const VOLUME: &str = "bench";
+
+/// A server under test, stopped (SIGTERM, then SIGKILL) when dropped.
+pub(crate) struct Target {
+    /// How the tables name it.
+    pub(crate) label: &'static str,
+    /// Its NBD URI.
+    pub(crate) uri: String,
+    /// The server process.
+    pub(crate) process: Child,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our child's pid.
+        unsafe { libc::kill(self.process.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.process.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// `weir cluster up` of `nodes` nodes (as many replicas) in `dir`, on ports
+/// moved by `offset`, with a pool of `pool` and one volume of `size`.
+pub(crate) fn weir_cluster(
+    weir: &Path,
+    dir: &Path,
+    label: &'static str,
+    (nodes, offset): (u32, u16),
+    (pool, size): (&str, &str),
+) -> Target {
+    let _ = std::fs::remove_dir_all(dir);
+    let mut child = Command::new(weir)
+        .args(["cluster", "up", "--pool-size", pool])
+        .args([
+            "--nodes",
+            &nodes.to_string(),
+            "--replicas",
+            &nodes.to_string(),
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .args(["--port-offset", &offset.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("weir runs");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert!(n > 0, "weir cluster up ended: see {}", dir.display());
+        if line.contains("nodes up") {
+            break;
+        }
+    }
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let admin = format!("127.0.0.1:{}", 9401 + offset);
+    let status = Command::new(weir)
+        .args([
+            "volume", "create", VOLUME, "--size", size, "--admin", &admin,
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "volume create failed");
+    Target {
+        label,
+        uri: format!("nbd://127.0.0.1:{}/{VOLUME}", 10809 + offset),
+        process: child,
+    }
+}
+
+/// What one fio run measured.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Result {
+    /// Operations per second.
+    pub(crate) iops: f64,
+    /// Payload MB (10^6) per second.
+    pub(crate) mb_s: f64,
+    /// Completion latency, 99th percentile.
+    pub(crate) p99_us: f64,
+}
+
+/// fio with `rw` in blocks of `bs` at queue depth `depth` over `size` of `uri`:
+/// for `runtime` seconds, or once over `size`.
+pub(crate) fn fio(
+    uri: &str,
+    (rw, bs): (&str, &str),
+    depth: u32,
+    size: &str,
+    runtime: Option<u64>,
+) -> Result {
+    let mut cmd = Command::new("fio");
+    cmd.args(["--name=bench", "--ioengine=nbd", &format!("--uri={uri}")])
+        .args([
+            &format!("--rw={rw}"),
+            &format!("--bs={bs}"),
+            &format!("--iodepth={depth}"),
+        ])
+        .args([&format!("--size={size}"), "--output-format=json"]);
+    if let Some(s) = runtime {
+        cmd.args(["--time_based", &format!("--runtime={s}")]);
+    }
+    let out = cmd.output().expect("fio is needed (Debian: fio)");
+    assert!(
+        out.status.success(),
+        "fio failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // fio may print notes before its JSON.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = &text[text.find('{').expect("fio printed JSON")..];
+    let v: serde_json::Value = serde_json::from_str(json).expect("fio JSON");
+    let job = &v["jobs"][0];
+    let side = if rw.contains("write") {
+        &job["write"]
+    } else {
+        &job["read"]
+    };
+    Result {
+        iops: side["iops"].as_f64().unwrap_or(0.0),
+        mb_s: side["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        p99_us: side["clat_ns"]["percentile"]["99.000000"]
+            .as_f64()
+            .unwrap_or(0.0)
+            / 1e3,
+    }
+}
