@@ -9,6 +9,7 @@ use crate::buf::BufPool;
 use crate::control::{ClusterState, Command, ControlPlane, PlaneAction};
 use crate::device::{BlockDevice, DevCommand, DevCompletion, DevError};
 use crate::error::WeirError;
+use crate::events::Event;
 use crate::ids::{Lba, NodeId};
 use crate::map::ClusterMap;
 use crate::replication::engine::RebuildProgress;
@@ -146,7 +147,7 @@ pub const EVENTS_MAX: usize = 1024;
 #[derive(Debug)]
 pub struct Events {
     capacity: usize,
-    lines: std::collections::VecDeque<(u64, String)>,
+    lines: std::collections::VecDeque<(u64, Event)>,
     dropped: u64,
 }
 
@@ -167,18 +168,18 @@ impl Events {
         }
     }
 
-    /// Keep `line`, at `at_ns`; the oldest event goes if the ring is full.
-    pub fn push(&mut self, at_ns: u64, line: String) {
+    /// Keep `event`, at `at_ns`; the oldest event goes if the ring is full.
+    pub fn push(&mut self, at_ns: u64, event: Event) {
         if self.lines.len() == self.capacity {
             self.lines.pop_front();
             self.dropped += 1;
         }
-        self.lines.push_back((at_ns, line));
+        self.lines.push_back((at_ns, event));
         debug_assert!(self.lines.len() <= self.capacity);
     }
 
     /// The events kept, oldest first.
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &(u64, String)> + '_ {
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &(u64, Event)> + '_ {
         self.lines.iter()
     }
 
@@ -475,13 +476,12 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             return;
         }
         let bytes = self.restored_blocks as u64 * u64::from(self.engine.map().volume().block_size);
-        let line = format!(
-            "{} restored the versions of {} blocks ({:.1} MiB) from its checkpoints",
-            self.engine.id(),
-            self.restored_blocks,
-            bytes as f64 / (1 << 20) as f64
-        );
-        self.event(start, line);
+        let event = Event::VersionsRestored {
+            node: self.engine.id(),
+            blocks: self.restored_blocks,
+            bytes,
+        };
+        self.event(start, event);
     }
 
     /// A device command completed.
@@ -516,21 +516,18 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         let healthy = self.stalled_ticks < 2 && !self.device_gone;
         if healthy != self.device_healthy {
             self.device_healthy = healthy;
-            let line = if healthy {
-                format!("{}'s device answers again", self.engine.id())
+            let node = self.engine.id();
+            let event = if healthy {
+                Event::DeviceAnswers { node }
             } else if self.device_gone {
-                format!(
-                    "{}'s device is gone: its extents fail over",
-                    self.engine.id()
-                )
+                Event::DeviceGone { node }
             } else {
-                format!(
-                    "{}'s device stalled past {:?}: its extents fail over",
-                    self.engine.id(),
-                    self.device_timeout
-                )
+                Event::DeviceStalled {
+                    node,
+                    timeout: self.device_timeout,
+                }
             };
-            self.event(start, line);
+            self.event(start, event);
         }
         if let Some((plane, ..)) = &mut self.control {
             plane.set_healthy(healthy);
@@ -620,7 +617,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         }
                         Err(e) => tracing::debug!(error = %e, "map not taken"),
                     },
-                    PlaneAction::Event(line) => self.event(start, line),
+                    PlaneAction::Event(event) => self.event(start, event),
                     PlaneAction::Persist(record) => {
                         if let Some(store) = &mut self.log_store {
                             store.append(&record).map_err(NodeError::Log)?;
@@ -637,7 +634,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         None => tracing::warn!(?command, "no control plane to ask"),
                     },
                     Action::Io { io, cmd } => self.issue(io, cmd, done.clone()),
-                    Action::Event(line) => self.event(start, line),
+                    Action::Event(event) => self.event(start, event),
                     Action::Checkpoint { runs, full } => {
                         if let Some((store, device)) = &mut self.version_store {
                             use crate::replication::versions::encode;
@@ -666,11 +663,11 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     }
 
     /// Log an event, and keep it in the event log with the time since `start`.
-    fn event(&self, start: tokio::time::Instant, line: String) {
+    fn event(&self, start: tokio::time::Instant, event: Event) {
         let at = (crate::time::now() - start).as_nanos() as u64;
-        tracing::info!(node = %self.engine.id(), "{line}");
+        tracing::info!(node = %self.engine.id(), "{event}");
         if let Some((_, _, events)) = &self.control {
-            events.lock().expect("event log").push(at, line);
+            events.lock().expect("event log").push(at, event);
         }
     }
 
@@ -757,7 +754,12 @@ mod tests {
     fn the_event_ring_keeps_the_latest_and_counts_what_it_dropped() {
         let mut events = Events::with_capacity(3);
         for i in 0..5u64 {
-            events.push(i, format!("event {i}"));
+            events.push(
+                i,
+                Event::DeviceAnswers {
+                    node: NodeId(i as u32),
+                },
+            );
         }
         let kept: Vec<u64> = events.iter().map(|(at, _)| *at).collect();
         assert_eq!(kept, [2, 3, 4], "oldest first, the latest three");

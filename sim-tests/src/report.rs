@@ -132,6 +132,9 @@ pub struct Report {
     pub faults: Vec<String>,
     /// Control-plane events (nodes down and up, failovers), in time order.
     pub events: Vec<String>,
+    /// What the nodes reported (and the simulator's power cuts), typed, with
+    /// their times from the cluster's start (ns): what tests match on.
+    pub node_events: Vec<(u64, weir_core::Event)>,
 }
 
 impl Report {
@@ -182,6 +185,7 @@ impl Report {
             fabric,
             verdicts,
             clocks: String::new(),
+            node_events: Vec::new(),
             faults: Vec::new(),
             events: Vec::new(),
         }

@@ -31,7 +31,7 @@ use weir_core::map::{ClusterMap, VolumeSpec};
 use weir_core::node::{AuditLog, EventLog, Events, Node};
 use weir_core::replication::ReplicationConfig;
 use weir_core::time::Skew;
-use weir_core::{BufPool, Lba, NodeId, VolumeId};
+use weir_core::{BufPool, Event, Lba, NodeId, VolumeId};
 use weir_nvme_sim::{SimSsd, SsdConfig};
 use weir_transport_sim::fabric::config::Topology;
 use weir_transport_sim::{Fabric, FabricConfig, SimTransport};
@@ -277,18 +277,19 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let mut report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
     report.faults = faults;
     report.clocks = clocks_line(&skews, config.lease_margin_ns);
-    // One line per rebuilt extent is too many for a report: one line per node.
-    let mut lines: Vec<(u64, String)> = events
-        .lock()
-        .expect("event log")
+    let node_events: Vec<(u64, Event)> =
+        events.lock().expect("event log").iter().cloned().collect();
+    // One line per rebuilt extent, or per repair, is too many for a report: one
+    // line per node for each.
+    let mut lines: Vec<(u64, String)> = node_events
         .iter()
-        .filter(|(_, line)| !line.contains(" rebuilt in "))
-        .cloned()
+        .filter(|(_, e)| !matches!(e, Event::Rebuilt { .. } | Event::Repaired { .. }))
+        .map(|(at, e)| (*at, e.to_string()))
         .collect();
     let rebuilds = summarize_rebuilds(&audit, base_ns);
     lines.extend(rebuild_latency(&history, &rebuilds, first_fault_ns));
     lines.extend(rebuilds.into_iter().map(|r| (r.to_ns, r.line)));
-    summarize_repairs(&mut lines);
+    lines.extend(summarize_repairs(&node_events));
     if scenario.faults.media_errors > 0 {
         lines.push((
             workload_end_ns,
@@ -303,11 +304,8 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let slowest_us = report.read.max_us.max(report.write.max_us);
     for (node, at_us) in crashes {
         let crash_ns = (at_us + WARMUP.as_micros() as u64) * 1000;
-        let down = format!("{node} down:");
-        if let Some(&(down_ns, _)) = lines
-            .iter()
-            .find(|(t, l)| *t >= crash_ns && l.starts_with(&down))
-        {
+        let down = |e: &Event| matches!(e, Event::NodeDown { node: n, .. } if *n == node);
+        if let Some(&(down_ns, _)) = node_events.iter().find(|(t, e)| *t >= crash_ns && down(e)) {
             let line = format!(
                 "failover of {node}: declared down {:.1} ms after its crash; the longest \
                  client operation of the run took {:.1} ms",
@@ -318,6 +316,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         }
     }
     lines.sort();
+    report.node_events = node_events;
     report.events = lines
         .into_iter()
         .map(|(at, line)| format!("{:.3} ms: {line}", at as f64 / 1e6))
@@ -351,37 +350,32 @@ fn clocks_line(skews: &[(NodeId, Skew)], margin_ns: u64) -> String {
     )
 }
 
-/// One line per node for its media-error repairs (each repair logs one): how many,
-/// blocks in all, and the span.
-fn summarize_repairs(lines: &mut Vec<(u64, String)>) {
-    let mut per_node: BTreeMap<String, (usize, u64, u64, u64)> = BTreeMap::new();
-    lines.retain(|(at, line)| {
-        let Some((node, rest)) = line.split_once(" repaired ") else {
-            return true;
+/// One line per node for its media-error repairs (each repair is an event): how
+/// many, blocks in all, and the span.
+fn summarize_repairs(events: &[(u64, Event)]) -> Vec<(u64, String)> {
+    let mut per_node: BTreeMap<NodeId, (usize, u64, u64, u64)> = BTreeMap::new();
+    for (at, event) in events {
+        let Event::Repaired { node, blocks, .. } = event else {
+            continue;
         };
-        let blocks: u64 = rest
-            .split_whitespace()
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        let e = per_node
-            .entry(node.to_string())
-            .or_insert((0, 0, u64::MAX, 0));
+        let e = per_node.entry(*node).or_insert((0, 0, u64::MAX, 0));
         e.0 += 1;
         e.1 += blocks;
         e.2 = e.2.min(*at);
         e.3 = e.3.max(*at);
-        false
-    });
-    for (node, (count, blocks, from, to)) in per_node {
-        let line = format!(
-            "{node} repaired media errors {count} times ({blocks} blocks, from \
-             peers) between {:.3} ms and {:.3} ms",
-            from as f64 / 1e6,
-            to as f64 / 1e6
-        );
-        lines.push((from, line));
     }
+    per_node
+        .into_iter()
+        .map(|(node, (count, blocks, from, to))| {
+            let line = format!(
+                "{node} repaired media errors {count} times ({blocks} blocks, from \
+                 peers) between {:.3} ms and {:.3} ms",
+                from as f64 / 1e6,
+                to as f64 / 1e6
+            );
+            (from, line)
+        })
+        .collect()
 }
 
 /// The rebuild of one node, for the report: its span in event-log time (from the
@@ -674,11 +668,14 @@ fn schedule_node_faults(
             let now = weir_core::time::cluster_ns();
             kills.lock().expect("kill log").push((node, now));
             if power_loss {
-                let lost = ssd.power_loss();
-                let line = format!("{node} lost power: {lost} unflushed blocks dropped");
+                let dropped_blocks = ssd.power_loss() as u64;
+                let lost = Event::PowerLost {
+                    node,
+                    dropped_blocks,
+                };
                 // Event times count from the cluster's start, like the nodes' own.
                 let at = (Instant::now() - cluster_start).as_nanos() as u64;
-                events.lock().expect("event log").push(at, line);
+                events.lock().expect("event log").push(at, lost);
             }
             tokio::time::sleep(Duration::from_micros(for_us)).await;
             ssd.power_on();

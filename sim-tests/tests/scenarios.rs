@@ -1,8 +1,20 @@
 //! Seeded end-to-end runs of the simulated cluster, checked by the history checkers.
 #![cfg(madsim)]
 
+use weir_core::{Event, NodeId};
+use weir_sim::report::Report;
 use weir_sim::runner::run;
 use weir_sim::scenario::{Pattern, Scenario};
+
+/// How many of the run's node events match `f`.
+fn count(r: &Report, f: impl Fn(&Event) -> bool) -> usize {
+    r.node_events.iter().filter(|(_, e)| f(e)).count()
+}
+
+/// Whether any of the run's node events matches `f`.
+fn saw(r: &Report, f: impl Fn(&Event) -> bool) -> bool {
+    count(r, f) > 0
+}
 
 fn short(duration_ms: u64) -> Scenario {
     let mut s = Scenario::default_scenario();
@@ -153,7 +165,7 @@ fn a_crashed_primary_fails_over_with_no_client_error() {
     assert!(r.passed(), "{r}");
     assert_eq!(r.errors, 0);
     assert!(
-        r.events.iter().any(|e| e.contains("down")),
+        saw(r, |e| matches!(e, Event::NodeDown { .. })),
         "no failover: {r}"
     );
     // The report names the failover time.
@@ -179,7 +191,16 @@ fn losing_the_raft_leader_and_a_replica_of_every_extent_is_survived() {
     let r = &outcome.report;
     assert!(r.passed(), "{r}");
     assert!(r.faults.iter().any(|f| f.contains("n1 crashes")), "{r}");
-    assert!(r.events.iter().any(|e| e.contains("n1 down")), "{r}");
+    let n1_down = |e: &Event| {
+        matches!(
+            e,
+            Event::NodeDown {
+                node: NodeId(1),
+                ..
+            }
+        )
+    };
+    assert!(saw(r, n1_down), "{r}");
 }
 
 #[test]
@@ -192,7 +213,7 @@ fn a_hung_replica_device_is_dropped_from_the_in_sync_set_and_writes_go_on() {
     let r = &outcome.report;
     assert!(r.passed(), "{r}");
     assert!(
-        r.events.iter().any(|e| e.contains("dropped from")),
+        saw(r, |e| matches!(e, Event::ReplicaDropped { .. })),
         "no replica dropped: {r}"
     );
 }
@@ -247,12 +268,12 @@ fn a_paused_node_and_a_cut_off_node_are_survived_and_come_back() {
     assert!(r.faults.iter().any(|f| f.contains("pauses")), "{r}");
     assert!(r.faults.iter().any(|f| f.contains("cut off")), "{r}");
     assert_eq!(
-        r.events.iter().filter(|e| e.contains(" up:")).count(),
-        r.events.iter().filter(|e| e.contains(" down:")).count(),
+        count(r, |e| matches!(e, Event::NodeUp { .. })),
+        count(r, |e| matches!(e, Event::NodeDown { .. })),
         "every node declared down came back: {r}"
     );
     // ... and was rebuilt: every replica in sync again, read back and checked.
-    assert!(r.events.iter().any(|e| e.contains(" rebuilt: ")), "{r}");
+    assert!(saw(r, |e| matches!(e, Event::Rebuilt { .. })), "{r}");
     assert!(verdict(r, "liveness").passed(), "{r}");
 }
 
@@ -320,9 +341,9 @@ fn a_crashed_node_restarts_from_its_log_and_its_replicas_rebuild() {
     assert!(r.faults.iter().any(|f| f.contains("restarts")), "{r}");
     // It replayed its Raft log and asked for a new epoch for its extents; declared
     // down while away, it came back up and was rebuilt.
-    assert!(r.events.iter().any(|e| e.contains(" restarted: ")), "{r}");
-    assert!(r.events.iter().any(|e| e.contains(" up:")), "{r}");
-    assert!(r.events.iter().any(|e| e.contains(" rebuilt: ")), "{r}");
+    assert!(saw(r, |e| matches!(e, Event::Restarted { .. })), "{r}");
+    assert!(saw(r, |e| matches!(e, Event::NodeUp { .. })), "{r}");
+    assert!(saw(r, |e| matches!(e, Event::Rebuilt { .. })), "{r}");
     assert!(verdict(r, "liveness").passed(), "{r}");
 }
 
@@ -336,8 +357,8 @@ fn a_node_that_stays_down_is_replaced_by_spares_and_every_extent_gets_back_to_th
     assert!(r.passed(), "{r}");
     // Down, then past `replace_after_ms` its replicas moved to the other nodes,
     // which rebuilt them: liveness holds every extent at 3 in-sync copies.
-    assert!(r.events.iter().any(|e| e.contains(" replaced: ")), "{r}");
-    assert!(r.events.iter().any(|e| e.contains(" rebuilt: ")), "{r}");
+    assert!(saw(r, |e| matches!(e, Event::Replaced { .. })), "{r}");
+    assert!(saw(r, |e| matches!(e, Event::Rebuilt { .. })), "{r}");
     let live = verdict(r, "liveness");
     assert!(live.passed() && live.scope.contains("back to 3"), "{r}");
 }
@@ -353,15 +374,12 @@ fn a_power_loss_drops_unflushed_writes_and_the_node_rebuilds_them() {
     // Its device lost writes it had acknowledged (they were in the volatile
     // cache); back before it was declared down, it left the in-sync sets at its
     // restart, and its rebuild put them back: the read-back finds every copy.
-    let lost = r
-        .events
-        .iter()
-        .find(|e| e.contains(" lost power: "))
-        .expect("lost power");
-    assert!(!lost.contains(": 0 unflushed"), "{r}");
-    assert!(!r.events.iter().any(|e| e.contains(" down:")), "{r}");
-    assert!(r.events.iter().any(|e| e.contains(" restarted: ")), "{r}");
-    assert!(r.events.iter().any(|e| e.contains(" rebuilt: ")), "{r}");
+    let lost_writes =
+        |e: &Event| matches!(e, Event::PowerLost { dropped_blocks, .. } if *dropped_blocks > 0);
+    assert!(saw(r, lost_writes), "{r}");
+    assert!(!saw(r, |e| matches!(e, Event::NodeDown { .. })), "{r}");
+    assert!(saw(r, |e| matches!(e, Event::Restarted { .. })), "{r}");
+    assert!(saw(r, |e| matches!(e, Event::Rebuilt { .. })), "{r}");
 }
 
 #[test]
@@ -376,10 +394,5 @@ fn an_ssd_media_error_is_served_around_and_repaired_from_a_peer() {
     // the read-back finds every copy readable and right.
     assert!(r.passed(), "{r}");
     assert!(r.faults.iter().any(|f| f.contains("media errors")), "{r}");
-    assert!(
-        r.events
-            .iter()
-            .any(|e| e.contains(" repaired media errors ")),
-        "{r}"
-    );
+    assert!(saw(r, |e| matches!(e, Event::Repaired { .. })), "{r}");
 }

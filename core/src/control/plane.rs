@@ -56,7 +56,7 @@ pub enum PlaneAction {
     /// The cluster map changed: hand it to the data path.
     Map(ClusterState),
     /// A control-plane event worth a line in a report (failover, node down/up).
-    Event(String),
+    Event(crate::events::Event),
     /// Append this record to the node's Raft log file and make it durable before
     /// carrying out any later action (nodes opened with [`ControlPlane::open`]).
     Persist(Bytes),
@@ -552,8 +552,8 @@ impl ControlPlane {
                         Ok(changes) => {
                             // Every member applies the command; the leader reports it.
                             if self.raft.is_leader() {
-                                if let Some(line) = describe(&command, &changes) {
-                                    self.actions.push_back(PlaneAction::Event(line));
+                                if let Some(event) = describe(&command, &changes) {
+                                    self.actions.push_back(PlaneAction::Event(event));
                                 }
                             }
                             let state = self.state().clone();
@@ -567,9 +567,11 @@ impl ControlPlane {
     }
 }
 
-/// One line for a node going down or up, if `command` is one.
-fn describe(command: &Command, changes: &[super::state::Change]) -> Option<String> {
+/// The event of an applied `command` that changed the map, if it is one worth
+/// reporting.
+fn describe(command: &Command, changes: &[super::state::Change]) -> Option<crate::events::Event> {
     use super::state::Change;
+    use crate::events::Event;
     let (mut failovers, mut replicas, mut unavailable) = (0, 0, 0);
     for c in changes {
         match c {
@@ -580,24 +582,36 @@ fn describe(command: &Command, changes: &[super::state::Change]) -> Option<Strin
         }
     }
     match command {
-        Command::NodeDown { node, .. } => Some(format!(
-            "{node} down: {failovers} extents fail over, {replicas} lose a replica, {unavailable} unavailable"
-        )),
-        Command::NodeUp { node } => Some(format!("{node} up: rebuilding {replicas} extents")),
-        Command::DropReplica { extent, node, .. } => Some(format!(
-            "{node} dropped from {extent}'s in-sync set (silent past the replica timeout)"
-        )),
+        Command::NodeDown { node, .. } => Some(Event::NodeDown {
+            node: *node,
+            failovers,
+            lost_replica: replicas,
+            unavailable,
+        }),
+        Command::NodeUp { node } => Some(Event::NodeUp {
+            node: *node,
+            rebuilding: replicas,
+        }),
+        Command::DropReplica { extent, node, .. } => Some(Event::ReplicaDropped {
+            node: *node,
+            extent: *extent,
+        }),
         Command::CreateNamed {
             name, size_bytes, ..
-        } => Some(format!("volume {name:?} created ({size_bytes} bytes)")),
-        Command::DeleteNamed { name } => Some(format!("volume {name:?} deleted")),
-        Command::Restarted { node } => Some(format!(
-            "{node} restarted: {} extents move to a new epoch, {failovers} fail over",
-            replicas + failovers
-        )),
-        Command::ReplaceNode { node } => Some(format!(
-            "{node} replaced: {replicas} extents rebuild on spares"
-        )),
+        } => Some(Event::VolumeCreated {
+            name: name.clone(),
+            size_bytes: *size_bytes,
+        }),
+        Command::DeleteNamed { name } => Some(Event::VolumeDeleted { name: name.clone() }),
+        Command::Restarted { node } => Some(Event::Restarted {
+            node: *node,
+            moved: replicas + failovers,
+            failovers,
+        }),
+        Command::ReplaceNode { node } => Some(Event::Replaced {
+            node: *node,
+            rebuilding: replicas,
+        }),
         _ => None,
     }
 }

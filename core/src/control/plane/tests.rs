@@ -1,4 +1,5 @@
 use super::*;
+use crate::events::Event;
 use crate::ids::VolumeId;
 
 fn planes() -> BTreeMap<NodeId, ControlPlane> {
@@ -41,7 +42,7 @@ fn run(
     from: u64,
     ticks: u64,
     dead: &[NodeId],
-    events: &mut Vec<String>,
+    events: &mut Vec<Event>,
 ) {
     run_cut(p, from, ticks, dead, &[], events)
 }
@@ -53,7 +54,7 @@ fn run_cut(
     ticks: u64,
     dead: &[NodeId],
     cut: &[NodeId],
-    events: &mut Vec<String>,
+    events: &mut Vec<Event>,
 ) {
     run_logged(p, from, ticks, dead, cut, events, &mut BTreeMap::new())
 }
@@ -65,7 +66,7 @@ fn run_logged(
     ticks: u64,
     dead: &[NodeId],
     cut: &[NodeId],
-    events: &mut Vec<String>,
+    events: &mut Vec<Event>,
     logs: &mut BTreeMap<NodeId, Vec<u8>>,
 ) {
     let dead: Vec<NodeId> = dead.iter().chain(cut).copied().collect();
@@ -138,15 +139,22 @@ fn a_node_down_past_the_replacement_timeout_is_replaced_by_spares() {
     // n3 dies: declared down after 100, replaced only after 400 of silence.
     run(&mut p, 20, 25, &[NodeId(3)], &mut events);
     assert!(
-        events.iter().any(|e| e.starts_with("n3 down")),
+        events.iter().any(|e| matches!(
+            e,
+            Event::NodeDown {
+                node: NodeId(3),
+                ..
+            }
+        )),
         "{events:?}"
     );
     assert_eq!(holds(&p, NodeId(3)), 3, "not replaced before its timeout");
     run(&mut p, 45, 30, &[NodeId(3)], &mut events);
     assert!(
-        events
-            .iter()
-            .any(|e| e == "n3 replaced: 3 extents rebuild on spares"),
+        events.contains(&Event::Replaced {
+            node: NodeId(3),
+            rebuilding: 3
+        }),
         "{events:?}"
     );
     let state = p[&NodeId(1)].state().clone();
@@ -161,7 +169,10 @@ fn a_node_down_past_the_replacement_timeout_is_replaced_by_spares() {
     }
     // Proposed once: nothing is left to replace, so nothing more is proposed.
     run(&mut p, 75, 30, &[NodeId(3)], &mut events);
-    assert_eq!(events.iter().filter(|e| e.contains("replaced")).count(), 1);
+    let replaced = events
+        .iter()
+        .filter(|e| matches!(e, Event::Replaced { .. }));
+    assert_eq!(replaced.count(), 1);
     assert_eq!(p[&NodeId(1)].state().extents, state.extents);
 }
 
@@ -208,7 +219,13 @@ fn a_restarted_node_replays_its_log_and_moves_its_extents_to_a_new_epoch() {
         assert!(ext.epoch > epochs[id], "{id} stayed at {}", ext.epoch);
     }
     assert!(
-        events.iter().any(|e| e.contains("n2 restarted")),
+        events.iter().any(|e| matches!(
+            e,
+            Event::Restarted {
+                node: NodeId(2),
+                ..
+            }
+        )),
         "{events:?}"
     );
     // Asked until applied, then no more.
@@ -250,7 +267,9 @@ fn the_first_leader_bootstraps_the_map_and_a_silent_node_fails_over() {
         assert!(!ext.in_sync.contains(&victim));
     }
     assert!(
-        events.iter().any(|e| e.contains(&format!("{victim} down"))),
+        events
+            .iter()
+            .any(|e| matches!(e, Event::NodeDown { node, .. } if *node == victim)),
         "{events:?}"
     );
     // It comes back: marked up, rebuilding.

@@ -68,7 +68,7 @@ pub enum Action {
     /// A fact for the invariant checkers (only with [`ReplicationConfig::audit`]).
     Audit(Audit),
     /// Something worth a line in the node's event log (a rebuild finished).
-    Event(String),
+    Event(crate::events::Event),
     /// Write down these block versions, durable now (see `checkpoint`): a full
     /// checkpoint replaces what was written before, a delta is appended to it.
     Checkpoint {

@@ -297,15 +297,14 @@ impl Replicator {
     /// The copy `c` of `extent` to `node` is done: the node is in sync.
     fn copy_finished(&mut self, extent: ExtentId, node: NodeId, c: &Copy) {
         let took_ns = self.now_ns.saturating_sub(c.started_ns).max(1);
-        let line = format!(
-            "{node} rebuilt in {extent}: {:.1} MiB in {:.1} ms ({:.0} MB/s), \
-             {:.1} MiB it had not sent",
-            c.bytes_done as f64 / f64::from(1 << 20),
-            took_ns as f64 / 1e6,
-            c.bytes_done as f64 * 1e3 / took_ns as f64,
-            c.bytes_skipped as f64 / f64::from(1 << 20),
-        );
-        self.actions.push_back(Action::Event(line));
+        self.actions
+            .push_back(Action::Event(crate::events::Event::Rebuilt {
+                node,
+                extent,
+                bytes: c.bytes_done,
+                skipped: c.bytes_skipped,
+                took_ns,
+            }));
         self.audit(Audit::Rebuilt {
             extent,
             node,

@@ -415,12 +415,13 @@ impl Replicator {
             self.claim_all();
             if self.reconcile.running.is_empty() {
                 if let Some((extents, blocks, since)) = self.reconcile.batch.take() {
-                    let line = format!(
-                        "{} reconciled {blocks} blocks of {extents} extents with their replicas in {:.1} ms",
-                        self.me,
-                        self.now_ns.saturating_sub(since) as f64 / 1e6
-                    );
-                    self.actions.push_back(Action::Event(line));
+                    let event = crate::events::Event::Reconciled {
+                        node: self.me,
+                        blocks,
+                        extents,
+                        took_ns: self.now_ns.saturating_sub(since),
+                    };
+                    self.actions.push_back(Action::Event(event));
                 }
             }
         }

@@ -329,11 +329,14 @@ impl Replicator {
         match io_unit(result) {
             Ok(()) => {
                 let from = r.tried.last().copied().expect("a peer answered");
-                let line = format!(
-                    "{} repaired {} blocks at {} of {} from {from} after a media error",
-                    self.me, r.blocks, r.lba, r.extent
-                );
-                self.actions.push_back(Action::Event(line));
+                self.actions
+                    .push_back(Action::Event(crate::events::Event::Repaired {
+                        node: self.me,
+                        blocks: r.blocks,
+                        lba: r.lba,
+                        extent: r.extent,
+                        from,
+                    }));
             }
             Err(e) => {
                 tracing::warn!(extent = %r.extent, lba = %r.lba, error = %e, "repair write failed")

@@ -102,11 +102,13 @@ impl Replicator {
                 return self.scrub_tick();
             }
             self.scrub.errors += 1;
-            let line = format!(
-                "{} scrub found a media error in {extent} at block {} (+{blocks})",
-                self.me, lba.0
-            );
-            self.actions.push_back(Action::Event(line));
+            self.actions
+                .push_back(Action::Event(crate::events::Event::ScrubFound {
+                    node: self.me,
+                    extent,
+                    lba,
+                    blocks,
+                }));
             self.start_repair(extent, lba, blocks, e);
         }
         self.scrub_tick();

@@ -26,7 +26,7 @@ struct Cluster {
     /// Audit facts reported (only with `config.audit`).
     audits: Vec<(NodeId, Audit)>,
     /// Event lines reported.
-    events: Vec<String>,
+    events: Vec<crate::events::Event>,
     /// Rebuild copies sent, as (first block, blocks).
     copies: Vec<(Lba, usize)>,
     /// Each node's block-version checkpoint file, as the driver would keep it.
@@ -91,7 +91,7 @@ impl Cluster {
                     Action::Io { io, cmd } => self.ios.push((n, io, cmd)),
                     Action::Control { command } => self.controls.push((n, command)),
                     Action::Audit(fact) => self.audits.push((n, fact)),
-                    Action::Event(line) => self.events.push(line),
+                    Action::Event(event) => self.events.push(event),
                     Action::Checkpoint { runs, full } => {
                         use crate::replication::versions::encode;
                         let file = self.checkpoints.entry(n).or_default();
@@ -950,7 +950,14 @@ fn a_rebuild_copies_what_a_replica_missed_then_joins() {
     publish(&mut c, asked[0].1.clone());
     assert!(c.engines[&NodeId(1)].rebuild_progress().is_empty());
     assert!(
-        c.events.iter().any(|e| e.contains("n3 rebuilt in ext0")),
+        c.events.iter().any(|e| matches!(
+            e,
+            crate::events::Event::Rebuilt {
+                node: NodeId(3),
+                extent: ExtentId(0),
+                ..
+            }
+        )),
         "{:?}",
         c.events
     );
@@ -1494,7 +1501,14 @@ fn a_primary_read_that_hits_a_media_error_is_served_from_a_replica_and_repaired(
     assert!(!c.bad.contains(&(NodeId(1), 5)), "not repaired");
     assert_eq!(c.disk_block(NodeId(1), 5), Some(9));
     assert!(
-        c.events.iter().any(|e| e.contains("n1 repaired 2 blocks")),
+        c.events.iter().any(|e| matches!(
+            e,
+            crate::events::Event::Repaired {
+                node: NodeId(1),
+                blocks: 2,
+                ..
+            }
+        )),
         "{:?}",
         c.events
     );
@@ -1609,10 +1623,10 @@ fn the_background_scrubber_finds_and_repairs_a_bad_block_nobody_reads() {
     assert!(c.bad.is_empty(), "left unrepaired: {:?}", c.bad);
     assert_eq!(c.disk_block(NodeId(1), 3), Some(1));
     assert_eq!(c.disk_block(replica, 22), Some(2));
-    let found: Vec<&String> = c
+    let found: Vec<_> = c
         .events
         .iter()
-        .filter(|e| e.contains("scrub found"))
+        .filter(|e| matches!(e, crate::events::Event::ScrubFound { .. }))
         .collect();
     assert_eq!(found.len(), 2, "{:?}", c.events);
     let errors: u64 = c.engines.values().map(|e| e.scrub_progress().1).sum();
