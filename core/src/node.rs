@@ -88,8 +88,12 @@ pub struct NodeReport {
     pub rebuilds: Vec<RebuildProgress>,
     /// Device commands in flight.
     pub device_inflight: usize,
-    /// Block-version checkpoints written since the start.
+    /// Version checkpoints written since the start.
     pub checkpoints: u64,
+    /// Bytes of version grains held (8 per grain of each extent written).
+    pub version_bytes: u64,
+    /// Records in the applied log (bounded).
+    pub applied_records: u64,
 }
 
 /// The daemon's handle on a running node: ask for map changes, watch its reports.
@@ -343,7 +347,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         device: String,
         restored: std::collections::BTreeMap<Lba, crate::ids::Version>,
     ) -> Self {
-        self.restored_blocks = restored.len();
+        // One entry per version grain.
+        self.restored_blocks = restored.len() * self.engine.grain_blocks() as usize;
         self.engine.restore_versions(restored);
         self.version_store = Some((store, device));
         self
@@ -388,6 +393,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             r.rebuilds = self.engine.rebuild_progress();
             r.device_inflight = self.device_inflight.len();
             r.checkpoints = self.engine.checkpoints_written().0;
+            (r.version_bytes, r.applied_records) = self.engine.version_memory();
         });
     }
 

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 /// The two magic bytes that open every frame.
 pub const MAGIC: [u8; 2] = *b"WR";
 /// Current version of the frame and message encoding.
-pub const WIRE_VERSION: u8 = 5;
+pub const WIRE_VERSION: u8 = 6;
 /// Frame header length in bytes.
 pub const HEADER_BYTES: usize = 8;
 /// Largest body accepted: a 1 MiB data payload plus room for the message fields.
@@ -116,6 +116,10 @@ pub enum Message {
         epoch: Epoch,
         /// Version the primary gave this write.
         version: Version,
+        /// The primary's versions of the first and last version grains the write
+        /// touches, before it: a replica holding other versions there missed a
+        /// write (see [`crate::replication::grains`]).
+        prev: (Version, Version),
         /// Every write of this extent up to this version has been acknowledged to
         /// its client (or failed): a replica forgets those in its uncertain tail.
         settled: Version,
@@ -270,7 +274,7 @@ pub struct RebuildCopy {
     pub epoch: Epoch,
     /// First block.
     pub lba: Lba,
-    /// Version of each block (0: never written).
+    /// Version of each version grain of the run, from `lba` (0: never written).
     pub versions: Vec<Version>,
     /// The blocks.
     pub data: Bytes,

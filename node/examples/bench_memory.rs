@@ -2,7 +2,10 @@
 //! One node, one replica, a 6 GiB volume: its resident set size (VmRSS) before
 //! any write, after 6 GiB of 4 KiB random writes (every block once, in random
 //! order: fio's random map), and after the same again (a rewrite of every block).
-//! Prints each figure, the growth, and the growth projected to 1 TiB written.
+//! Prints each figure, the growth, and the growth projected to 1 TiB written,
+//! and the node's own accounting from its `/metrics`: the bytes of version
+//! grains it holds (what grows with data written) and the records of its
+//! applied log (bounded whatever is written).
 //! A benchmark, not a test: it asserts nothing about the figures.
 //!
 //! The budget (DESIGN.md section 4.1): version, retry and reconciliation
@@ -29,6 +32,21 @@ fn rss_bytes(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS in /proc/PID/status");
     kib * 1024
+}
+
+/// The node's admin address (`weir cluster up --port-offset 5000`).
+const ADMIN: &str = "127.0.0.1:14401";
+
+/// A gauge from the node's `/metrics`.
+fn gauge(name: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(ADMIN).expect("the admin API answers");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {ADMIN}\r\n\r\n").expect("sending");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("reading /metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in /metrics"))
 }
 
 /// The pid the node wrote into its data directory.
@@ -58,6 +76,7 @@ fn main() {
     let pid = node_pid(&dir);
     let before = rss_bytes(pid);
     let mut rows = vec![("before any write", before)];
+    let mut own = Vec::new();
     for pass in [
         "after writing every block once",
         "after rewriting every block",
@@ -69,6 +88,11 @@ fn main() {
         let r = fio(&target.uri, ("randwrite", "4k"), 32, &size, None);
         eprintln!("bench: {:.0} IOPS, {:.1} MB/s", r.iops, r.mb_s);
         rows.push((pass, rss_bytes(pid)));
+        own.push((
+            pass,
+            gauge("weir_version_grain_bytes"),
+            gauge("weir_applied_log_records"),
+        ));
     }
     println!("weir node RSS, 1 replica, {gib} GiB volume, 4 KiB random writes at QD32 (fio nbd)");
     for (what, rss) in &rows {
@@ -87,4 +111,12 @@ fn main() {
         );
     }
     println!("  budget: 64 MiB per TiB written (16 MiB for 6 GiB with slack)");
+    println!("the node's own accounting (/metrics)");
+    for (what, grains, records) in own {
+        println!(
+            "  {what:<32} version grains {:>7.1} KiB ({:.1} MiB per TiB written), applied log {records} records (bounded)",
+            grains as f64 / 1024.0,
+            mib(grains) * (1u64 << 40) as f64 / written as f64
+        );
+    }
 }

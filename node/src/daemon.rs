@@ -114,10 +114,14 @@ pub async fn run(
         .with_context(|| format!("opening {}", versions_path.display()))?;
     let identity = crate::logfile::device_identity(&device_path, config.cluster.pool_size.0)
         .with_context(|| format!("naming device {}", device_path.display()))?;
+    let pool = pool_spec(&config);
+    // The daemon keeps the default version grain (every node must use the same).
+    let grain_blocks = ReplicationConfig::default().grain_blocks(&pool);
     let restored = weir_core::replication::versions::replay(
         &bytes,
         &identity,
-        pool_spec(&config).capacity_blocks,
+        pool.capacity_blocks,
+        grain_blocks,
     );
     if let Some(other) = &restored.foreign {
         tracing::warn!(
@@ -128,7 +132,7 @@ pub async fn run(
         );
     } else if restored.records > 0 {
         tracing::info!(
-            blocks = restored.versions.len(),
+            grains = restored.versions.len(),
             records = restored.records,
             "block versions restored from checkpoints"
         );

@@ -47,6 +47,8 @@ pub struct Metrics {
     device_inflight: Gauge,
     device_healthy: Gauge,
     checkpoints: Gauge,
+    version_bytes: Gauge,
+    applied_records: Gauge,
     nodes_up: Gauge,
     leader: Gauge,
     volumes: Gauge,
@@ -78,6 +80,8 @@ impl Metrics {
             rebuild_total: Gauge::default(),
             device_inflight: Gauge::default(),
             checkpoints: Gauge::default(),
+            version_bytes: Gauge::default(),
+            applied_records: Gauge::default(),
             device_healthy: Gauge::default(),
             nodes_up: Gauge::default(),
             leader: Gauge::default(),
@@ -124,8 +128,18 @@ impl Metrics {
             );
             r.register(
                 "version_checkpoints",
-                "Block-version checkpoints written since the node started",
+                "Version checkpoints written since the node started",
                 m.checkpoints.clone(),
+            );
+            r.register(
+                "version_grain_bytes",
+                "Bytes of version grains held: 8 per 256 KiB of each extent written",
+                m.version_bytes.clone(),
+            );
+            r.register(
+                "applied_log_records",
+                "Writes in the applied log behind idempotent retries (at most 65536)",
+                m.applied_records.clone(),
             );
             r.register("nodes_up", "Members the map marks up", m.nodes_up.clone());
             r.register(
@@ -190,6 +204,8 @@ impl Metrics {
         self.device_inflight.set(report.device_inflight as i64);
         self.device_healthy.set(i64::from(report.device_healthy));
         self.checkpoints.set(report.checkpoints as i64);
+        self.version_bytes.set(report.version_bytes as i64);
+        self.applied_records.set(report.applied_records as i64);
         let up = report
             .state
             .nodes
@@ -218,6 +234,7 @@ mod tests {
         m.error("write");
         let report = NodeReport {
             checkpoints: 7,
+            version_bytes: 2048,
             ..NodeReport::default()
         };
         let text = m.render(NodeId(1), &report);
@@ -239,6 +256,7 @@ mod tests {
         );
         assert!(text.contains("weir_device_healthy 0"), "{text}");
         assert!(text.contains("weir_version_checkpoints 7"), "{text}");
+        assert!(text.contains("weir_version_grain_bytes 2048"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

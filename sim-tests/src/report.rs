@@ -128,6 +128,8 @@ pub struct Report {
     pub verdicts: Vec<Verdict>,
     /// The nodes' clocks (offset and drift) and the lease margin, in a line.
     pub clocks: String,
+    /// Bytes per version grain (the run of blocks a node keeps one version for).
+    pub grain_bytes: u64,
     /// Faults injected, described, in time order.
     pub faults: Vec<String>,
     /// Control-plane events (nodes down and up, failovers), in time order.
@@ -185,6 +187,7 @@ impl Report {
             fabric,
             verdicts,
             clocks: String::new(),
+            grain_bytes: 0,
             node_events: Vec::new(),
             faults: Vec::new(),
             events: Vec::new(),
@@ -208,8 +211,13 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  cluster   {} nodes, {} replicas, {} MiB volume in {} MiB extents, {} B blocks",
-            c.nodes, c.replicas, c.volume_mib, c.extent_mib, c.block_size
+            "  cluster   {} nodes, {} replicas, {} MiB volume in {} MiB extents, {} B blocks, versions per {} KiB",
+            c.nodes,
+            c.replicas,
+            c.volume_mib,
+            c.extent_mib,
+            c.block_size,
+            self.grain_bytes >> 10
         )?;
         if !self.clocks.is_empty() {
             writeln!(f, "  clocks    {}", self.clocks)?;

@@ -176,6 +176,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         rebuild_bytes_per_sec: 0,
         scrub_bytes_per_sec: scenario.cluster.scrub_mib_per_sec << 20,
         checkpoint_every_ns: scenario.cluster.checkpoint_ms * 1_000_000,
+        version_grain_bytes: scenario.cluster.version_grain_kib << 10,
     };
     let events: EventLog = Arc::new(Mutex::new(Events::with_capacity(SIM_EVENTS_MAX)));
     let audit: AuditLog = Arc::default();
@@ -277,6 +278,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let mut report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
     report.faults = faults;
     report.clocks = clocks_line(&skews, config.lease_margin_ns);
+    report.grain_bytes = config.grain_blocks(map.volume()) * u64::from(map.volume().block_size);
     let node_events: Vec<(u64, Event)> =
         events.lock().expect("event log").iter().cloned().collect();
     // One line per rebuilt extent, or per repair, is too many for a report: one
@@ -854,6 +856,7 @@ fn start_nodes(
         let log = MemLog::default();
         let versions = MemLog::default();
         let volume_blocks = map.volume().capacity_blocks;
+        let grain_blocks = config.grain_blocks(map.volume());
         let (map, voters, bootstrap) = (map.clone(), voters.clone(), bootstrap.clone());
         let (events, audit) = (events.clone(), audit.clone());
         // Run at start and again at every restart: a new incarnation of the node
@@ -863,7 +866,13 @@ fn start_nodes(
             let device = format!("sim-ssd-{id}");
             let restored = {
                 let file = versions.0.lock().expect("versions");
-                weir_core::replication::versions::replay(&file, &device, volume_blocks).versions
+                weir_core::replication::versions::replay(
+                    &file,
+                    &device,
+                    volume_blocks,
+                    grain_blocks,
+                )
+                .versions
             };
             let (plane, _) = ControlPlane::open(
                 id,

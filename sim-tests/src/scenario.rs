@@ -157,6 +157,9 @@ pub struct ClusterSpec {
     /// A device command outstanding this long means the device stalled: the node
     /// stops heartbeating and its extents fail over (simulated ms).
     pub device_timeout_ms: u64,
+    /// Version grain in KiB: the run of blocks a node keeps one version for (see
+    /// `weir_core::replication::grains`). 0: the default (256 KiB).
+    pub version_grain_kib: u64,
 }
 
 impl ClusterSpec {
@@ -184,6 +187,7 @@ impl Default for ClusterSpec {
             clock_drift_max_ppm: weir_core::time::ClockBound::DEFAULT.drift_max_ppm,
             replica_timeout_ms: 100,
             device_timeout_ms: 100,
+            version_grain_kib: 0,
         }
     }
 }
@@ -401,6 +405,8 @@ impl Scenario {
         // drifting up to RFC 5905's 15 ppm or a free-running oscillator's 100 ppm.
         s.cluster.clock_offset_max_us = [0, 100, 1000, 5000][pick(24, 4) as usize];
         s.cluster.clock_drift_max_ppm = [0, 15, 100][pick(25, 3) as usize];
+        // One block per grain (as exact as versions go), a few blocks, or the default.
+        s.cluster.version_grain_kib = [4, 16, 0][pick(26, 3) as usize];
         s
     }
 
@@ -499,6 +505,12 @@ impl Scenario {
             return bad(
                 "cluster.replica_timeout_ms",
                 "replica and device timeouts must be above 0",
+            );
+        }
+        if c.version_grain_kib > 1 << 20 {
+            return bad(
+                "cluster.version_grain_kib",
+                "must be at most 1048576 (1 GiB)",
             );
         }
         if c.checkpoint_ms > 60_000 {

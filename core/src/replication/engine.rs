@@ -265,8 +265,8 @@ pub struct Replicator {
     map: ClusterMap,
     config: ReplicationConfig,
     primary: BTreeMap<ExtentId, PrimaryExtent>,
-    /// Version of the last write applied to each block this node holds a replica of.
-    block_versions: BTreeMap<Lba, Version>,
+    /// The versions this node holds, per grain of the extents it has written.
+    grains: crate::replication::grains::Grains,
     /// Recently applied writes by client request, so a retry is not applied twice.
     applied: applied::AppliedWrites,
     ops: BTreeMap<OpId, Op>,
@@ -294,10 +294,12 @@ pub struct Replicator {
     /// one to overlapping blocks (a deposed primary's write still on the device and
     /// the new primary's must land in version order). Keyed by `IoId` as `OpId`.
     device_lock: RangeLock,
-    /// Device writes in flight (issued, or waiting in `device_lock`), each with
-    /// its first block and the version claimed for each of its blocks before it
-    /// was issued (0: none).
-    device_writes: BTreeMap<IoId, (Lba, Vec<Version>)>,
+    /// Device writes in flight (issued, or waiting in `device_lock`): first
+    /// block and blocks.
+    device_writes: BTreeMap<IoId, (Lba, u64)>,
+    /// Device writes in flight per grain: a grain's version is what its device
+    /// holds (to checkpoint) only once none is.
+    grains_writing: BTreeMap<u64, u32>,
     deferred: BTreeMap<IoId, IoCmd>,
     /// After a restart: each extent's epoch in the map the node restarted with. It
     /// serves as a primary only at later epochs (of its versions from before it
@@ -314,12 +316,17 @@ pub struct Replicator {
 impl Replicator {
     /// The engine of node `me` under `map`.
     pub fn new(me: NodeId, map: ClusterMap, config: ReplicationConfig) -> Self {
+        let volume = map.volume();
+        let grains = crate::replication::grains::Grains::new(
+            config.grain_blocks(volume),
+            volume.extent_blocks,
+        );
         let mut engine = Replicator {
             me,
             map,
             config,
             primary: BTreeMap::new(),
-            block_versions: BTreeMap::new(),
+            grains,
             applied: applied::AppliedWrites::default(),
             ops: BTreeMap::new(),
             ios: BTreeMap::new(),
@@ -335,6 +342,7 @@ impl Replicator {
             device_gone: false,
             device_lock: RangeLock::default(),
             device_writes: BTreeMap::new(),
+            grains_writing: BTreeMap::new(),
             deferred: BTreeMap::new(),
             restored: BTreeMap::new(),
             seen_in_sync: std::collections::BTreeSet::new(),
@@ -483,6 +491,7 @@ impl Replicator {
                 extent,
                 epoch,
                 version,
+                prev,
                 settled,
                 origin,
                 lba,
@@ -493,7 +502,7 @@ impl Replicator {
                 op,
                 extent,
                 epoch,
-                (version, settled),
+                (version, prev, settled),
                 origin,
                 lba,
                 data,
@@ -542,10 +551,10 @@ impl Replicator {
     /// If `io` was a device write: forget it, note its versions as held (or
     /// forget them, if it failed), and issue the writes that waited for it.
     fn device_write_finished(&mut self, io: IoId, result: &IoResult) -> bool {
-        let Some((lba, versions)) = self.device_writes.remove(&io) else {
+        let Some((lba, blocks)) = self.device_writes.remove(&io) else {
             return false;
         };
-        self.device_write_done(lba, versions, !matches!(result, IoResult::Failed(_)));
+        self.device_write_done(lba, blocks, !matches!(result, IoResult::Failed(_)));
         for next in self.device_lock.release(OpId(io.0)) {
             let cmd = self
                 .deferred

@@ -5,6 +5,7 @@
 //! [`range_lock::RangeLock`] orders overlapping operations at a primary.
 
 pub mod engine;
+pub mod grains;
 pub mod range_lock;
 pub mod versions;
 

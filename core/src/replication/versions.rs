@@ -68,7 +68,9 @@ pub fn runs_by<K: PartialEq>(
 /// What a versions file holds for this device.
 #[derive(Debug, Default)]
 pub struct Restored {
-    /// The version of each block, as last checkpointed.
+    /// The version of each version grain, by its first block, as last
+    /// checkpointed (a run covering part of a grain leaves it out: what the
+    /// grain holds is not known).
     pub versions: BTreeMap<Lba, Version>,
     /// Bytes of trusted records from the start; anything after is cut.
     pub valid_len: usize,
@@ -79,8 +81,10 @@ pub struct Restored {
     pub foreign: Option<String>,
 }
 
-/// Replay a versions file's `bytes` for `device`, a volume of `volume_blocks`.
-pub fn replay(bytes: &[u8], device: &str, volume_blocks: u64) -> Restored {
+/// Replay a versions file's `bytes` for `device`, a volume of `volume_blocks`
+/// in version grains of `grain_blocks`. Memory: one entry per grain.
+pub fn replay(bytes: &[u8], device: &str, volume_blocks: u64, grain_blocks: u64) -> Restored {
+    let gb = grain_blocks.max(1);
     let mut out = Restored::default();
     let mut frames = Frames::new(bytes);
     while let Some(payload) = frames.next() {
@@ -109,11 +113,13 @@ pub fn replay(bytes: &[u8], device: &str, volume_blocks: u64) -> Restored {
             break;
         }
         for (l, n, v) in record.runs {
-            for b in l..l + n {
-                if v == 0 {
-                    out.versions.remove(&Lba(b));
+            for g in l / gb..(l + n).div_ceil(gb) {
+                let start = g * gb;
+                let whole = l <= start && start + gb <= l + n;
+                if v == 0 || !whole {
+                    out.versions.remove(&Lba(start));
                 } else {
-                    out.versions.insert(Lba(b), Version(v));
+                    out.versions.insert(Lba(start), Version(v));
                 }
             }
         }
@@ -152,7 +158,7 @@ mod tests {
         let torn = encode(None, &[(Lba(3), 1, v(8))]);
         file.extend_from_slice(&torn[..torn.len() - 2]);
 
-        let r = replay(&file, "dev-a", 16);
+        let r = replay(&file, "dev-a", 16, 1);
         assert_eq!(r.foreign, None);
         assert_eq!((r.records, r.valid_len), (2, intact));
         let got: Vec<(u64, u64)> = r.versions.iter().map(|(l, v)| (l.0, v.0)).collect();
@@ -161,7 +167,7 @@ mod tests {
         // A later full checkpoint replaces everything before it.
         file.truncate(intact);
         file.extend(encode(Some("dev-a"), &[(Lba(4), 1, v(9))]));
-        let r = replay(&file, "dev-a", 16);
+        let r = replay(&file, "dev-a", 16, 1);
         assert_eq!(
             r.versions.into_iter().collect::<Vec<_>>(),
             vec![(Lba(4), v(9))]
@@ -169,14 +175,27 @@ mod tests {
     }
 
     #[test]
+    fn grains_are_restored_only_where_a_run_covers_them() {
+        // Grains of 4: a run of 0-7 covers grains 0 and 1; a delta of block 9
+        // alone leaves grain 2 unknown; a forget of 4 forgets grain 1.
+        let mut file = encode(Some("dev-a"), &[(Lba(0), 8, v(5)), (Lba(8), 4, v(6))]);
+        file.extend(encode(None, &[(Lba(9), 1, v(7)), (Lba(4), 1, v(0))]));
+        let r = replay(&file, "dev-a", 16, 4);
+        assert_eq!(
+            r.versions.into_iter().collect::<Vec<_>>(),
+            vec![(Lba(0), v(5))]
+        );
+    }
+
+    #[test]
     fn another_device_a_headless_file_or_a_run_past_the_end_is_not_trusted() {
         let file = encode(Some("dev-a"), &[(Lba(0), 4, Version(3))]);
-        let r = replay(&file, "dev-b", 16);
+        let r = replay(&file, "dev-b", 16, 1);
         assert_eq!(r.foreign.as_deref(), Some("dev-a"));
         assert!(r.versions.is_empty());
         assert_eq!(r.valid_len, 0);
 
-        let r = replay(&encode(None, &[(Lba(0), 1, Version(3))]), "dev-a", 16);
+        let r = replay(&encode(None, &[(Lba(0), 1, Version(3))]), "dev-a", 16, 1);
         assert_eq!(r.foreign.as_deref(), Some(""));
         assert!(r.versions.is_empty());
 
@@ -184,8 +203,8 @@ mod tests {
         let good = file.len();
         file.extend(encode(None, &[(Lba(15), 2, Version(4))]));
         file.extend(encode(None, &[(Lba(u64::MAX), 2, Version(4))]));
-        let r = replay(&file, "dev-a", 16);
+        let r = replay(&file, "dev-a", 16, 1);
         assert_eq!((r.records, r.valid_len, r.versions.len()), (1, good, 4));
-        assert_eq!(replay(&[], "dev-a", 16).records, 0);
+        assert_eq!(replay(&[], "dev-a", 16, 1).records, 0);
     }
 }

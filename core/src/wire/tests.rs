@@ -82,6 +82,7 @@ fn message() -> impl Strategy<Value = Message> {
                 extent: ExtentId(x),
                 epoch: Epoch(e),
                 version: Version(v),
+                prev: (Version(v / 3), Version(l)),
                 settled: Version(v / 2),
                 origin: (NodeId(c), RequestId(r)),
                 lba: Lba(l),

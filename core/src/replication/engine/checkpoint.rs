@@ -1,22 +1,23 @@
-//! Block-version checkpoints: what a node writes down so that, restarted, it
-//! knows which versions its device holds, and a rebuild's probe asks only for
-//! blocks written since (see `rebuild`).
+//! Version checkpoints: what a node writes down so that, restarted, it knows
+//! which versions its device holds, and a rebuild's probe asks only for grains
+//! written since (see `rebuild`). The file holds runs of blocks (see
+//! `versions`); the engine writes whole version grains.
 //!
 //! A version may be written down only once its data is durable. So:
 //!
-//! - Every device write carries the versions claimed for its blocks. When it
-//!   completes, those versions become *dirty* (completed, not yet durable for
-//!   sure: the device may still hold them in its volatile cache).
+//! - When the last device write in flight to a grain completes, the grain's
+//!   version is what the device holds: it becomes *dirty* (completed, not yet
+//!   durable for sure: the device may still hold it in its volatile cache).
 //! - Every [`ReplicationConfig::checkpoint_every_ns`], if anything is dirty, the
 //!   engine takes the dirty versions and issues a device flush. A flush makes
 //!   durable every write completed before it was issued, so once it completes the
 //!   versions taken are durable: the driver writes them down
 //!   ([`Action::Checkpoint`]). One checkpoint is in flight at a time; a failed flush
 //!   puts a delta's versions back (a failed full checkpoint is taken again whole).
-//! - A device write that fails leaves its blocks' contents unknown. Their versions
-//!   are forgotten at once (written down without a flush: forgetting is always
-//!   safe), and taken out of the checkpoint in flight, which must not write them
-//!   back.
+//! - A device write that fails leaves its blocks' contents unknown. Their grains
+//!   are broken and forgotten at once (written down without a flush: forgetting
+//!   is always safe), and taken out of the checkpoint in flight, which must not
+//!   write them back.
 //!
 //! A restored version is a lower bound: the device holds that version of the block
 //! or a later one (a later write may have reached the device after the checkpoint,
@@ -25,11 +26,11 @@
 //!
 //! The first checkpoint after a start, and one whenever the deltas written since
 //! the last full checkpoint outgrow it, is full: every version the node holds,
-//! except blocks with a write still in flight (their completed version is not
-//! known here; leaving them out is safe), replacing the file.
+//! except grains with a write still in flight (their completed version is not
+//! known here; leaving them out is safe) and broken ones, replacing the file.
 
 use super::*;
-use crate::replication::versions::{runs, VersionRun};
+use crate::replication::versions::{runs_by, VersionRun};
 
 /// Deltas may add up to this many runs, plus twice the last full checkpoint's,
 /// before the next checkpoint is a full one.
@@ -38,12 +39,12 @@ const FULL_SLACK_RUNS: usize = 1 << 16;
 /// Checkpoint state of one node.
 #[derive(Debug, Default)]
 pub(super) struct Checkpoints {
-    /// Versions of writes completed since the last checkpoint was taken (0:
-    /// forgotten).
-    dirty: BTreeMap<Lba, Version>,
+    /// Versions of grains whose writes completed since the last checkpoint was
+    /// taken, by grain (0: forgotten).
+    dirty: BTreeMap<u64, Version>,
     /// The checkpoint whose flush is in flight: its flush, its versions, and
     /// whether it is full.
-    pending: Option<(IoId, BTreeMap<Lba, Version>, bool)>,
+    pending: Option<(IoId, BTreeMap<u64, Version>, bool)>,
     /// No checkpoint is taken before this time.
     next_ns: u64,
     /// A full checkpoint was written since the start.
@@ -51,7 +52,7 @@ pub(super) struct Checkpoints {
     /// Runs written in deltas since the last full checkpoint, and in it.
     delta_runs: usize,
     full_runs: usize,
-    /// Checkpoints written, and versions (blocks) in them.
+    /// Checkpoints written, and the blocks their versions covered.
     pub(super) written: u64,
     pub(super) blocks_written: u64,
     /// Checkpoints taken (flush issued), and finished (written, empty or failed).
@@ -62,66 +63,94 @@ pub(super) struct Checkpoints {
 }
 
 impl Replicator {
-    /// Restart from checkpointed `versions` (see `versions::replay`): each is a
-    /// lower bound on what the device holds for its block. The first checkpoint
-    /// after this is a full one.
+    /// Restart from checkpointed `versions`, by first block of each grain (see
+    /// `versions::replay`): each is a lower bound on what the device holds for
+    /// its grain. The first checkpoint after this is a full one.
     pub fn restore_versions(&mut self, versions: BTreeMap<Lba, Version>) {
         let capacity = self.map.volume().capacity_blocks;
-        self.block_versions = versions
-            .into_iter()
-            .filter(|(l, v)| l.0 < capacity && v.0 > 0)
-            .collect();
+        let gb = self.grains.grain_blocks();
+        for (l, v) in versions {
+            if l.0 < capacity && l.0.is_multiple_of(gb) && v.0 > 0 {
+                self.grains.set(self.grains.grain_of(l), v, true);
+            }
+        }
     }
 
-    /// Block versions this node holds, in block order (for checks).
-    pub fn block_versions(&self) -> impl Iterator<Item = (Lba, Version)> + '_ {
-        self.block_versions.iter().map(|(&l, &v)| (l, v))
+    /// Grains this node holds whole, by first block, with their versions, in
+    /// block order (for checks).
+    pub fn grain_versions(&self) -> impl Iterator<Item = (Lba, Version)> + '_ {
+        self.grains
+            .written(0, u64::MAX)
+            .filter(|(_, g)| g.whole && g.version.0 > 0)
+            .map(|(i, g)| (self.grains.start_of(i), g.version))
     }
 
-    /// Checkpoints written so far, and the block versions they held.
+    /// Blocks per version grain.
+    pub fn grain_blocks(&self) -> u64 {
+        self.grains.grain_blocks()
+    }
+
+    /// Bytes of version state this node keeps per data written (its grains),
+    /// and the records of its applied log (bounded, see `applied`).
+    pub fn version_memory(&self) -> (u64, u64) {
+        (
+            self.grains.footprint().1 as u64,
+            self.applied.records() as u64,
+        )
+    }
+
+    /// Checkpoints written so far, and the blocks their versions covered.
     pub fn checkpoints_written(&self) -> (u64, u64) {
         (self.checkpoint.written, self.checkpoint.blocks_written)
     }
 
-    /// A device write at `lba` carrying `versions` finished: its versions are
-    /// completed, or, if it failed, forgotten (here, in the checkpoint in flight,
+    /// A device write of `[lba, lba + blocks)` finished: each grain it touched
+    /// with no other write in flight holds its version now (dirty); if it failed,
+    /// the grains are broken and forgotten (here, in the checkpoint in flight,
     /// and in the file at once).
-    pub(super) fn device_write_done(&mut self, lba: Lba, versions: Vec<Version>, ok: bool) {
+    pub(super) fn device_write_done(&mut self, lba: Lba, blocks: u64, ok: bool) {
         let enabled = self.config.checkpoint_every_ns > 0;
         let mut forgotten = BTreeMap::new();
-        for (i, v) in versions.into_iter().enumerate() {
-            let b = Lba(lba.0 + i as u64);
-            if v.0 == 0 {
-                continue;
+        for g in self.grains.touched(lba, blocks) {
+            let left = self
+                .grains_writing
+                .get_mut(&g)
+                .expect("counted when issued");
+            *left -= 1;
+            let idle = *left == 0;
+            if idle {
+                self.grains_writing.remove(&g);
             }
-            if ok {
+            if !ok {
+                self.grains.break_grain(g);
                 if enabled {
-                    // Writes to a block complete in the order they were issued
-                    // (`write_device`): the last one is what the block holds.
-                    self.checkpoint.dirty.insert(b, v);
+                    self.checkpoint.dirty.insert(g, Version(0));
+                    if let Some((_, pending, _)) = &mut self.checkpoint.pending {
+                        pending.remove(&g);
+                    }
+                    forgotten.insert(g, Version(0));
                 }
-                continue;
-            }
-            // Unless a later write has claimed the block since.
-            if self.block_versions.get(&b) == Some(&v) {
-                self.block_versions.remove(&b);
-            }
-            if enabled {
-                self.checkpoint.dirty.insert(b, Version(0));
-                if let Some((_, pending, _)) = &mut self.checkpoint.pending {
-                    pending.remove(&b);
-                }
-                forgotten.insert(b, Version(0));
+            } else if enabled && idle {
+                self.checkpoint.dirty.insert(g, self.grains.get(g).held());
             }
         }
         if !forgotten.is_empty() {
-            let runs = runs(&forgotten);
+            let runs = self.grain_runs(&forgotten);
             // Counted like a delta's, so a device that keeps failing writes still
             // gets its file compacted.
             self.checkpoint.delta_runs += runs.len();
             self.actions
                 .push_back(Action::Checkpoint { runs, full: false });
         }
+    }
+
+    /// Runs of blocks at one version, from versions by grain.
+    fn grain_runs(&self, versions: &BTreeMap<u64, Version>) -> Vec<VersionRun> {
+        let gb = self.grains.grain_blocks();
+        runs_by(versions.iter().map(|(&g, &v)| (g, v)), u64::MAX)
+            .into_iter()
+            .map(|(g, n, v)| (Lba(g * gb), n * gb, v))
+            .collect()
     }
 
     /// Take a checkpoint now, of every write completed so far (a clean shutdown
@@ -168,13 +197,11 @@ impl Replicator {
         let full = !c.based || c.delta_runs > 2 * c.full_runs + FULL_SLACK_RUNS;
         let dirty = std::mem::take(&mut self.checkpoint.dirty);
         let versions = if full {
-            let mut all = self.block_versions.clone();
-            for (lba, vs) in self.device_writes.values() {
-                for b in lba.0..lba.0 + vs.len() as u64 {
-                    all.remove(&Lba(b));
-                }
-            }
-            all
+            self.grains
+                .written(0, u64::MAX)
+                .filter(|(g, s)| s.whole && !self.grains_writing.contains_key(g))
+                .map(|(g, s)| (g, s.version))
+                .collect()
         } else {
             dirty
         };
@@ -212,7 +239,7 @@ impl Replicator {
     /// the flush failed.
     fn write_checkpoint(
         &mut self,
-        versions: BTreeMap<Lba, Version>,
+        versions: BTreeMap<u64, Version>,
         full: bool,
         flushed: IoResult,
     ) {
@@ -226,7 +253,7 @@ impl Replicator {
             }
             return;
         }
-        let runs: Vec<VersionRun> = runs(&versions);
+        let runs: Vec<VersionRun> = self.grain_runs(&versions);
         let c = &mut self.checkpoint;
         if full {
             c.based = true;
@@ -240,7 +267,7 @@ impl Replicator {
             return;
         }
         c.written += 1;
-        c.blocks_written += versions.len() as u64;
+        c.blocks_written += versions.len() as u64 * self.grains.grain_blocks();
         self.actions.push_back(Action::Checkpoint { runs, full });
     }
 }

@@ -46,6 +46,22 @@ pub struct ReplicationConfig {
     /// [`super::Action::Checkpoint`]), ns; 0: never (a restarted node is then sent every
     /// block it has not been written since).
     pub checkpoint_every_ns: u64,
+    /// Bytes per version grain (see [`crate::replication::grains`]); 0:
+    /// [`crate::replication::grains::DEFAULT_GRAIN_BYTES`]. Every node of a
+    /// cluster must use the same.
+    pub version_grain_bytes: u64,
+}
+
+impl ReplicationConfig {
+    /// Blocks per version grain in `volume` (see [`crate::replication::grains::grain_blocks`]).
+    pub fn grain_blocks(&self, volume: &crate::map::VolumeSpec) -> u64 {
+        crate::replication::grains::grain_blocks(
+            self.version_grain_bytes,
+            volume.block_size,
+            volume.extent_blocks,
+            volume.max_request_blocks,
+        )
+    }
 }
 
 impl Default for ReplicationConfig {
@@ -66,6 +82,7 @@ impl Default for ReplicationConfig {
             rebuild_bytes_per_sec: 0,
             scrub_bytes_per_sec: 0,
             checkpoint_every_ns: 0,
+            version_grain_bytes: 0,
         }
     }
 }

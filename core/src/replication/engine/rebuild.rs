@@ -2,13 +2,15 @@
 //! `Rebuilding`. It receives every new write (not waited for) while the primary
 //! copies the rest to it, by version; then it joins the in-sync set.
 //!
-//! Primary side, per (extent, rebuilding replica), a copy walks the blocks the
-//! primary holds, in chunks of [`REBUILD_CHUNK_BYTES`]:
-//! - Each chunk first asks the replica which of its blocks it lacks (a probe with
-//!   the primary's versions; the replica answers once no older write to them is
-//!   in flight there): a replica that was away briefly, or a chunk it got from new
-//!   writes meanwhile, costs no read and no copy. Only the part it lacks is read
-//!   and sent.
+//! Primary side, per (extent, rebuilding replica), a copy walks the version
+//! grains the primary has written (see [`crate::replication::grains`]), in chunks
+//! of whole grains, about [`REBUILD_CHUNK_BYTES`]:
+//! - Each chunk first asks the replica which of its grains it lacks (a probe with
+//!   the primary's versions, taken under the chunk's lock; the replica answers
+//!   once no older write to them is in flight there): a replica that was away
+//!   briefly, or a chunk it got whole from new writes meanwhile, costs no read
+//!   and no copy. A grain the replica missed a write to, or failed one, it
+//!   lacks. Only the part it lacks is read and sent.
 //! - Each chunk holds a shared range lock from the probe until the replica
 //!   acknowledges it, so a new write to those blocks reaches the replica only after
 //!   the copy is on its device; device writes to one block never race.
@@ -59,12 +61,14 @@ pub(crate) enum ChunkPhase {
     Sent,
 }
 
-/// One chunk of a copy at the primary: `[lba, lba + versions.len())` to `node`.
+/// One chunk of a copy at the primary: `versions.len()` grains from `lba`, to
+/// `node`.
 #[derive(Debug)]
 pub(crate) struct Chunk {
     pub(super) extent: ExtentId,
     pub(super) node: NodeId,
     pub(super) lba: Lba,
+    /// The primary's version of each grain.
     pub(super) versions: Vec<Version>,
     /// Where the chunk stands.
     pub(super) phase: ChunkPhase,
@@ -81,7 +85,7 @@ pub struct RebuildProgress {
     pub bytes_done: u64,
     /// Of those, bytes sent.
     pub bytes_sent: u64,
-    /// Bytes to copy (the blocks the primary held when the copy began).
+    /// Bytes to copy (the grains the primary had written when the copy began).
     pub bytes_total: u64,
     /// When the copy began (cluster clock, ns).
     pub started_ns: u64,
@@ -106,9 +110,9 @@ struct Copy {
     bytes_skipped: u64,
     bytes_total: u64,
     started_ns: u64,
-    /// TEST ONLY (`bug_rebuild_one_short`): the block left out.
+    /// TEST ONLY (`bug_rebuild_one_short`): the grain left out.
     skip: Option<Lba>,
-    /// Copy every block of the extent, those this node holds no version of at
+    /// Copy every grain of the extent, those this node holds no version of at
     /// this version: this node restarted, and the replica may lack writes from
     /// before that (see [`Replicator::set_restored`]).
     full: Option<Version>,
@@ -320,15 +324,21 @@ impl Replicator {
         let bs = u64::from(self.map.volume().block_size);
         let (start, end) = (self.extent_start(extent), self.map.extent_end(extent));
         let full = self.copies_in_full(extent, node);
-        let held = self.block_versions.range(start..end);
+        let (from, to) = (self.grains.grain_of(start), self.grains.grain_of(end));
+        let gb = self.grains.grain_blocks();
         let written = match full {
             Some(_) => end.0 - start.0,
-            None => held.clone().count() as u64,
+            None => self.grains.written(from, to).count() as u64 * gb,
         };
         let skip = self
             .config
             .bug_rebuild_one_short
-            .then(|| held.max_by_key(|(_, v)| **v).map(|(l, _)| *l))
+            .then(|| {
+                self.grains
+                    .written(from, to)
+                    .max_by_key(|(_, g)| g.version)
+                    .map(|(g, _)| self.grains.start_of(g))
+            })
             .flatten();
         tracing::info!(%extent, %node, bytes = written * bs, "rebuild starts");
         let copy = Copy {
@@ -375,10 +385,13 @@ impl Replicator {
         }
         let now = self.now_ns;
         let bs = u64::from(self.map.volume().block_size);
-        // A chunk is one message: never longer than the largest request.
-        let chunk_blocks = (REBUILD_CHUNK_BYTES / bs)
-            .min(u64::from(self.map.volume().max_request_blocks))
-            .max(1);
+        // A chunk is one message of whole grains: never longer than the largest
+        // request (a grain is no longer than one).
+        let gb = self.grains.grain_blocks();
+        let chunk_blocks =
+            ((REBUILD_CHUNK_BYTES / bs).min(u64::from(self.map.volume().max_request_blocks)) / gb)
+                .max(1)
+                * gb;
         let rate = match self.config.rebuild_bytes_per_sec {
             0 => DEFAULT_REBUILD_BYTES_PER_SEC,
             r => r,
@@ -421,11 +434,11 @@ impl Replicator {
         let (full, skip, cursor, walk_end) = (c.full, c.skip, c.cursor, c.end);
         let next = match full {
             Some(_) => (cursor < walk_end).then_some(cursor),
-            None => self
-                .block_versions
-                .range(cursor..walk_end)
-                .next()
-                .map(|(&l, _)| l),
+            None => {
+                let (from, to) = (self.grains.grain_of(cursor), self.grains.grain_of(walk_end));
+                let first = self.grains.written(from, to).next();
+                first.map(|(g, _)| self.grains.start_of(g))
+            }
         };
         let Some(first) = next else {
             // Walked to the end: joining once every chunk is answered.
@@ -439,7 +452,7 @@ impl Replicator {
         };
         let limit = Lba((first.0 + chunk_blocks).min(walk_end.0));
         let versions = self.chunk_versions(full, skip, first, limit);
-        let end = Lba(first.0 + versions.len() as u64);
+        let end = first.offset(versions.len() as u64 * self.grains.grain_blocks());
         debug_assert!(
             first < end && end <= limit,
             "a chunk holds at least one block"
@@ -466,9 +479,10 @@ impl Replicator {
         true
     }
 
-    /// The versions a chunk from `first` sends (up to `limit`): the run of
-    /// consecutive blocks this node holds (`skip` left out, by the test-only bug),
-    /// or, for a copy in `full`, every block at that version at least.
+    /// The versions a chunk from `first` sends (up to `limit`), one per grain:
+    /// the run of consecutive grains this node has written (`skip` sent at 0, by
+    /// the test-only bug), or, for a copy in `full`, every grain at that version
+    /// at least.
     fn chunk_versions(
         &self,
         full: Option<Version>,
@@ -476,27 +490,27 @@ impl Replicator {
         first: Lba,
         limit: Lba,
     ) -> Vec<Version> {
+        let gb = self.grains.grain_blocks();
+        let (from, to) = (self.grains.grain_of(first), limit.0.div_ceil(gb));
+        debug_assert_eq!(first.0 % gb, 0, "a chunk starts at a grain");
         match full {
             // Versions from before the restart are only lower bounds
             // (checkpoints): the replica may hold a later write this
-            // node lost with its cache. Every such block is sent at
+            // node lost with its cache. Every such grain is sent at
             // `base`, above them all, so the replica takes this node's.
-            Some(base) => (first.0..limit.0)
-                .map(|b| {
-                    let v = self.block_versions.get(&Lba(b)).copied();
-                    v.map_or(base, |v| v.max(base))
-                })
+            Some(base) => (from..to)
+                .map(|g| self.grains.get(g).version.max(base))
                 .collect(),
             None => self
-                .block_versions
-                .range(first..limit)
-                .zip(first.0..)
-                .take_while(|((l, _), b)| l.0 == *b)
-                .map(|((l, v), _)| {
-                    if skip == Some(*l) {
+                .grains
+                .written(from, to)
+                .zip(from..)
+                .take_while(|((g, _), want)| g == want)
+                .map(|((g, s), _)| {
+                    if skip == Some(self.grains.start_of(g)) {
                         Version::default()
                     } else {
-                        *v
+                        s.version
                     }
                 })
                 .collect(),
@@ -563,7 +577,22 @@ impl Replicator {
         let chunk = self.chunk_mut(op).expect("started a rebuild chunk");
         debug_assert_eq!(chunk.phase, ChunkPhase::Locking);
         chunk.phase = ChunkPhase::Probing;
-        let extent = chunk.extent;
+        let (extent, node, lba) = (chunk.extent, chunk.node, chunk.lba);
+        let grains = chunk.versions.len() as u64;
+        // The versions as of now, under the lock: writes that ran while the chunk
+        // waited for it are in the data it reads.
+        let gb = self.grains.grain_blocks();
+        let copy = self.rebuild.copies.get(&(extent, node));
+        let (full, skip) = copy.map_or((None, None), |c| (c.full, c.skip));
+        let versions = self.chunk_versions(full, skip, lba, lba.offset(grains * gb));
+        debug_assert_eq!(
+            versions.len() as u64,
+            grains,
+            "the grains locked were written"
+        );
+        if versions.len() as u64 == grains {
+            self.chunk_mut(op).expect("started").versions = versions;
+        }
         let Some((node, copy)) = self.chunk_copy(op, Bytes::new()) else {
             // The copy was dropped while this chunk waited (its withdrawal let an
             // earlier op go, which let this one go): nothing to send.
@@ -599,12 +628,16 @@ impl Replicator {
             }
             Err(e) => return self.finish_chunk(op, Err(e)),
         };
-        let skipped = (len - (to_block - from_block)) as u64 * bs;
-        chunk.lba = chunk.lba.offset(from_block as u64);
+        let gb = self.grains.grain_blocks();
+        let Some(chunk) = self.chunk_mut(op) else {
+            unreachable!("looked up above");
+        };
+        let skipped = (len - (to_block - from_block)) as u64 * gb * bs;
+        chunk.lba = chunk.lba.offset(from_block as u64 * gb);
         chunk.versions = chunk.versions[from_block..to_block].to_vec();
         chunk.phase = ChunkPhase::Reading;
         let (extent, node, start) = (chunk.extent, chunk.node, chunk.lba);
-        let blocks = chunk.versions.len() as u64;
+        let blocks = chunk.versions.len() as u64 * gb;
         if let Some(c) = self.rebuild.copies.get_mut(&(extent, node)) {
             c.bytes_skipped += skipped;
         }
@@ -619,12 +652,14 @@ impl Replicator {
 
     /// The local read of rebuild chunk `op` finished: send it.
     pub(super) fn rebuild_read_done(&mut self, op: OpId, result: IoResult) {
+        let gb = self.grains.grain_blocks();
         let chunk = self.chunk_mut(op).expect("matched a rebuild chunk");
         debug_assert_eq!(chunk.phase, ChunkPhase::Reading);
         let data = match result {
             IoResult::Read(data) => data,
             IoResult::Failed(e) => {
-                let (extent, lba, blocks) = (chunk.extent, chunk.lba, chunk.versions.len() as u64);
+                let blocks = chunk.versions.len() as u64 * gb;
+                let (extent, lba) = (chunk.extent, chunk.lba);
                 self.finish_chunk(op, Err(e.clone()));
                 // The chunk is sent again after a pause; by then the blocks are
                 // fetched from another in-sync replica and written back.
@@ -670,7 +705,9 @@ impl Replicator {
         if let Some(c) = self.rebuild.copies.get_mut(&(extent, node)) {
             if c.chunks.remove(&op).is_some() {
                 match result {
-                    Ok(()) => c.bytes_done += versions.len() as u64 * bs,
+                    Ok(()) => {
+                        c.bytes_done += versions.len() as u64 * self.grains.grain_blocks() * bs
+                    }
                     Err(e) => {
                         tracing::debug!(%extent, %node, error = %e, "rebuild chunk failed; retrying");
                         c.cursor = c.cursor.min(lba);

@@ -28,10 +28,10 @@
 //!   it, or from a replica that was rebuilding at the takeover) has its blocks
 //!   written back as well.
 //! - A write-back reads only once no device write to its blocks is in flight
-//!   here. It gives its blocks a new version but not new data: each node notes
-//!   the version of the data they hold (`renumbered`, carried as the write-back's
-//!   request id), and a retried write is answered as already applied only if the
-//!   data of every block is newer than it (see `applied`).
+//!   here. It gives its blocks a new version but not new data: each node logs
+//!   the version of the data they hold (carried as the write-back's request id),
+//!   and a retried write is answered as already applied only if the data of
+//!   every block is newer than it (see `applied`).
 
 use super::*;
 use crate::replication::versions::runs_by;
@@ -62,9 +62,6 @@ pub(super) struct Reconciler {
     pub(super) blocks_pushed: u64,
     /// Extents and blocks written back since the last report, and since when.
     batch: Option<(u64, u64, u64)>,
-    /// Blocks whose version was given by a write-back: the version of the data
-    /// they hold (older; 0 if none), which is what a retried write compares with.
-    renumbered: BTreeMap<Lba, Version>,
     /// Write-backs waiting for a device write to their blocks to finish before
     /// they read.
     deferred: Vec<OpId>,
@@ -118,24 +115,10 @@ impl Replicator {
         }
     }
 
-    /// The version of the data block `lba` holds, if any: its version, unless a
-    /// write-back gave that (see `renumbered`).
+    /// The version of the data block `lba` holds, if a write to it is still in
+    /// the applied log (a write-back's is that of its data, not its own).
     pub(super) fn data_version(&self, lba: Lba) -> Option<Version> {
-        match self.reconcile.renumbered.get(&lba) {
-            Some(v) => (v.0 > 0).then_some(*v),
-            None => self.block_versions.get(&lba).copied(),
-        }
-    }
-
-    /// `[lba, lba + blocks)` were just given a version: by a write-back of data
-    /// at version `data`, or (`None`) by a write of new data.
-    pub(super) fn note_renumbered(&mut self, lba: Lba, blocks: u64, data: Option<Version>) {
-        for b in lba.0..lba.0 + blocks {
-            match data {
-                Some(v) => self.reconcile.renumbered.insert(Lba(b), v),
-                None => self.reconcile.renumbered.remove(&Lba(b)),
-            };
-        }
+        self.applied.data_version(lba)
     }
 
     /// Whether a new write of `extent` keeps the window from the oldest unanswered

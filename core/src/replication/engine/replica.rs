@@ -11,14 +11,14 @@ impl Replicator {
         op: OpId,
         extent: ExtentId,
         epoch: Epoch,
-        (version, settled): (Version, Version),
+        (version, prev, settled): (Version, (Version, Version), Version),
         origin: (NodeId, RequestId),
         lba: Lba,
         data: Bytes,
         fua: bool,
     ) {
         let checked = self.check_replica_write(primary, extent, epoch, lba, &data);
-        let result = checked.and_then(|blocks| self.claim_version(lba, blocks, version));
+        let result = checked.and_then(|blocks| self.grains.claim(lba, blocks, version, prev));
         if let Err(e) = result {
             return self.send(primary, Message::ReplicaWriteAck { op, result: Err(e) });
         }
@@ -26,16 +26,7 @@ impl Replicator {
         self.note_tail(extent, version, lba, blocks, settled);
         // A primary's write-back names itself as the client, and the version of
         // its data as the request.
-        let internal = origin.0 == primary;
-        self.note_renumbered(lba, blocks, internal.then_some(Version(origin.1 .0)));
-        if !internal {
-            let write = applied::Applied {
-                lba,
-                blocks,
-                version,
-            };
-            self.applied.note(origin, write, self.now_ns);
-        }
+        self.note_applied(origin, primary, lba, blocks, version);
         let fact = Audit::Accepted {
             extent,
             epoch,
@@ -113,40 +104,15 @@ impl Replicator {
     /// Whether the write of (`client`, `req`) at `lba` is a retry of one this node
     /// applied whose every block a newer write has overwritten since.
     pub(super) fn superseded(&self, client: NodeId, req: RequestId, lba: Lba) -> bool {
-        let Some(first) = self.applied.get((client, req)) else {
-            return false;
-        };
         // A block written back by a reconciliation holds older data than its
-        // version says: what counts is the version of its data.
-        let newer = |b: u64| self.data_version(Lba(b)).is_some_and(|v| v > first.version);
-        first.lba == lba && (lba.0..lba.0 + first.blocks).all(newer)
+        // version says: the log compares the version of its data.
+        self.applied.superseded((client, req), lba)
     }
 
-    /// Record that `version` is written to `[lba, lba + blocks)`, refusing to go
-    /// backwards on any block: the primary orders overlapping writes, so a replica
-    /// that sees an older version over a newer one has been sent messages out of order.
-    pub(super) fn claim_version(
-        &mut self,
-        lba: Lba,
-        blocks: u64,
-        version: Version,
-    ) -> Result<(), WeirError> {
-        let end = lba.offset(blocks);
-        if self
-            .block_versions
-            .range(lba..end)
-            .any(|(_, &v)| v >= version)
-        {
-            return Err(WeirError::VersionRegression);
-        }
-        for b in lba.0..end.0 {
-            self.block_versions.insert(Lba(b), version);
-        }
-        Ok(())
-    }
-
-    /// Version of the last write this node applied to `lba`, if any.
+    /// The version of the grain holding `lba`, if this node holds all of it (it
+    /// was written here and no write to it was missed or failed).
     pub fn block_version(&self, lba: Lba) -> Option<Version> {
-        self.block_versions.get(&lba).copied()
+        let v = self.grains.get(self.grains.grain_of(lba)).held();
+        (v.0 > 0).then_some(v)
     }
 }

@@ -3,7 +3,7 @@
 //! before the last other copy is lost), and repaired from a peer like one a read
 //! found (see `repair`).
 //!
-//! - It walks the blocks this node holds a version of, in block order, wrapping
+//! - It walks the version grains this node has written, in block order, wrapping
 //!   around; a run never crosses an extent, and runs of extents where this node is
 //!   not in sync are skipped (a rebuilding replica is being copied anyway, and only
 //!   an in-sync copy may repair from a peer).
@@ -42,13 +42,13 @@ impl Replicator {
         if rate == 0 || self.scrub.reading || self.now_ns < self.scrub.next_ns {
             return;
         }
-        let from = self.scrub.cursor;
+        let from = self.grains.grain_of(self.scrub.cursor);
         let Some(first) = self
-            .block_versions
-            .range(from..)
+            .grains
+            .written(from, u64::MAX)
             .next()
-            .or_else(|| self.block_versions.iter().next())
-            .map(|(&l, _)| l)
+            .or_else(|| self.grains.written(0, u64::MAX).next())
+            .map(|(g, _)| self.grains.start_of(g))
         else {
             return;
         };
@@ -63,14 +63,17 @@ impl Replicator {
         let most = (SCRUB_RUN_BYTES / bs)
             .min(u64::from(self.map.volume().max_request_blocks))
             .max(1);
-        let limit = Lba((first.0 + most).min(end.0));
-        let blocks = self
-            .block_versions
-            .range(first..limit)
-            .zip(first.0..)
-            .take_while(|((l, _), b)| l.0 == *b)
+        let gb = self.grains.grain_blocks();
+        let limit = Lba((first.0 + most.max(gb)).min(end.0));
+        let g0 = self.grains.grain_of(first);
+        let grains = self
+            .grains
+            .written(g0, self.grains.grain_of(limit.offset(gb - 1)))
+            .zip(g0..)
+            .take_while(|((g, _), want)| g == want)
             .count() as u64;
-        debug_assert!(blocks > 0, "the run starts at a block held");
+        let blocks = (grains * gb).min(limit.0 - first.0);
+        debug_assert!(blocks > 0, "the run starts at a grain written");
         self.scrub.cursor = first.offset(blocks);
         self.scrub.reading = true;
         self.scrub.next_ns = self

@@ -33,6 +33,15 @@ struct Cluster {
     checkpoints: BTreeMap<NodeId, Vec<u8>>,
 }
 
+/// The engine's defaults with one block per version grain: versions as exact as
+/// they go, what most tests here assert on (tests of grains set their own).
+fn test_config() -> ReplicationConfig {
+    ReplicationConfig {
+        version_grain_bytes: BS as u64,
+        ..ReplicationConfig::default()
+    }
+}
+
 fn cluster(config: ReplicationConfig) -> Cluster {
     let nodes: Vec<NodeId> = (1..=3).map(NodeId).collect();
     let volume = VolumeSpec {
@@ -84,7 +93,7 @@ impl Cluster {
                 match action {
                     Action::Send { to, msg } => {
                         if let Message::RebuildWrite { copy, .. } = &msg {
-                            self.copies.push((copy.lba, copy.versions.len()));
+                            self.copies.push((copy.lba, copy.data.len() / BS));
                         }
                         self.net.push_back((n, to, msg))
                     }
@@ -209,7 +218,7 @@ fn read(req: u64, lba: u64, blocks: u32) -> Message {
 
 #[test]
 fn write_is_acked_only_after_every_replica_persisted() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     // Extent 0 (blocks 0..16): primary n1, replicas n2, n3.
     c.client_sends(NodeId(1), write(1, 3, block(7, 2)));
     c.deliver();
@@ -230,7 +239,7 @@ fn write_is_acked_only_after_every_replica_persisted() {
 
 #[test]
 fn overlapping_writes_reach_replicas_in_version_order() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     c.client_sends(NodeId(2), write(1, 16, block(1, 4)));
     c.client_sends(NodeId(2), write(2, 18, block(2, 4)));
     c.client_sends(NodeId(2), write(3, 30, block(3, 1)));
@@ -262,7 +271,7 @@ fn overlapping_writes_reach_replicas_in_version_order() {
 
 #[test]
 fn read_waits_for_an_earlier_overlapping_write() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     c.client_sends(NodeId(1), write(1, 0, block(9, 1)));
     c.client_sends(NodeId(1), read(2, 0, 2));
     c.deliver();
@@ -294,7 +303,7 @@ fn read_waits_for_an_earlier_overlapping_write() {
 fn a_primary_serves_a_client_whose_map_is_older_only_within_its_reign() {
     // n3 leaves extent 0's in-sync set: epoch 2, n1 still the primary. A client
     // whose map says epoch 1 is served.
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     drop_n3(&mut c);
     c.client_sends(NodeId(1), write(1, 2, block(4, 1)));
     c.settle();
@@ -329,7 +338,7 @@ fn a_primary_serves_a_client_whose_map_is_older_only_within_its_reign() {
 
 #[test]
 fn bad_requests_get_typed_errors() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     // A map newer than the primary's: the primary may have been deposed in it.
     let ahead = Message::Write {
         req: RequestId(5),
@@ -372,7 +381,7 @@ fn bad_requests_get_typed_errors() {
 
 #[test]
 fn flush_reaches_every_node() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     c.client_sends(
         NodeId(2),
         Message::Flush {
@@ -399,7 +408,7 @@ fn flush_reaches_every_node() {
 
 #[test]
 fn a_replica_whose_device_fails_a_write_is_dropped_and_the_write_acked_without_it() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     c.client_sends(NodeId(1), write(1, 0, block(1, 1)));
     c.deliver();
     c.fail_next_io(NodeId(3), DevError::Gone);
@@ -429,12 +438,13 @@ fn a_replica_whose_device_fails_a_write_is_dropped_and_the_write_acked_without_i
 
 #[test]
 fn a_replica_rejects_an_older_version_over_a_newer_one() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     let rw = |version, tag| Message::ReplicaWrite {
         op: OpId(version),
         extent: ExtentId(0),
         epoch: Epoch(1),
         version: Version(version),
+        prev: (Version::default(), Version::default()),
         settled: Version::default(),
         origin: (NodeId(100), RequestId(version)),
         lba: Lba(2),
@@ -463,7 +473,7 @@ fn a_replica_rejects_an_older_version_over_a_newer_one() {
 fn the_skip_replica_bug_switch_really_skips() {
     let mut c = cluster(ReplicationConfig {
         bug_skip_last_replica: true,
-        ..ReplicationConfig::default()
+        ..test_config()
     });
     c.client_sends(NodeId(1), write(1, 0, block(4, 1)));
     c.settle();
@@ -474,7 +484,7 @@ fn the_skip_replica_bug_switch_really_skips() {
 
 #[test]
 fn forged_and_duplicate_acks_are_refused() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     c.client_sends(NodeId(1), write(1, 0, block(1, 1)));
     c.client_sends(NodeId(1), write(2, 0, block(2, 1)));
     c.deliver();
@@ -554,7 +564,7 @@ fn publish(c: &mut Cluster, cmd: crate::control::Command) {
 
 #[test]
 fn a_write_held_up_by_a_silent_replica_is_acked_once_the_map_drops_it() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     c.client_sends(NodeId(1), write(1, 0, block(5, 1)));
     c.deliver();
     c.complete_one(NodeId(1));
@@ -594,7 +604,7 @@ fn write_at_epoch(req: u64, lba: u64, data: Bytes, epoch: u64) -> Message {
 #[test]
 fn a_deposed_primary_fails_its_writes_and_the_new_one_continues_the_versions() {
     use crate::control::Command;
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     c.client_sends(NodeId(1), write(1, 0, block(1, 1)));
     c.settle();
     c.client_sends(NodeId(1), write(2, 0, block(2, 1)));
@@ -642,7 +652,7 @@ fn a_deposed_primary_fails_its_writes_and_the_new_one_continues_the_versions() {
 #[test]
 fn a_replica_silent_past_its_timeout_is_reported_once() {
     use crate::control::Command;
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     for n in 1..=3 {
         c.engines.get_mut(&NodeId(n)).unwrap().handle_tick(1_000);
     }
@@ -678,7 +688,7 @@ fn a_replica_silent_past_its_timeout_is_reported_once() {
 #[test]
 fn a_flush_stops_waiting_for_a_node_that_went_down() {
     use crate::control::Command;
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     c.client_sends(
         NodeId(1),
         Message::Flush {
@@ -711,9 +721,9 @@ fn failed_with(c: &Cluster, req: u64) -> Option<WeirError> {
 
 #[test]
 fn a_primary_serves_only_under_its_lease() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
-    *n1 = Replicator::new(NodeId(1), n1.map().clone(), ReplicationConfig::default());
+    *n1 = Replicator::new(NodeId(1), n1.map().clone(), test_config());
     // No lease yet: refused with a retryable error.
     c.client_sends(NodeId(1), read(1, 0, 1));
     c.settle();
@@ -734,10 +744,7 @@ fn a_primary_serves_only_under_its_lease() {
     assert_eq!(failed_with(&c, 3), Some(WeirError::NoLease(NodeId(1))));
     // Within the skew margin of the lease's end it no longer serves either.
     let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
-    n1.set_clock(
-        0,
-        100_000_000 + ReplicationConfig::default().lease_margin_ns,
-    );
+    n1.set_clock(0, 100_000_000 + test_config().lease_margin_ns);
     c.client_sends(NodeId(1), read(4, 0, 1));
     c.settle();
     assert_eq!(failed_with(&c, 4), Some(WeirError::NoLease(NodeId(1))));
@@ -764,7 +771,7 @@ fn fail_over_to_n2(config: ReplicationConfig, serve_after: u64) -> Cluster {
 
 #[test]
 fn a_new_primary_waits_for_the_old_lease_and_the_bug_switch_does_not() {
-    let mut c = fail_over_to_n2(ReplicationConfig::default(), 50_000);
+    let mut c = fail_over_to_n2(test_config(), 50_000);
     assert_eq!(failed_with(&c, 1), Some(WeirError::NoLease(NodeId(2))));
     c.engines
         .get_mut(&NodeId(2))
@@ -778,7 +785,7 @@ fn a_new_primary_waits_for_the_old_lease_and_the_bug_switch_does_not() {
     );
     let buggy = ReplicationConfig {
         bug_serve_before_lease: true,
-        ..ReplicationConfig::default()
+        ..test_config()
     };
     let c = fail_over_to_n2(buggy, 50_000);
     assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(1) }]);
@@ -788,7 +795,7 @@ fn a_new_primary_waits_for_the_old_lease_and_the_bug_switch_does_not() {
 fn audit_facts_show_claims_acks_and_persistence() {
     let audited = ReplicationConfig {
         audit: true,
-        ..ReplicationConfig::default()
+        ..test_config()
     };
     let mut c = fail_over_to_n2(audited, 50_000);
     // n2 claims extent 0 (and the others it now leads) from the old lease's end.
@@ -838,7 +845,7 @@ fn audit_facts_show_claims_acks_and_persistence() {
 fn the_ack_before_slowest_bug_switch_acks_early() {
     let mut c = cluster(ReplicationConfig {
         bug_ack_before_slowest: true,
-        ..ReplicationConfig::default()
+        ..test_config()
     });
     c.client_sends(NodeId(1), write(1, 0, block(3, 1)));
     c.deliver();
@@ -911,7 +918,7 @@ fn rebuild_cluster(config: ReplicationConfig) -> Cluster {
 #[test]
 fn a_rebuild_copies_what_a_replica_missed_then_joins() {
     use crate::control::Command;
-    let mut c = rebuild_cluster(ReplicationConfig::default());
+    let mut c = rebuild_cluster(test_config());
     // n1 copied extent 0 to n3 and asks for it to join.
     let asked: Vec<_> = c
         .controls
@@ -975,9 +982,77 @@ fn a_rebuild_copies_what_a_replica_missed_then_joins() {
     assert_eq!(c.disk_block(NodeId(3), 4), Some(3));
 }
 
+/// Grains of four blocks (extent 0 has four).
+fn grain_config() -> ReplicationConfig {
+    ReplicationConfig {
+        version_grain_bytes: 4 * BS as u64,
+        ..ReplicationConfig::default()
+    }
+}
+
+impl Cluster {
+    /// [`Cluster::deliver`], losing the messages `lost` picks.
+    fn deliver_losing(&mut self, lost: impl Fn(NodeId, &Message) -> bool) {
+        self.collect();
+        while let Some((from, to, msg)) = self.net.pop_front() {
+            if lost(to, &msg) {
+                continue;
+            }
+            if to.0 >= CLIENT.0 {
+                self.replies.push(msg);
+                continue;
+            }
+            self.engines.get_mut(&to).unwrap().handle_message(from, msg);
+            self.collect();
+        }
+    }
+}
+
+#[test]
+fn a_replica_that_missed_a_write_to_part_of_a_grain_is_sent_the_whole_grain() {
+    let mut c = cluster(grain_config());
+    fill(&mut c, 1, 8, 1, 1);
+    // n3 misses a write to block 1, then gets one to block 2 of the same grain:
+    // that grain is now at the primary's version on n3 too, but not whole.
+    c.client_sends(NodeId(1), write(20, 1, block(2, 1)));
+    c.deliver_losing(|to, m| to == NodeId(3) && matches!(m, Message::ReplicaWrite { .. }));
+    c.client_sends(NodeId(1), write(21, 2, block(3, 1)));
+    c.settle();
+    let grain = |c: &Cluster, n: u32| c.engines[&NodeId(n)].grains.get(0);
+    assert_eq!(grain(&c, 3).version, grain(&c, 1).version);
+    assert!(!grain(&c, 3).whole, "a write to the grain was missed");
+    assert_eq!(c.disk_block(NodeId(3), 1), Some(1), "n3 lacks write 20");
+    assert_eq!(
+        c.replies,
+        (1..=8)
+            .map(|r| Message::WriteOk { req: RequestId(r) })
+            .chain([Message::WriteOk { req: RequestId(21) }])
+            .collect::<Vec<_>>()
+    );
+    // Dropped for its silence on write 20, n3 is rebuilt: its probe of grain 0
+    // says it lacks it (grain 1 it holds whole), and the whole grain is copied.
+    drop_n3(&mut c);
+    c.settle();
+    assert!(c.replies.contains(&Message::WriteOk { req: RequestId(20) }));
+    for lba in 0..8 {
+        assert_eq!(
+            c.disk_block(NodeId(3), lba),
+            c.disk_block(NodeId(1), lba),
+            "block {lba} differs after the rebuild"
+        );
+    }
+    assert_eq!(c.copies, vec![(Lba(0), 4)]);
+    let progress = c.engines[&NodeId(1)].rebuild_progress();
+    assert_eq!(
+        (progress[0].bytes_total, progress[0].bytes_sent),
+        (8 * BS as u64, 4 * BS as u64)
+    );
+    assert!(grain(&c, 3).whole);
+}
+
 #[test]
 fn probes_from_a_non_primary_or_with_data_and_stray_answers_are_refused() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     let probe = |op: u64, data: Bytes| Message::RebuildProbe {
         op: OpId(op),
         copy: crate::wire::RebuildCopy {
@@ -1021,7 +1096,7 @@ fn probes_from_a_non_primary_or_with_data_and_stray_answers_are_refused() {
 fn the_rebuild_one_short_bug_switch_leaves_out_the_newest_block() {
     let c = rebuild_cluster(ReplicationConfig {
         bug_rebuild_one_short: true,
-        ..ReplicationConfig::default()
+        ..test_config()
     });
     let differ: Vec<u64> = (0..16)
         .filter(|&lba| c.disk_block(NodeId(3), lba) != c.disk_block(NodeId(1), lba))
@@ -1031,7 +1106,7 @@ fn the_rebuild_one_short_bug_switch_leaves_out_the_newest_block() {
 
 #[test]
 fn a_copy_never_overwrites_a_newer_block_and_hostile_copies_are_refused() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     let n2 = c.engines.get_mut(&NodeId(2)).unwrap();
     // n2 is in sync, not rebuilding: a copy is refused.
     n2.handle_message(
@@ -1082,7 +1157,7 @@ fn a_copy_never_overwrites_a_newer_block_and_hostile_copies_are_refused() {
 #[test]
 fn a_copy_to_a_replica_that_goes_down_lets_go_of_its_range() {
     use crate::control::Command;
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     fill(&mut c, 1, 2, 1, 1);
     c.client_sends(NodeId(1), write(10, 1, block(2, 1)));
     c.settle_without(NodeId(3));
@@ -1304,7 +1379,7 @@ proptest::proptest! {
         steps in proptest::collection::vec(step(), 1..120)
     ) {
         let mut m = Model {
-            c: cluster(ReplicationConfig::default()),
+            c: cluster(test_config()),
             dead: None,
             writes: BTreeMap::new(),
             acked: BTreeMap::new(),
@@ -1326,7 +1401,7 @@ proptest::proptest! {
 #[test]
 fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
     use crate::control::Command;
-    let mut c = rebuild_cluster(ReplicationConfig::default());
+    let mut c = rebuild_cluster(test_config());
     // Before n3's rebuild is done, n2 goes down, and n1, the last in-sync copy,
     // restarts. It restores its versions from its checkpoint (lower bounds; here
     // every one), but a replica it has not seen in sync since may hold a later
@@ -1343,8 +1418,8 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
         .collect();
     // Its device commands in flight are gone with it.
     c.ios.retain(|(n, ..)| *n != NodeId(1));
-    let held: BTreeMap<Lba, Version> = c.engines[&NodeId(1)].block_versions().collect();
-    let mut fresh = Replicator::new(NodeId(1), map.clone(), ReplicationConfig::default());
+    let held: BTreeMap<Lba, Version> = c.engines[&NodeId(1)].grain_versions().collect();
+    let mut fresh = Replicator::new(NodeId(1), map.clone(), test_config());
     fresh.set_clock(0, u64::MAX);
     fresh.set_restored(epochs.clone());
     fresh.restore_versions(held);
@@ -1399,7 +1474,7 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
 
 #[test]
 fn a_rebuild_chunk_whose_ack_is_lost_lets_go_of_its_range_and_is_sent_again() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     fill(&mut c, 1, 4, 1, 1);
     c.client_sends(NodeId(1), write(10, 2, block(2, 1)));
     c.settle_without(NodeId(3));
@@ -1438,7 +1513,7 @@ fn a_rebuild_chunk_whose_ack_is_lost_lets_go_of_its_range_and_is_sent_again() {
 
 #[test]
 fn a_retried_write_overwritten_since_is_answered_without_bringing_old_data_back() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     // Write A (request 1) reaches every replica, but n1 dies before it answers.
     c.client_sends(NodeId(1), write(1, 0, block(0xA, 2)));
     c.deliver();
@@ -1484,7 +1559,7 @@ fn a_retried_write_overwritten_since_is_answered_without_bringing_old_data_back(
 
 #[test]
 fn a_primary_read_that_hits_a_media_error_is_served_from_a_replica_and_repaired() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     c.client_sends(NodeId(1), write(1, 4, block(9, 2)));
     c.settle();
     c.bad.insert((NodeId(1), 5));
@@ -1526,7 +1601,7 @@ fn a_primary_read_that_hits_a_media_error_is_served_from_a_replica_and_repaired(
 
 #[test]
 fn a_replica_that_hits_a_media_error_is_repaired_from_its_primary() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     c.client_sends(NodeId(1), write(1, 4, block(9, 2)));
     c.settle();
     c.bad.insert((NodeId(3), 4));
@@ -1594,7 +1669,7 @@ fn a_replica_that_hits_a_media_error_is_repaired_from_its_primary() {
 fn the_background_scrubber_finds_and_repairs_a_bad_block_nobody_reads() {
     let config = ReplicationConfig {
         scrub_bytes_per_sec: 64 * BS as u64 * 1000, // 64 blocks per ms
-        ..ReplicationConfig::default()
+        ..test_config()
     };
     let mut c = cluster(config);
     // Blocks 0-5 and 20-23 (extent 1), then two bad blocks: one on the primary of
@@ -1638,13 +1713,13 @@ fn the_background_scrubber_finds_and_repairs_a_bad_block_nobody_reads() {
 /// What node `n`'s checkpoint file restores, block by block.
 fn restored(c: &Cluster, n: u32) -> BTreeMap<Lba, Version> {
     let file = c.checkpoints.get(&NodeId(n)).cloned().unwrap_or_default();
-    crate::replication::versions::replay(&file, "disk", 64).versions
+    crate::replication::versions::replay(&file, "disk", 64, 1).versions
 }
 
 fn with_checkpoints() -> ReplicationConfig {
     ReplicationConfig {
         checkpoint_every_ns: 1_000,
-        ..ReplicationConfig::default()
+        ..test_config()
     }
 }
 
@@ -1749,12 +1824,7 @@ fn a_checkpoint_asked_for_covers_every_write_completed_before_the_ask() {
     let mut c = cluster(with_checkpoints());
     let n3 = NodeId(3);
     assert_eq!(
-        Replicator::new(
-            n3,
-            c.engines[&n3].map().clone(),
-            ReplicationConfig::default()
-        )
-        .checkpoint_now(),
+        Replicator::new(n3, c.engines[&n3].map().clone(), test_config()).checkpoint_now(),
         None,
         "checkpoints off"
     );
@@ -1793,7 +1863,7 @@ fn a_checkpoint_asked_for_covers_every_write_completed_before_the_ask() {
 #[test]
 fn a_probe_waits_for_a_deposed_primarys_own_write_still_on_its_device() {
     use crate::control::Command;
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     // n1 writes block 3; the replicas' devices finish, n1's own does not yet.
     c.client_sends(NodeId(1), write(1, 3, block(5, 1)));
     c.deliver();
@@ -1823,7 +1893,7 @@ fn a_probe_waits_for_a_deposed_primarys_own_write_still_on_its_device() {
 /// n1 writes block 5 (tag 7) but only `reaches` gets it before n1 goes down and
 /// n2 takes over; returns the cluster with n2's reconciliation under way.
 fn unacked_write_then_failover(reaches: NodeId) -> Cluster {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     fill(&mut c, 1, 8, 1, 1);
     let misses = if reaches == NodeId(2) {
         NodeId(3)
@@ -1911,7 +1981,7 @@ fn a_new_primary_overwrites_a_block_only_a_replica_holds() {
 #[test]
 fn a_deposed_primary_rejoining_gives_up_its_own_unanswered_write() {
     use crate::control::Command;
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     fill(&mut c, 1, 8, 1, 1);
     // A later write tells the replicas the fill's writes were all answered.
     c.client_sends(NodeId(1), write(40, 9, block(1, 1)));
@@ -1961,7 +2031,7 @@ fn a_rebuilding_replica_takes_the_copy_over_an_older_reigns_newer_block() {
 
 #[test]
 fn a_tail_longer_than_a_request_is_sent_in_runs_the_new_primary_takes() {
-    let mut c = cluster(ReplicationConfig::default());
+    let mut c = cluster(test_config());
     // 12 adjacent blocks written at once: all in the tails (none was answered
     // before the others started), longer than one request (8 blocks).
     fill(&mut c, 1, 12, 1, 1);

@@ -12,15 +12,11 @@ impl Replicator {
             panic!("{io:?} is not a write");
         };
         let (lba, blocks) = (*lba, self.blocks_of(data));
-        let versions = (lba.0..lba.0 + blocks)
-            .map(|b| {
-                self.block_versions
-                    .get(&Lba(b))
-                    .copied()
-                    .unwrap_or_default()
-            })
-            .collect();
-        self.device_writes.insert(io, (lba, versions));
+        for g in self.grains.touched(lba, blocks) {
+            *self.grains_writing.entry(g).or_default() += 1;
+        }
+        let before = self.device_writes.insert(io, (lba, blocks));
+        assert!(before.is_none(), "{io:?} issued twice");
         if self
             .device_lock
             .acquire(OpId(io.0), lba, lba.offset(blocks), Mode::Exclusive)
@@ -32,11 +28,11 @@ impl Replicator {
     }
 
     /// Whether a device write to any of `[lba, lba + blocks)` is in flight here:
-    /// its versions are claimed already, and a failed one forgets them.
+    /// its versions are claimed already, and a failed one breaks their grains.
     pub(super) fn writing_to(&self, lba: Lba, blocks: u64) -> bool {
         self.device_writes
             .values()
-            .any(|(l, vs)| l.0 < lba.0 + blocks && lba.0 < l.0 + vs.len() as u64)
+            .any(|&(l, n)| l.0 < lba.0 + blocks && lba.0 < l.0 + n)
     }
 
     /// Start `ready` ops (they hold their range locks), and any that become ready
@@ -122,14 +118,21 @@ impl Replicator {
         let (client, req, extent, lba, data, fua) = self.begin_write(op);
         let version = self.next_version(extent);
         let settled = self.settled(extent);
+        let blocks = self.blocks_of(&data);
+        let prev = self.grains.prev(lba, blocks);
         if let Some(Op::Write { version: v, .. }) = self.ops.get_mut(&op) {
             *v = version;
         }
         let placement = self.map.extent(extent).clone();
         let forward = self.forward_to(&placement);
         self.expect_acks(op, extent, &placement, &forward);
-        let blocks = self.blocks_of(&data);
-        self.note_write((client, req), extent, (lba, blocks), version, settled);
+        self.note_write(
+            (client, req),
+            extent,
+            (lba, blocks),
+            (version, prev),
+            settled,
+        );
         let io = self.io(IoPurpose::Op(op));
         self.write_device(
             io,
@@ -145,6 +148,7 @@ impl Replicator {
                 extent,
                 epoch: placement.epoch,
                 version,
+                prev,
                 settled,
                 origin: (client, req),
                 lba,
@@ -245,36 +249,54 @@ impl Replicator {
         *slot = Some(acks);
     }
 
-    /// Record write `origin` of `version` to `blocks` at `lba`: its blocks'
-    /// versions, its data version, its place in the uncertain tail and, for a
-    /// client's write, its request (so a retry is not applied twice).
+    /// Record write `origin` of `version` to `blocks` at `lba` (`prev`: the
+    /// grains' versions before it): its grains' versions, its place in the
+    /// uncertain tail and, in the applied log, its request (so a retry is not
+    /// applied twice).
     fn note_write(
         &mut self,
         origin: (NodeId, RequestId),
         extent: ExtentId,
         (lba, blocks): (Lba, u64),
-        version: Version,
+        (version, prev): (Version, (Version, Version)),
         settled: Version,
     ) {
-        if let Err(e) = self.claim_version(lba, blocks, version) {
+        if let Err(e) = self.grains.claim(lba, blocks, version, prev) {
             // The primary gives out versions in order under the lock; a regression
             // here means its own state is corrupt.
             panic!("primary {} version regression at {lba}: {e}", self.me);
         }
-        // A write-back carries the version of its data as its request id.
-        let (client, req) = origin;
-        let internal = client == self.me;
-        self.note_renumbered(lba, blocks, internal.then_some(Version(req.0)));
+        let internal = origin.0 == self.me;
         if !internal {
             // Should this node be deposed, the new primary learns of it.
             self.note_tail(extent, version, lba, blocks, settled);
-            let write = applied::Applied {
-                lba,
-                blocks,
-                version,
-            };
-            self.applied.note(origin, write, self.now_ns);
         }
+        self.note_applied(origin, self.me, lba, blocks, version);
+    }
+
+    /// Log write `origin` of `version` to `blocks` at `lba` as applied here. A
+    /// write-back (from `primary` itself) carries the version of its data as its
+    /// request id: that is the version its blocks' data has.
+    pub(super) fn note_applied(
+        &mut self,
+        origin: (NodeId, RequestId),
+        primary: NodeId,
+        lba: Lba,
+        blocks: u64,
+        version: Version,
+    ) {
+        let internal = origin.0 == primary;
+        let write = applied::Applied {
+            lba,
+            blocks,
+            version: if internal {
+                Version(origin.1 .0)
+            } else {
+                version
+            },
+        };
+        let origin = (!internal).then_some(origin);
+        self.applied.note(origin, write, self.now_ns);
     }
 
     pub(super) fn local_io_done(&mut self, op: OpId, result: IoResult) {
@@ -419,13 +441,8 @@ impl Replicator {
                 epoch = epoch.max(restored.next());
             }
             let floor = Version::epoch_floor(epoch);
-            let last_version = self
-                .block_versions
-                .range(start..end)
-                .map(|(_, &v)| v)
-                .max()
-                .unwrap_or_default()
-                .max(floor);
+            let (from, to) = (self.grains.grain_of(start), self.grains.grain_of(end));
+            let last_version = self.grains.max_version(from, to).max(floor);
             let state = PrimaryExtent {
                 last_version,
                 lock: RangeLock::default(),

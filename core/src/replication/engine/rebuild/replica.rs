@@ -1,6 +1,7 @@
-//! Rebuild, the replica side: probes answered with the blocks this replica lacks
+//! Rebuild, the replica side: probes answered with the grains this replica lacks
 //! (once no older write to them is in flight here), and copies written where the
-//! copy's version wins (see [`super::takes`]), acknowledged once on the device.
+//! copy's version wins (see [`super::takes`]; a broken grain always takes it),
+//! acknowledged once on the device.
 
 use super::*;
 
@@ -24,21 +25,25 @@ impl Replicator {
             data,
             ..
         } = copy;
-        let bs = self.map.volume().block_size as usize;
-        // Keep each block the copy should replace (see `takes`), in contiguous runs.
+        let gb = self.grains.grain_blocks();
+        let bs = self.map.volume().block_size as usize * gb as usize;
+        // Keep each grain the copy should replace (see `takes`), in contiguous runs.
         let mut runs: Vec<(usize, usize)> = Vec::new();
         let reign = Version::epoch_floor(self.map.extent(copy.extent).primary_since);
+        let first = self.grains.grain_of(lba);
         for (i, &v) in versions.iter().enumerate() {
-            let b = Lba(lba.0 + i as u64);
-            if !takes(
-                self.block_versions.get(&b).copied().unwrap_or_default(),
-                v,
-                reign,
-            ) {
+            let g = first + i as u64;
+            if !takes(self.grains.get(g).held(), v, reign) {
                 continue;
             }
-            self.note_renumbered(b, 1, None);
-            self.block_versions.insert(b, v);
+            self.grains.set(g, v, true);
+            // Its data is the copy's now, at the copy's version.
+            let write = applied::Applied {
+                lba: self.grains.start_of(g),
+                blocks: gb,
+                version: v,
+            };
+            self.applied.note(None, write, self.now_ns);
             match runs.last_mut() {
                 Some((start, len)) if *start + *len == i => *len += 1,
                 _ => runs.push((i, 1)),
@@ -56,7 +61,7 @@ impl Replicator {
         for (start, len) in runs {
             let io = self.io(IoPurpose::RebuildWrite { primary, op });
             let cmd = IoCmd::Write {
-                lba: Lba(lba.0 + start as u64),
+                lba: lba.offset(start as u64 * gb),
                 data: data.slice(start * bs..(start + len) * bs),
                 fua: false,
             };
@@ -75,9 +80,12 @@ impl Replicator {
         op: OpId,
         copy: RebuildCopy,
     ) {
-        let blocks = copy.versions.len() as u64;
+        let gb = self.grains.grain_blocks();
+        let blocks = copy.versions.len() as u64 * gb;
         let checked = if self.device_gone {
             Err(WeirError::Device(DevError::Gone))
+        } else if !copy.lba.0.is_multiple_of(gb) {
+            Err(WeirError::CrossesExtent)
         } else if copy.data.is_empty() {
             self.blocks_in_extent(
                 copy.extent,
@@ -111,15 +119,16 @@ impl Replicator {
         self.answer_rebuilds();
     }
 
-    /// The part of a probed run at `lba` this replica lacks, as offsets: from the
-    /// first block it holds older than the primary's `versions` to the last. Asked
-    /// when the answer goes out, after the writes it waited for: one that failed
-    /// has made its blocks' versions forgotten by then.
+    /// The part of a probed run of grains at `lba` this replica lacks, as grain
+    /// offsets: from the first it holds older than the primary's `versions` (or
+    /// broken) to the last. Asked when the answer goes out, after the writes it
+    /// waited for: one that failed has broken its grains by then.
     pub(super) fn lacking(&self, extent: ExtentId, lba: Lba, versions: &[Version]) -> (u32, u32) {
         let reign = Version::epoch_floor(self.map.extent(extent).primary_since);
+        let first_grain = self.grains.grain_of(lba);
         let lacks = |(i, v): (usize, &Version)| {
-            let held = self.block_versions.get(&Lba(lba.0 + i as u64));
-            takes(held.copied().unwrap_or_default(), *v, reign).then_some(i as u32)
+            let held = self.grains.get(first_grain + i as u64).held();
+            takes(held, *v, reign).then_some(i as u32)
         };
         let first = versions.iter().enumerate().find_map(lacks);
         let last = versions.iter().enumerate().rev().find_map(lacks);
@@ -138,11 +147,16 @@ impl Replicator {
             data,
         } = copy;
         let blocks = self.blocks_in_extent(*extent, *lba, data.len())?;
-        if blocks != versions.len() as u64 {
+        let gb = self.grains.grain_blocks();
+        if !lba.0.is_multiple_of(gb) {
+            return Err(WeirError::CrossesExtent);
+        }
+        if blocks != versions.len() as u64 * gb {
             return Err(WeirError::BadLength {
                 len: data.len() as u64,
                 block_size: self.map.volume().block_size,
-                max_bytes: (versions.len() * self.map.volume().block_size as usize) as u32,
+                max_bytes: (versions.len() * gb as usize * self.map.volume().block_size as usize)
+                    as u32,
             });
         }
         self.check_sender(primary, *extent, *epoch, false, |p, me| {
@@ -167,16 +181,11 @@ impl Replicator {
             inc.ios_left -= 1;
             if let IoResult::Failed(e) = result {
                 inc.error.get_or_insert(e);
-                // What the copy's blocks hold is unknown now: forget their
-                // versions, so a probe asks for them again.
+                // What the copy's grains hold is unknown now: break them, so a
+                // probe asks for them again.
                 let (lba, blocks) = (inc.lba, inc.blocks);
-                let stale: Vec<Lba> = self
-                    .block_versions
-                    .range(lba..lba.offset(blocks))
-                    .map(|(&l, _)| l)
-                    .collect();
-                for l in stale {
-                    self.block_versions.remove(&l);
+                for g in self.grains.touched(lba, blocks) {
+                    self.grains.break_grain(g);
                 }
             }
         }
