@@ -111,7 +111,7 @@ impl<T: Transport> Volume<T> {
         });
         tokio::spawn(async move {
             while let Ok((from, frame)) = transport.recv().await {
-                let msg = match Message::decode(&frame) {
+                let msg = match Message::decode(frame) {
                     Ok(msg) => msg,
                     Err(e) => {
                         tracing::warn!(%from, error = %e, "undecodable reply dropped");

@@ -10,6 +10,7 @@ pub mod buf;
 pub mod client;
 pub mod congestion;
 pub mod control;
+pub mod copies;
 pub mod device;
 pub mod error;
 pub mod events;

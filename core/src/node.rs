@@ -464,7 +464,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 Some(request) = recv_request(&mut self.requests) => self.on_request(request),
                 frame = self.transport.recv() => {
                     let (from, frame) = frame?;
-                    match Message::decode(&frame) {
+                    match Message::decode(frame) {
                         Ok(msg) => {
                             let now = self.cluster_ns();
                             self.route(from, msg, now)

@@ -1,12 +1,14 @@
 //! The `Transport` seam: reliable, ordered, message-oriented delivery between nodes.
 //!
-//! A message is one encoded [`crate::wire`] frame. RDMA maps a message to SEND or RDMA
-//! WRITE with immediate into a registered buffer; TCP to a length-prefixed frame; the
-//! simulator to MTU packets on its fabric. Frames are `Bytes`, which can be a frozen
-//! [`crate::Buf`] from the registered pool, so payloads move without copies.
+//! A message is one encoded [`crate::wire::Frame`]: a head (header and control
+//! part) and a payload segment. RDMA maps a message to SEND or RDMA WRITE with
+//! immediate into a registered buffer, the payload one scatter-gather entry; TCP to
+//! a vectored write of the two; the simulator to MTU packets on its fabric. A
+//! payload is `Bytes`, which can be a frozen [`crate::Buf`] from the registered
+//! pool, so payloads move without copies.
 
 use crate::ids::NodeId;
-use bytes::Bytes;
+use crate::wire::Frame;
 use std::future::Future;
 
 /// Why a transport operation failed.
@@ -52,11 +54,11 @@ pub trait Transport: Send + Sync + 'static {
     fn send(
         &self,
         to: NodeId,
-        frame: Bytes,
+        frame: Frame,
     ) -> impl Future<Output = Result<(), TransportError>> + Send;
 
     /// The next frame addressed to this endpoint, with its sender.
-    fn recv(&self) -> impl Future<Output = Result<(NodeId, Bytes), TransportError>> + Send;
+    fn recv(&self) -> impl Future<Output = Result<(NodeId, Frame), TransportError>> + Send;
 
     /// Congestion signals seen towards `peer` so far.
     fn signals(&self, peer: NodeId) -> CongestionSignals;

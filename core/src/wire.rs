@@ -1,17 +1,26 @@
 //! The wire protocol: every message between nodes, and between clients and nodes.
 //!
-//! A frame is an 8-byte header followed by a body:
+//! A frame is a 12-byte header, a control part and a payload:
 //!
 //! ```text
-//! 0      2        3         4            8
-//! | "WR" | version | reserved | body_len LE | body (postcard-encoded Message) |
+//! 0      2         3          4               8               12
+//! | "WR" | version | reserved | control_len LE | payload_len LE | control | payload |
 //! ```
 //!
-//! Decoding checks the magic, the version, that `body_len` is at most
-//! [`MAX_BODY_BYTES`] and equals the bytes present, and that the body decodes to
-//! exactly one message with nothing left over. Every length inside the body is
-//! checked against the bytes remaining before anything is allocated, so hostile input
-//! costs at most its own size in memory and yields a [`DecodeError`], never a panic.
+//! The control part is the postcard-encoded [`Message`] without its data; the
+//! payload is the data of the messages that carry blocks (a write, a read's answer,
+//! a forwarded write, a rebuild copy, fetched blocks), raw. A [`Frame`] keeps the
+//! two apart: a sender writes the header and control part and then the payload's
+//! own memory (a vectored send), and a receiver's [`Message::decode`] slices the
+//! payload out of what it received. Encoding and decoding never copy a payload.
+//!
+//! Decoding checks the magic, the version, that `control_len + payload_len` is at
+//! most [`MAX_BODY_BYTES`] and the lengths equal the bytes present, that the
+//! control part decodes to exactly one message with nothing left over, and that a
+//! payload comes only with a message that carries one. Every length inside the
+//! control part is checked against the bytes remaining before anything is
+//! allocated, so hostile input costs at most its own size in memory and yields a
+//! [`DecodeError`], never a panic.
 //!
 //! Versioning rule: bump [`WIRE_VERSION`] whenever a change alters the bytes of any
 //! existing message (a new field, a reordered or removed variant). Appending a new
@@ -26,9 +35,9 @@ use serde::{Deserialize, Serialize};
 /// The two magic bytes that open every frame.
 pub const MAGIC: [u8; 2] = *b"WR";
 /// Current version of the frame and message encoding.
-pub const WIRE_VERSION: u8 = 6;
+pub const WIRE_VERSION: u8 = 7;
 /// Frame header length in bytes.
-pub const HEADER_BYTES: usize = 8;
+pub const HEADER_BYTES: usize = 12;
 /// Largest body accepted: a 1 MiB data payload plus room for the message fields.
 pub const MAX_BODY_BYTES: usize = (1 << 20) + 256;
 
@@ -58,7 +67,8 @@ pub enum Message {
         epoch: Epoch,
         /// First block.
         lba: Lba,
-        /// Whole blocks of data.
+        /// Whole blocks of data (the frame's payload).
+        #[serde(skip)]
         data: Bytes,
         /// Force unit access on every replica.
         fua: bool,
@@ -86,7 +96,8 @@ pub enum Message {
     ReadOk {
         /// The request answered.
         req: RequestId,
-        /// The blocks read.
+        /// The blocks read (the frame's payload).
+        #[serde(skip)]
         data: Bytes,
     },
     /// Node -> client: the write is on every in-sync replica.
@@ -128,7 +139,8 @@ pub enum Message {
         origin: (NodeId, RequestId),
         /// First block.
         lba: Lba,
-        /// Whole blocks of data.
+        /// Whole blocks of data (the frame's payload).
+        #[serde(skip)]
         data: Bytes,
         /// Force unit access.
         fua: bool,
@@ -229,8 +241,11 @@ pub enum Message {
     FetchBlocksOk {
         /// The operation answered.
         op: OpId,
-        /// The data.
-        result: Result<Bytes, WeirError>,
+        /// Ok with the blocks in `data`, or why not.
+        result: Result<(), WeirError>,
+        /// The blocks (the frame's payload).
+        #[serde(skip)]
+        data: Bytes,
     },
     /// Primary -> rebuilding replica, before a rebuild chunk is read: the versions
     /// the primary holds of a run of blocks (`copy.data` is empty). The replica
@@ -276,7 +291,8 @@ pub struct RebuildCopy {
     pub lba: Lba,
     /// Version of each version grain of the run, from `lba` (0: never written).
     pub versions: Vec<Version>,
-    /// The blocks.
+    /// The blocks (the frame's payload; empty in a probe).
+    #[serde(skip)]
     pub data: Bytes,
 }
 
@@ -322,55 +338,199 @@ pub enum EncodeError {
     Body(postcard::Error),
 }
 
-impl Message {
-    /// Encode into one frame.
-    pub fn encode(&self) -> Result<Bytes, EncodeError> {
-        let body = postcard::to_allocvec(self).map_err(EncodeError::Body)?;
-        if body.len() > MAX_BODY_BYTES {
-            return Err(EncodeError::TooLarge(body.len()));
+/// An encoded message: the header and control part, and the payload as a
+/// segment of its own, so a transport sends the payload's memory as it is (a
+/// vectored write, an RDMA scatter-gather entry) and never copies it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Frame {
+    /// The header and the control part.
+    pub head: Bytes,
+    /// The payload (empty for messages without data).
+    pub payload: Bytes,
+}
+
+impl From<Vec<u8>> for Frame {
+    /// Opaque bytes as a frame's head (for transports' tests).
+    fn from(bytes: Vec<u8>) -> Frame {
+        Frame {
+            head: Bytes::from(bytes),
+            payload: Bytes::new(),
         }
-        let mut frame = BytesMut::with_capacity(HEADER_BYTES + body.len());
-        frame.put_slice(&MAGIC);
-        frame.put_u8(WIRE_VERSION);
-        frame.put_u8(0);
-        frame.put_u32_le(body.len() as u32);
-        frame.put_slice(&body);
-        Ok(frame.freeze())
+    }
+}
+
+impl Frame {
+    /// Bytes on the wire.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.payload.len()
     }
 
-    /// Decode one frame.
-    pub fn decode(frame: &[u8]) -> Result<Message, DecodeError> {
-        let Some((header, body)) = frame.split_first_chunk::<HEADER_BYTES>() else {
+    /// Whether the frame holds no bytes at all (never true of an encoded one).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A frame received in one piece: its payload is sliced out of it (no copy).
+    /// Fails if the header is bad or the lengths disagree with the bytes present.
+    pub fn parse(bytes: Bytes) -> Result<Frame, DecodeError> {
+        let Some(header) = bytes.first_chunk::<HEADER_BYTES>() else {
             return Err(DecodeError::Truncated);
         };
-        let declared = Self::body_len(header)?;
-        if declared != body.len() {
+        let (control, payload) = Message::frame_lens(header)?;
+        let declared = control + payload;
+        if declared != bytes.len() - HEADER_BYTES {
             return Err(DecodeError::LengthMismatch {
                 declared: declared as u32,
-                actual: body.len(),
+                actual: bytes.len() - HEADER_BYTES,
             });
         }
-        let (msg, rest) = postcard::take_from_bytes(body).map_err(DecodeError::Body)?;
+        let split = HEADER_BYTES + control;
+        Ok(Frame {
+            head: bytes.slice(..split),
+            payload: bytes.slice(split..),
+        })
+    }
+
+    /// The frame in one piece. This copies the payload (counted in
+    /// [`crate::copies`]); transports send the two segments instead.
+    pub fn to_contiguous(&self) -> Bytes {
+        if self.payload.is_empty() {
+            return self.head.clone();
+        }
+        crate::copies::note(self.payload.len());
+        let mut out = BytesMut::with_capacity(self.len());
+        out.put_slice(&self.head);
+        out.put_slice(&self.payload);
+        out.freeze()
+    }
+}
+
+impl Message {
+    /// The data this message carries as its frame's payload, if it is of a kind
+    /// that carries some.
+    pub fn payload(&self) -> Option<&Bytes> {
+        match self {
+            Message::Write { data, .. }
+            | Message::ReadOk { data, .. }
+            | Message::ReplicaWrite { data, .. }
+            | Message::FetchBlocksOk { data, .. }
+            | Message::RebuildWrite {
+                copy: RebuildCopy { data, .. },
+                ..
+            }
+            | Message::RebuildProbe {
+                copy: RebuildCopy { data, .. },
+                ..
+            } => Some(data),
+            _ => None,
+        }
+    }
+
+    /// A `FetchBlocksOk` for `op` answering with `result`'s blocks or error.
+    pub fn fetched(op: OpId, result: Result<Bytes, WeirError>) -> Message {
+        let (result, data) = match result {
+            Ok(data) => (Ok(()), data),
+            Err(e) => (Err(e), Bytes::new()),
+        };
+        Message::FetchBlocksOk { op, result, data }
+    }
+
+    fn payload_mut(&mut self) -> Option<&mut Bytes> {
+        match self {
+            Message::Write { data, .. }
+            | Message::ReadOk { data, .. }
+            | Message::ReplicaWrite { data, .. }
+            | Message::FetchBlocksOk { data, .. }
+            | Message::RebuildWrite {
+                copy: RebuildCopy { data, .. },
+                ..
+            }
+            | Message::RebuildProbe {
+                copy: RebuildCopy { data, .. },
+                ..
+            } => Some(data),
+            _ => None,
+        }
+    }
+
+    /// Encode into a frame: the payload is shared, not copied.
+    pub fn encode(&self) -> Result<Frame, EncodeError> {
+        let control = postcard::to_allocvec(self).map_err(EncodeError::Body)?;
+        let payload = self.payload().cloned().unwrap_or_default();
+        let body = control.len() + payload.len();
+        if body > MAX_BODY_BYTES {
+            return Err(EncodeError::TooLarge(body));
+        }
+        let mut head = BytesMut::with_capacity(HEADER_BYTES + control.len());
+        head.put_slice(&MAGIC);
+        head.put_u8(WIRE_VERSION);
+        head.put_u8(0);
+        head.put_u32_le(control.len() as u32);
+        head.put_u32_le(payload.len() as u32);
+        head.put_slice(&control);
+        Ok(Frame {
+            head: head.freeze(),
+            payload,
+        })
+    }
+
+    /// Decode a frame; a payload is the frame's own memory, sliced, not copied.
+    pub fn decode(frame: Frame) -> Result<Message, DecodeError> {
+        let Some((header, control)) = frame.head.split_first_chunk::<HEADER_BYTES>() else {
+            return Err(DecodeError::Truncated);
+        };
+        let (control_len, payload_len) = Self::frame_lens(header)?;
+        if control_len != control.len() || payload_len != frame.payload.len() {
+            return Err(DecodeError::LengthMismatch {
+                declared: (control_len + payload_len) as u32,
+                actual: control.len() + frame.payload.len(),
+            });
+        }
+        let (mut msg, rest): (Message, _) =
+            postcard::take_from_bytes(control).map_err(DecodeError::Body)?;
         if !rest.is_empty() {
             return Err(DecodeError::Trailing(rest.len()));
+        }
+        match msg.payload_mut() {
+            Some(slot) => *slot = frame.payload,
+            None if frame.payload.is_empty() => {}
+            None => return Err(DecodeError::Trailing(frame.payload.len())),
         }
         Ok(msg)
     }
 
-    /// Length of the frame header's declared body, if `prefix` holds a valid header.
-    /// Stream transports use it to learn how many bytes to read next.
-    pub fn body_len(prefix: &[u8; HEADER_BYTES]) -> Result<usize, DecodeError> {
+    /// Decode a frame received in one piece ([`Frame::parse`], then
+    /// [`Message::decode`]).
+    pub fn decode_bytes(bytes: Bytes) -> Result<Message, DecodeError> {
+        Self::decode(Frame::parse(bytes)?)
+    }
+
+    /// The control and payload lengths a frame header declares, if `prefix` is a
+    /// valid header. Stream transports use it to learn how many bytes to read
+    /// next, and where the payload starts.
+    pub fn frame_lens(prefix: &[u8; HEADER_BYTES]) -> Result<(usize, usize), DecodeError> {
         if prefix[..2] != MAGIC {
             return Err(DecodeError::BadMagic([prefix[0], prefix[1]]));
         }
         if prefix[2] != WIRE_VERSION {
             return Err(DecodeError::Version(prefix[2]));
         }
-        let declared = u32::from_le_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]);
-        if declared as usize > MAX_BODY_BYTES {
-            return Err(DecodeError::TooLarge(declared));
+        let word = |at: usize| {
+            u32::from_le_bytes([prefix[at], prefix[at + 1], prefix[at + 2], prefix[at + 3]])
+        };
+        let (control, payload) = (word(4), word(8));
+        let declared = u64::from(control) + u64::from(payload);
+        if declared > MAX_BODY_BYTES as u64 {
+            return Err(DecodeError::TooLarge(
+                declared.min(u64::from(u32::MAX)) as u32
+            ));
         }
-        Ok(declared as usize)
+        Ok((control as usize, payload as usize))
+    }
+
+    /// Length of the body (control part and payload) a frame header declares.
+    pub fn body_len(prefix: &[u8; HEADER_BYTES]) -> Result<usize, DecodeError> {
+        Self::frame_lens(prefix).map(|(c, p)| c + p)
     }
 }
 

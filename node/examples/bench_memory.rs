@@ -39,14 +39,7 @@ const ADMIN: &str = "127.0.0.1:14401";
 
 /// A gauge from the node's `/metrics`.
 fn gauge(name: &str) -> u64 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(ADMIN).expect("the admin API answers");
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {ADMIN}\r\n\r\n").expect("sending");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("reading /metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} in /metrics"))
+    common::metric(ADMIN, name)
 }
 
 /// The pid the node wrote into its data directory.

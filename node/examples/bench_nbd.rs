@@ -1,7 +1,9 @@
 //! `cargo xtask bench nbd`: the same fio jobs through fio's nbd engine against
 //! (a) weir with 1 replica, (b) qemu-nbd serving the same kind of file, and (c) weir
 //! with 3 replicas on loopback, in alternation; prints IOPS, MB/s and P99 latency of
-//! each and the ratios a/b and c/a. A benchmark, not a test: it asserts nothing.
+//! each and the ratios a/b and c/a, and for weir the payload copies per random
+//! write and node (from each node's `/metrics`). A benchmark, not a test: it
+//! asserts nothing.
 //!
 //! Jobs (QD32, 20 s each; `BENCH_RUNTIME_S` overrides): 4 KiB random read, 4 KiB
 //! random write, 128 KiB sequential read, on a 1 GiB volume first filled with a
@@ -13,7 +15,7 @@
 
 mod common;
 
-use common::{fio, weir_cluster, Result, Target, VOLUME};
+use common::{fio, metric, weir_cluster, Result, Target, VOLUME};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -112,11 +114,35 @@ fn main() {
         eprintln!("bench: filling {} ({})", t.label, t.uri);
         fio(&t.uri, ("write", "1m"), 8, SIZE, None);
     }
+    // Payload copies summed over a weir target's nodes (its port offset and
+    // node count); none for qemu-nbd.
+    let weirs: [Option<(u16, u16)>; 3] = [Some((3000, 1)), None, Some((4000, 3))];
+    let copies = |i: usize| {
+        weirs[i].map(|(offset, nodes)| {
+            (1..=nodes)
+                .map(|n| {
+                    metric(
+                        &format!("127.0.0.1:{}", 9400 + n + offset),
+                        "weir_payload_copies",
+                    )
+                })
+                .sum::<u64>()
+        })
+    };
     let mut results = vec![[Result::default(); 3]; JOBS.len()];
+    let mut write_copies = [None; 3];
     for (j, job) in JOBS.iter().enumerate() {
         for (i, t) in targets.iter().enumerate() {
             eprintln!("bench: {} on {} for {runtime} s", job.name, t.label);
+            let before = copies(i);
             results[j][i] = fio(&t.uri, (job.rw, job.bs), 32, SIZE, Some(runtime));
+            if job.rw == "randwrite" {
+                let writes = results[j][i].iops * runtime as f64;
+                write_copies[i] = before
+                    .zip(copies(i))
+                    .zip(weirs[i])
+                    .map(|((b, a), (_, nodes))| (a - b) as f64 / writes / f64::from(nodes));
+            }
         }
     }
     let host = std::fs::read_to_string("/proc/cpuinfo")
@@ -149,5 +175,13 @@ fn main() {
             a.iops / b.iops,
             c.iops / a.iops
         );
+    }
+    for (i, t) in targets.iter().enumerate() {
+        if let Some(per) = write_copies[i] {
+            println!(
+                "payload copies per 4k random write and node, {}: {per:.2}",
+                t.label
+            );
+        }
     }
 }

@@ -49,6 +49,7 @@ pub struct Metrics {
     checkpoints: Gauge,
     version_bytes: Gauge,
     applied_records: Gauge,
+    payload_copies: Gauge,
     nodes_up: Gauge,
     leader: Gauge,
     volumes: Gauge,
@@ -82,6 +83,7 @@ impl Metrics {
             checkpoints: Gauge::default(),
             version_bytes: Gauge::default(),
             applied_records: Gauge::default(),
+            payload_copies: Gauge::default(),
             device_healthy: Gauge::default(),
             nodes_up: Gauge::default(),
             leader: Gauge::default(),
@@ -135,6 +137,12 @@ impl Metrics {
                 "version_grain_bytes",
                 "Bytes of version grains held: 8 per 256 KiB of each extent written",
                 m.version_bytes.clone(),
+            );
+            r.register(
+                "payload_copies",
+                "Copies of block data this process made since it started (each \
+                 write's data is copied once per node, as it is received)",
+                m.payload_copies.clone(),
             );
             r.register(
                 "applied_log_records",
@@ -206,6 +214,8 @@ impl Metrics {
         self.checkpoints.set(report.checkpoints as i64);
         self.version_bytes.set(report.version_bytes as i64);
         self.applied_records.set(report.applied_records as i64);
+        self.payload_copies
+            .set(weir_core::copies::total().0.min(i64::MAX as u64) as i64);
         let up = report
             .state
             .nodes

@@ -24,12 +24,17 @@
 //!
 //! The protocol is the NBD project's `proto.md`; numbers below are from it.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
 use tokio_real::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio_real::net::{TcpListener, TcpStream};
 use tokio_real::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+/// Page-aligned memory for write payloads. Its own budget is no bound: each
+/// connection's byte budget (held until the reply is sent) bounds what it holds.
+static PAYLOAD_MEMORY: std::sync::LazyLock<weir_core::buf::BufPool> =
+    std::sync::LazyLock::new(|| weir_core::buf::BufPool::new(usize::MAX / 2));
 
 const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
@@ -428,10 +433,15 @@ async fn transmission<B: Backend>(
             break Ok(());
         };
         let payload = if command == CMD_WRITE {
-            let mut buf = BytesMut::zeroed(len as usize);
-            if let Err(e) = r.read_exact(&mut buf).await {
+            // Page-aligned, so the device writes it as it is (O_DIRECT); this read
+            // is the one copy of a write's data on its way to the devices here.
+            let mut buf = PAYLOAD_MEMORY
+                .alloc(len as usize)
+                .expect("the byte budget above bounds payloads");
+            if let Err(e) = r.read_exact(buf.as_mut()).await {
                 break Err(e.into());
             }
+            weir_core::copies::note(len as usize);
             Some(buf.freeze())
         } else {
             None

@@ -4,10 +4,10 @@
 //! socket writes, two reads and two wake-ups less per request). Messages to every
 //! other node still go over TCP.
 
-use bytes::Bytes;
 use std::sync::Arc;
 use tokio_real::sync::{mpsc, Mutex};
 use weir_core::transport::{CongestionSignals, Transport, TransportError};
+use weir_core::wire::Frame;
 use weir_core::NodeId;
 use weir_transport_tcp::TcpTransport;
 
@@ -16,8 +16,8 @@ pub struct Spliced {
     inner: Option<Arc<TcpTransport>>,
     me: NodeId,
     peer: NodeId,
-    to_peer: mpsc::UnboundedSender<(NodeId, Bytes)>,
-    from_peer: Mutex<mpsc::UnboundedReceiver<(NodeId, Bytes)>>,
+    to_peer: mpsc::UnboundedSender<(NodeId, Frame)>,
+    from_peer: Mutex<mpsc::UnboundedReceiver<(NodeId, Frame)>>,
 }
 
 /// Splice endpoint `a` (with its TCP transport) and endpoint `b` (with its own, if
@@ -50,7 +50,7 @@ impl Transport for Spliced {
         self.me
     }
 
-    async fn send(&self, to: NodeId, frame: Bytes) -> Result<(), TransportError> {
+    async fn send(&self, to: NodeId, frame: Frame) -> Result<(), TransportError> {
         if to == self.peer {
             // The other side's receiver lives as long as the process's node; if it
             // is gone the frame is lost like on a closed connection.
@@ -65,7 +65,7 @@ impl Transport for Spliced {
         }
     }
 
-    async fn recv(&self) -> Result<(NodeId, Bytes), TransportError> {
+    async fn recv(&self) -> Result<(NodeId, Frame), TransportError> {
         let mut local = self.from_peer.lock().await;
         match &self.inner {
             // Unbiased: a busy front end must not starve the node's TCP peers
@@ -101,23 +101,23 @@ mod tests {
         .await
         .unwrap();
         let (a, b) = splice(NodeId(1), Some(tcp_a.clone()), NodeId(900), None);
-        b.send(NodeId(1), Bytes::from_static(b"to the node"))
+        b.send(NodeId(1), Frame::from(b"to the node".to_vec()))
             .await
             .unwrap();
         assert_eq!(
             a.recv().await.unwrap(),
-            (NodeId(900), Bytes::from_static(b"to the node"))
+            (NodeId(900), Frame::from(b"to the node".to_vec()))
         );
-        a.send(NodeId(900), Bytes::from_static(b"reply"))
+        a.send(NodeId(900), Frame::from(b"reply".to_vec()))
             .await
             .unwrap();
         assert_eq!(
             b.recv().await.unwrap(),
-            (NodeId(1), Bytes::from_static(b"reply"))
+            (NodeId(1), Frame::from(b"reply".to_vec()))
         );
         // b has no TCP: any other peer is unknown to it.
         assert_eq!(
-            b.send(NodeId(2), Bytes::new()).await,
+            b.send(NodeId(2), Frame::default()).await,
             Err(TransportError::UnknownPeer(NodeId(2)))
         );
         assert_eq!(a.local_id(), NodeId(1));

@@ -130,6 +130,8 @@ pub struct Report {
     pub clocks: String,
     /// Bytes per version grain (the run of blocks a node keeps one version for).
     pub grain_bytes: u64,
+    /// Payload copies weir's code made during the run (see `weir_core::copies`).
+    pub payload_copies: u64,
     /// Faults injected, described, in time order.
     pub faults: Vec<String>,
     /// Control-plane events (nodes down and up, failovers), in time order.
@@ -188,6 +190,7 @@ impl Report {
             verdicts,
             clocks: String::new(),
             grain_bytes: 0,
+            payload_copies: 0,
             node_events: Vec::new(),
             faults: Vec::new(),
             events: Vec::new(),
@@ -272,6 +275,12 @@ impl fmt::Display for Report {
             self.interval_iops_stddev,
             100.0 * self.interval_iops_stddev / self.interval_iops_mean.max(1.0),
             self.intervals
+        )?;
+        writeln!(
+            f,
+            "  copies  {} payload copies, {:.2} per replicated write",
+            self.payload_copies,
+            self.payload_copies as f64 / self.write.count.max(1) as f64
         )?;
         let fb = &self.fabric;
         writeln!(

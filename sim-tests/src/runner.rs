@@ -155,6 +155,7 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
 
 async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOptions) -> Outcome {
     let cluster_start = Instant::now();
+    let copies_before = weir_core::copies::on_this_thread();
     let fabric = Fabric::current();
     fabric
         .configure(fabric_config(&scenario))
@@ -279,6 +280,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     report.faults = faults;
     report.clocks = clocks_line(&skews, config.lease_margin_ns);
     report.grain_bytes = config.grain_blocks(map.volume()) * u64::from(map.volume().block_size);
+    report.payload_copies = weir_core::copies::on_this_thread() - copies_before;
     let node_events: Vec<(u64, Event)> =
         events.lock().expect("event log").iter().cloned().collect();
     // One line per rebuilt extent, or per repair, is too many for a report: one

@@ -7,8 +7,8 @@
 //! than criterion: the figures wanted are ratios of two measured quantities per
 //! run, which criterion's per-iteration statistics do not give.)
 
-use bytes::Bytes;
 use std::time::Instant;
+use weir_core::wire::Frame;
 use weir_transport_sim::fabric::config::{FabricConfig, Topology};
 use weir_transport_sim::fabric::Engine;
 
@@ -32,7 +32,7 @@ fn run(hosts: usize, flows: &[(usize, usize, usize, usize)]) -> Run {
     let start = Instant::now();
     for &(src, dst, count, len) in flows {
         for _ in 0..count {
-            e.send(0, src, dst, Bytes::from(vec![0; len]));
+            e.send(0, src, dst, Frame::from(vec![0; len]));
         }
     }
     let d = e.run_until_idle(u64::MAX);

@@ -13,7 +13,6 @@ use crate::fabric::config::FabricConfig;
 use crate::fabric::telemetry::Counters;
 use crate::fabric::topology::HostIdx;
 use crate::fabric::Engine;
-use bytes::Bytes;
 use madsim::plugin::Simulator;
 use madsim::rand::GlobalRng;
 use madsim::runtime::Handle;
@@ -24,10 +23,10 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use weir_core::time::sleep_until_exact;
 use weir_core::transport::{CongestionSignals, Transport, TransportError};
-use weir_core::wire::{HEADER_BYTES, MAX_BODY_BYTES};
+use weir_core::wire::{Frame, HEADER_BYTES, MAX_BODY_BYTES};
 use weir_core::NodeId;
 
-type Inbox = mpsc::UnboundedSender<(NodeId, Bytes)>;
+type Inbox = mpsc::UnboundedSender<(NodeId, Frame)>;
 
 struct State {
     engine: Engine,
@@ -248,7 +247,7 @@ pub struct SimTransport {
     fabric: Arc<Fabric>,
     me: NodeId,
     idx: HostIdx,
-    inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<(NodeId, Bytes)>>,
+    inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<(NodeId, Frame)>>,
     space: Arc<Notify>,
 }
 
@@ -257,7 +256,7 @@ impl Transport for SimTransport {
         self.me
     }
 
-    async fn send(&self, to: NodeId, frame: Bytes) -> Result<(), TransportError> {
+    async fn send(&self, to: NodeId, frame: Frame) -> Result<(), TransportError> {
         let max = HEADER_BYTES + MAX_BODY_BYTES;
         if frame.len() > max {
             return Err(TransportError::FrameTooLarge {
@@ -287,7 +286,7 @@ impl Transport for SimTransport {
         }
     }
 
-    async fn recv(&self) -> Result<(NodeId, Bytes), TransportError> {
+    async fn recv(&self) -> Result<(NodeId, Frame), TransportError> {
         let mut inbox = self.inbox.lock().await;
         inbox.recv().await.ok_or(TransportError::Closed)
     }

@@ -1,12 +1,12 @@
 //! The fabric driven through the `Transport` seam on madsim time.
 #![cfg(madsim)]
 
-use bytes::Bytes;
 use madsim::runtime::{Handle, Runtime};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use weir_core::transport::{Transport, TransportError};
+use weir_core::wire::Frame;
 use weir_core::NodeId;
 use weir_transport_sim::{Fabric, FabricConfig};
 
@@ -34,7 +34,7 @@ fn fan_in(senders: u32, count: usize, len: usize) -> Duration {
             let node = Handle::current().create_node().build();
             node.spawn(async move {
                 for _ in 0..count {
-                    tx.send(NodeId(0), Bytes::from(vec![7u8; len]))
+                    tx.send(NodeId(0), Frame::from(vec![7u8; len]))
                         .await
                         .unwrap();
                 }
@@ -72,11 +72,11 @@ fn unknown_peers_and_oversized_frames_are_typed_errors() {
         let fabric = Fabric::current();
         let a = fabric.endpoint(NodeId(1)).unwrap();
         let err = a
-            .send(NodeId(9), Bytes::from_static(b"x"))
+            .send(NodeId(9), Frame::from(b"x".to_vec()))
             .await
             .unwrap_err();
         assert_eq!(err, TransportError::UnknownPeer(NodeId(9)));
-        let huge = Bytes::from(vec![0u8; 2 << 20]);
+        let huge = Frame::from(vec![0u8; 2 << 20]);
         let err = a.send(NodeId(1), huge).await.unwrap_err();
         assert!(matches!(err, TransportError::FrameTooLarge { .. }));
         assert!(fabric.endpoint(NodeId(1)).is_err(), "a host attached twice");
@@ -96,7 +96,7 @@ fn congestion_signals_reach_the_transport_seam() {
             let tx = tx.clone();
             Handle::current().create_node().build().spawn(async move {
                 for _ in 0..64 {
-                    tx.send(NodeId(0), Bytes::from(vec![1u8; 256 << 10]))
+                    tx.send(NodeId(0), Frame::from(vec![1u8; 256 << 10]))
                         .await
                         .unwrap();
                 }

@@ -1,7 +1,7 @@
 //! The RoCE fabric checked against published behaviour. Deterministic: the engine
 //! runs with explicit time and a fixed seed, no runtime.
 
-use bytes::Bytes;
+use weir_core::wire::Frame;
 use weir_transport_sim::fabric::config::{FabricConfig, LinkSpec, Topology};
 use weir_transport_sim::fabric::telemetry::DropReason;
 use weir_transport_sim::fabric::{Delivery, Engine};
@@ -42,8 +42,8 @@ fn two_to_one(config: FabricConfig) -> (Engine, Vec<Delivery>, usize) {
     let mut e = engine(config);
     e.enable_sampling(10_000);
     for _ in 0..400 {
-        e.send(0, 0, 2, Bytes::from(vec![0; 64 << 10]));
-        e.send(0, 1, 2, Bytes::from(vec![0; 64 << 10]));
+        e.send(0, 0, 2, Frame::from(vec![0; 64 << 10]));
+        e.send(0, 1, 2, Frame::from(vec![0; 64 << 10]));
     }
     let d = e.run_until_idle(u64::MAX);
     let bottleneck = e.wiring().ports[e.wiring().host_ports[2][0]].peer;
@@ -226,7 +226,7 @@ fn incast(window: bool) -> (u64, u64, u64, u64) {
     config.nic.bdp_window = window;
     let mut e = engine(config);
     for src in 0..60 {
-        e.send(0, src, 60, Bytes::from(vec![0; 500_000]));
+        e.send(0, src, 60, Frame::from(vec![0; 500_000]));
     }
     let d = e.run_until_idle(u64::MAX);
     assert_eq!(d.len(), 60, "every flow completes");
@@ -286,12 +286,12 @@ fn spreading(dcqcn: bool, incast: bool) -> (f64, u64) {
     let mut e = engine(config);
     let (victim, victim_rx, incast_rx) = (16, 17, 18);
     for _ in 0..400 {
-        e.send(0, victim, victim_rx, Bytes::from(vec![0; 64 << 10]));
+        e.send(0, victim, victim_rx, Frame::from(vec![0; 64 << 10]));
     }
     if incast {
         for src in 0..16 {
             for _ in 0..8 {
-                e.send(0, src, incast_rx, Bytes::from(vec![0; 250_000]));
+                e.send(0, src, incast_rx, Frame::from(vec![0; 250_000]));
             }
         }
     }
@@ -365,7 +365,7 @@ fn shallow_incast(config: FabricConfig) -> (u64, u64, u64) {
     config.switch.buffer_bytes = 4 << 20;
     let mut e = engine(config);
     for src in 0..60 {
-        e.send(0, src, 60, Bytes::from(vec![0; 500_000]));
+        e.send(0, src, 60, Frame::from(vec![0; 500_000]));
     }
     let d = e.run_until_idle(u64::MAX);
     assert_eq!(d.len(), 60, "every flow completes");
@@ -413,7 +413,7 @@ fn shallow_fan_in(config: FabricConfig, senders: usize) -> (f64, u64, u64) {
     config.topology = Topology::Star { hosts: senders + 1 };
     let mut e = engine(config);
     for src in 0..senders {
-        e.send(0, src, senders, Bytes::from(vec![0; 64 << 10]));
+        e.send(0, src, senders, Frame::from(vec![0; 64 << 10]));
     }
     let d = e.run_until_idle(u64::MAX);
     assert_eq!(d.len(), senders, "every flow completes");
@@ -455,7 +455,7 @@ fn every_published_scenario_replays_its_counters_exactly() {
         let mut e = engine(config);
         for &(src, dst, n) in flows {
             for _ in 0..n {
-                e.send(0, src, dst, Bytes::from(vec![0; 64 << 10]));
+                e.send(0, src, dst, Frame::from(vec![0; 64 << 10]));
             }
         }
         e.run_until_idle(u64::MAX);

@@ -6,7 +6,7 @@
 //! end at their next await and the socket closes. That is how the endpoint resets
 //! a connection, replaces it, or shuts everything down.
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,14 +14,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
-use weir_core::wire::{DecodeError, Message, HEADER_BYTES};
+use weir_core::buf::BufPool;
+use weir_core::wire::{DecodeError, Frame, Message, HEADER_BYTES};
 use weir_core::NodeId;
 
 /// What a queued frame costs the send budget beyond its bytes: the channel slot and
 /// the `Bytes` handle. It also bounds how many empty frames a queue can hold.
 pub(crate) const FRAME_OVERHEAD_BYTES: usize = 64;
-/// Most frames the writer hands the kernel in one vectored write (well under
-/// Linux's IOV_MAX of 1024).
+/// Most frames the writer hands the kernel in one vectored write (two slices
+/// each, well under Linux's IOV_MAX of 1024).
 const BATCH_FRAMES_MAX: usize = 64;
 /// The reader's buffer: small frames (acks, heartbeats) arrive many to a read;
 /// large bodies bypass it and land straight in their own buffer.
@@ -36,7 +37,7 @@ pub(crate) type ConnId = u64;
 pub(crate) struct Conn {
     /// This connection.
     pub(crate) id: ConnId,
-    frames: mpsc::UnboundedSender<Bytes>,
+    frames: mpsc::UnboundedSender<Frame>,
     /// Bytes queued and not yet written to the socket (with per-frame overhead).
     queued_bytes: Arc<AtomicUsize>,
     /// Never sent on: dropping it is the stop signal.
@@ -48,7 +49,7 @@ pub(crate) struct Conn {
 pub(crate) struct ConnTask {
     /// This connection.
     pub(crate) id: ConnId,
-    frames: mpsc::UnboundedReceiver<Bytes>,
+    frames: mpsc::UnboundedReceiver<Frame>,
     queued_bytes: Arc<AtomicUsize>,
     stop: watch::Receiver<()>,
 }
@@ -64,7 +65,7 @@ pub(crate) enum Push {
         queued_bytes: usize,
     },
     /// Not queued: the connection's task has ended; the frame is handed back.
-    Gone(Bytes),
+    Gone(Frame),
 }
 
 /// Why a connection ended.
@@ -107,7 +108,7 @@ impl Conn {
     /// Queue `frame` unless that would take the queue past `budget_bytes`. An empty
     /// queue takes any frame, so a budget below one frame cannot wedge a peer.
     /// Never waits: the channel is unbounded in frames, bounded here in bytes.
-    pub(crate) fn push(&self, frame: Bytes, budget_bytes: usize) -> Push {
+    pub(crate) fn push(&self, frame: Frame, budget_bytes: usize) -> Push {
         let cost = frame.len() + FRAME_OVERHEAD_BYTES;
         let queued_bytes = self.queued_bytes.load(Ordering::Acquire);
         if queued_bytes > 0 && queued_bytes + cost > budget_bytes {
@@ -144,11 +145,12 @@ pub(crate) async fn run(
     stream: TcpStream,
     peer: NodeId,
     mut task: ConnTask,
-    inbox: mpsc::Sender<(NodeId, Bytes)>,
+    inbox: mpsc::Sender<(NodeId, Frame)>,
+    pool: BufPool,
     mut shutdown: watch::Receiver<bool>,
 ) -> End {
     let (read_half, write_half) = stream.into_split();
-    let mut reader = AbortOnDrop(tokio::spawn(read_frames(read_half, peer, inbox)));
+    let mut reader = AbortOnDrop(tokio::spawn(read_frames(read_half, peer, inbox, pool)));
     let end = {
         let ConnTask {
             frames,
@@ -185,10 +187,10 @@ impl Drop for AbortOnDrop {
 /// buffers: payload bytes are never copied in user space.
 async fn write_frames(
     mut socket: OwnedWriteHalf,
-    frames: &mut mpsc::UnboundedReceiver<Bytes>,
+    frames: &mut mpsc::UnboundedReceiver<Frame>,
     queued_bytes: &AtomicUsize,
 ) -> io::Result<()> {
-    let mut batch: Vec<Bytes> = Vec::with_capacity(BATCH_FRAMES_MAX);
+    let mut batch: Vec<Frame> = Vec::with_capacity(BATCH_FRAMES_MAX);
     loop {
         if frames.recv_many(&mut batch, BATCH_FRAMES_MAX).await == 0 {
             return Ok(());
@@ -202,8 +204,11 @@ async fn write_frames(
 
 /// Write every byte of `frames`, in order, with as few system calls as the kernel
 /// allows.
-async fn write_all_vectored(socket: &mut OwnedWriteHalf, frames: &[Bytes]) -> io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = frames.iter().map(|f| IoSlice::new(f)).collect();
+async fn write_all_vectored(socket: &mut OwnedWriteHalf, frames: &[Frame]) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = frames
+        .iter()
+        .flat_map(|f| [IoSlice::new(&f.head), IoSlice::new(&f.payload)])
+        .collect();
     let mut rest: &mut [IoSlice<'_>] = &mut slices;
     // Drops leading empty slices, so an all-empty batch writes nothing.
     IoSlice::advance_slices(&mut rest, 0);
@@ -219,17 +224,21 @@ async fn write_all_vectored(socket: &mut OwnedWriteHalf, frames: &[Bytes]) -> io
 
 /// Read whole frames and deliver them until the peer closes, the socket fails or a
 /// header is invalid. A frame costs at most one maximum-size body of memory before
-/// it is delivered: the header's length is checked against `MAX_BODY_BYTES` before
-/// the body's buffer is allocated. Waits on the bounded inbox when the node is
-/// slow, which stops reading and lets TCP flow control push back on the peer.
+/// it is delivered: the header's lengths are checked against `MAX_BODY_BYTES`
+/// before any buffer is allocated. A payload is read straight into page-aligned
+/// memory from `pool` (what O_DIRECT and a DMA mapping need), the one copy of it
+/// on this side, counted in [`weir_core::copies`]. Waits on the bounded inbox when
+/// the node is slow, which stops reading and lets TCP flow control push back on
+/// the peer.
 async fn read_frames(
     socket: OwnedReadHalf,
     peer: NodeId,
-    inbox: mpsc::Sender<(NodeId, Bytes)>,
+    inbox: mpsc::Sender<(NodeId, Frame)>,
+    pool: BufPool,
 ) -> End {
     let mut socket = BufReader::with_capacity(READ_BUFFER_BYTES, socket);
     loop {
-        match read_frame(&mut socket).await {
+        match read_frame(&mut socket, &pool).await {
             Ok(Some(frame)) => {
                 if inbox.send((peer, frame)).await.is_err() {
                     // The endpoint is gone.
@@ -242,9 +251,12 @@ async fn read_frames(
     }
 }
 
-/// One frame (header and body), or `None` if the peer closed the stream cleanly
-/// before the first byte of a header.
-async fn read_frame(socket: &mut BufReader<OwnedReadHalf>) -> Result<Option<Bytes>, End> {
+/// One frame (header, control part, payload), or `None` if the peer closed the
+/// stream cleanly before the first byte of a header.
+async fn read_frame(
+    socket: &mut BufReader<OwnedReadHalf>,
+    pool: &BufPool,
+) -> Result<Option<Frame>, End> {
     let mut header = [0u8; HEADER_BYTES];
     let first = socket.read(&mut header).await.map_err(End::Read)?;
     if first == 0 {
@@ -254,20 +266,41 @@ async fn read_frame(socket: &mut BufReader<OwnedReadHalf>) -> Result<Option<Byte
         .read_exact(&mut header[first..])
         .await
         .map_err(End::Read)?;
-    let body_len = Message::body_len(&header).map_err(End::BadHeader)?;
-    let frame_len = HEADER_BYTES + body_len;
-    let mut frame = BytesMut::with_capacity(frame_len);
-    frame.extend_from_slice(&header);
-    while frame.len() < frame_len {
+    let (control_len, payload_len) = Message::frame_lens(&header).map_err(End::BadHeader)?;
+    let head_len = HEADER_BYTES + control_len;
+    let mut head = BytesMut::with_capacity(head_len);
+    head.extend_from_slice(&header);
+    while head.len() < head_len {
         // `limit` keeps the read inside this frame even if the allocation is larger.
-        let want = frame_len - frame.len();
+        let want = head_len - head.len();
         let read = socket
-            .read_buf(&mut bytes::BufMut::limit(&mut frame, want))
+            .read_buf(&mut bytes::BufMut::limit(&mut head, want))
             .await
             .map_err(End::Read)?;
         if read == 0 {
             return Err(End::Read(io::ErrorKind::UnexpectedEof.into()));
         }
     }
-    Ok(Some(frame.freeze()))
+    let payload = if payload_len == 0 {
+        bytes::Bytes::new()
+    } else {
+        weir_core::copies::note(payload_len);
+        match pool.alloc(payload_len) {
+            Ok(mut buf) => {
+                socket.read_exact(buf.as_mut()).await.map_err(End::Read)?;
+                buf.freeze()
+            }
+            Err(_) => {
+                // The pool is spent (payloads the node still holds): take plain
+                // memory; a device that needs alignment copies it (and counts).
+                let mut plain = vec![0u8; payload_len];
+                socket.read_exact(&mut plain).await.map_err(End::Read)?;
+                plain.into()
+            }
+        }
+    };
+    Ok(Some(Frame {
+        head: head.freeze(),
+        payload,
+    }))
 }

@@ -3,7 +3,6 @@
 use crate::config::TcpConfig;
 use crate::conn::{self, Conn, ConnId, ConnTask, End, Push};
 use crate::hello::{self, HandshakeError, Hello};
-use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -13,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use weir_core::wire::{Message, HEADER_BYTES, MAX_BODY_BYTES};
+use weir_core::wire::{Frame, Message, HEADER_BYTES, MAX_BODY_BYTES};
 use weir_core::{CongestionSignals, NodeId, Transport, TransportError};
 
 /// Most inbound connections alive at once, set up or still in their hello. One
@@ -54,9 +53,13 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// header closes that connection only.
 pub struct TcpTransport {
     shared: Arc<Shared>,
-    inbox: tokio::sync::Mutex<mpsc::Receiver<(NodeId, Bytes)>>,
+    inbox: tokio::sync::Mutex<mpsc::Receiver<(NodeId, Frame)>>,
     local_addr: Option<SocketAddr>,
 }
+
+/// Received payloads held at once in aligned memory (those the node still holds:
+/// queued in the inbox, or in writes in flight); past it, plain memory.
+pub(crate) const RECV_POOL_BYTES: usize = 256 << 20;
 
 /// What the endpoint's tasks share with it. Tasks hold this, never the
 /// [`TcpTransport`], so dropping the transport closes it.
@@ -66,7 +69,9 @@ struct Shared {
     /// Where dial tasks are spawned: the runtime `bind` ran on.
     runtime: Handle,
     state: Mutex<State>,
-    inbox: mpsc::Sender<(NodeId, Bytes)>,
+    inbox: mpsc::Sender<(NodeId, Frame)>,
+    /// Aligned memory that received payloads are read into.
+    recv_pool: weir_core::buf::BufPool,
     /// Set to `true` once, by `close`.
     shutdown: watch::Sender<bool>,
     next_conn: AtomicU64,
@@ -145,6 +150,7 @@ impl TcpTransport {
                 ..State::default()
             }),
             inbox: inbox_tx,
+            recv_pool: weir_core::buf::BufPool::new(RECV_POOL_BYTES),
             shutdown: watch::Sender::new(false),
             next_conn: AtomicU64::new(0),
             inbound_alive: Arc::new(AtomicUsize::new(0)),
@@ -216,7 +222,7 @@ impl TcpTransport {
     }
 
     /// The body of `send`: never waits.
-    fn send_now(&self, to: NodeId, frame: Bytes) -> Result<(), TransportError> {
+    fn send_now(&self, to: NodeId, frame: Frame) -> Result<(), TransportError> {
         let max = HEADER_BYTES + MAX_BODY_BYTES;
         if frame.len() > max {
             return Err(TransportError::FrameTooLarge {
@@ -277,12 +283,12 @@ impl Transport for TcpTransport {
 
     /// Never waits on the network: the frame is queued, or dropped as a network
     /// failure would drop it (see the type's delivery model).
-    async fn send(&self, to: NodeId, frame: Bytes) -> Result<(), TransportError> {
+    async fn send(&self, to: NodeId, frame: Frame) -> Result<(), TransportError> {
         self.send_now(to, frame)
     }
 
     /// Cancel-safe: a frame is taken from the inbox only when this returns it.
-    async fn recv(&self) -> Result<(NodeId, Bytes), TransportError> {
+    async fn recv(&self) -> Result<(NodeId, Frame), TransportError> {
         let mut shutdown = self.shared.shutdown.subscribe();
         let mut inbox = self.inbox.lock().await;
         tokio::select! {
@@ -307,12 +313,15 @@ impl Transport for TcpTransport {
     }
 }
 
-/// Whether `frame` is exactly one frame: a valid header and as many body bytes as
-/// it announces.
-fn well_formed(frame: &[u8]) -> bool {
+/// Whether `frame` is exactly one frame: a valid header, the control part it
+/// announces in its head and the payload it announces as its payload.
+fn well_formed(frame: &Frame) -> bool {
     frame
+        .head
         .split_first_chunk::<HEADER_BYTES>()
-        .is_some_and(|(header, body)| Message::body_len(header) == Ok(body.len()))
+        .is_some_and(|(header, control)| {
+            Message::frame_lens(header) == Ok((control.len(), frame.payload.len()))
+        })
 }
 
 impl Outbound {
@@ -354,7 +363,7 @@ impl Shared {
 
     /// Send to a peer we dial: queue on its connection, dial it, or drop the
     /// frame during a backoff.
-    fn send_outbound(self: &Arc<Self>, to: NodeId, peer: &mut Outbound, frame: Bytes) {
+    fn send_outbound(self: &Arc<Self>, to: NodeId, peer: &mut Outbound, frame: Frame) {
         let budget_bytes = self.config.send_queue_bytes;
         let now = Instant::now();
         let frame = match &peer.link {
@@ -497,7 +506,15 @@ async fn dial_task(shared: Arc<Shared>, peer: NodeId, addr: SocketAddr, mut task
         Err(error) => shared.dial_failed(peer, id, &error),
         Ok((stream, rtt)) => {
             if shared.dial_succeeded(peer, id, rtt) {
-                let end = conn::run(stream, peer, task, shared.inbox.clone(), shutdown).await;
+                let end = conn::run(
+                    stream,
+                    peer,
+                    task,
+                    shared.inbox.clone(),
+                    shared.recv_pool.clone(),
+                    shutdown,
+                )
+                .await;
                 shared.conn_ended(peer, id, Side::Outbound, &end);
             }
         }
@@ -558,7 +575,15 @@ async fn inbound_task(
         return;
     };
     let id = task.id;
-    let end = conn::run(stream, peer, task, shared.inbox.clone(), shutdown).await;
+    let end = conn::run(
+        stream,
+        peer,
+        task,
+        shared.inbox.clone(),
+        shared.recv_pool.clone(),
+        shutdown,
+    )
+    .await;
     shared.conn_ended(peer, id, Side::Inbound, &end);
 }
 

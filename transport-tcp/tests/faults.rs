@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_real as tokio;
-use weir_core::wire::{Message, HEADER_BYTES, MAX_BODY_BYTES};
+use weir_core::wire::{Frame, Message, HEADER_BYTES, MAX_BODY_BYTES, WIRE_VERSION};
 use weir_core::{NodeId, RequestId, Transport, TransportError};
 use weir_transport_tcp::{TcpConfig, TcpTransport};
 
@@ -86,10 +86,14 @@ async fn hostile_connections_are_cut_while_a_good_peer_keeps_working() {
     }
     let after_hello: [(&str, Vec<u8>); 3] = [
         ("garbage", vec![0xa5; 64]),
-        ("4 GiB body", vec![b'W', b'R', 1, 0, 0xff, 0xff, 0xff, 0xff]),
+        (
+            "8 GiB body",
+            [&[b'W', b'R', WIRE_VERSION, 0][..], &[0xff; 8]].concat(),
+        ),
         ("body past the maximum", {
-            let mut h = vec![b'W', b'R', 1, 0];
-            h.extend_from_slice(&(MAX_BODY_BYTES as u32 + 1).to_le_bytes());
+            let mut h = vec![b'W', b'R', WIRE_VERSION, 0];
+            h.extend_from_slice(&(MAX_BODY_BYTES as u32 / 2).to_le_bytes());
+            h.extend_from_slice(&(MAX_BODY_BYTES as u32 / 2 + 1).to_le_bytes());
             h
         }),
     ];
@@ -194,7 +198,7 @@ async fn unknown_peers_oversized_frames_and_closed_transports_are_errors() {
     );
     let max = HEADER_BYTES + MAX_BODY_BYTES;
     let mut big = vec![0u8; max + 1];
-    big[..4].copy_from_slice(&[b'W', b'R', 1, 0]);
+    big[..4].copy_from_slice(&[b'W', b'R', WIRE_VERSION, 0]);
     assert_eq!(
         a.send(NodeId(42), big.into()).await,
         Err(TransportError::FrameTooLarge { len: max + 1, max })
@@ -211,7 +215,7 @@ async fn unknown_peers_oversized_frames_and_closed_transports_are_errors() {
     send(&a, 2, framed).await;
     // A malformed frame is not sent (it would break the stream for the frames
     // behind it); the next good one arrives.
-    send(&a, 2, bytes::Bytes::from_static(b"not a frame")).await;
+    send(&a, 2, Frame::from(b"not a frame".to_vec())).await;
     send(&a, 2, frame(2)).await;
     assert_eq!(recv(&b).await, (NodeId(1), largest));
     assert_eq!(recv(&b).await, (NodeId(1), message(2)));
@@ -297,7 +301,7 @@ async fn a_peer_that_never_reads_costs_one_budget_and_is_reset() {
         s.read_exact(&mut theirs).await.expect("hello");
         s.write_all(&hello(9, CLUSTER)).await.expect("answer");
         // Read the first frame, so the test knows the connection is set up.
-        let first = frame(0);
+        let first = frame(0).to_contiguous();
         let mut got = vec![0u8; first.len()];
         s.read_exact(&mut got).await.expect("first frame");
         assert_eq!(got, first);

@@ -527,7 +527,9 @@ impl Replicator {
                 lba,
                 blocks,
             } => self.fetch_blocks(from, op, extent, epoch, lba, blocks),
-            Message::FetchBlocksOk { op, result } => self.fetched(from, op, result),
+            Message::FetchBlocksOk { op, result, data } => {
+                self.fetched(from, op, result.map(|()| data))
+            }
             other => misdirected(from, &other),
         }
     }
@@ -620,7 +622,7 @@ impl Replicator {
             }
             IoPurpose::Fetch { to, op } => {
                 let result = io_data(result);
-                self.send(to, Message::FetchBlocksOk { op, result });
+                self.send(to, Message::fetched(op, result));
             }
             IoPurpose::BackgroundScrub {
                 extent,

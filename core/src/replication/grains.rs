@@ -29,14 +29,15 @@ pub const DEFAULT_GRAIN_BYTES: u64 = 256 << 10;
 const BROKEN: u64 = 1 << 63;
 
 /// Blocks per grain for a volume of `block_size`-byte blocks, `extent_blocks`
-/// per extent and requests of at most `max_request_blocks`, asked for
-/// `grain_bytes` (0: [`DEFAULT_GRAIN_BYTES`]): the largest power of two of blocks
-/// no larger than that and than a request (a rebuild copies a grain in one
-/// message) that divides the extent (a grain never straddles two).
+/// per extent, `capacity_blocks` in all and requests of at most
+/// `max_request_blocks`, asked for `grain_bytes` (0: [`DEFAULT_GRAIN_BYTES`]): the
+/// largest power of two of blocks no larger than that and than a request (a
+/// rebuild copies a grain in one message) that divides the extent and the volume
+/// (a grain never straddles two extents, nor runs past the end).
 pub fn grain_blocks(
     grain_bytes: u64,
     block_size: u32,
-    extent_blocks: u64,
+    (extent_blocks, capacity_blocks): (u64, u64),
     max_request_blocks: u32,
 ) -> u64 {
     let asked = match grain_bytes {
@@ -48,7 +49,7 @@ pub fn grain_blocks(
         .min(extent_blocks)
         .max(1);
     let mut g = 1u64 << (63 - most.leading_zeros());
-    while !extent_blocks.is_multiple_of(g) {
+    while !extent_blocks.is_multiple_of(g) || !capacity_blocks.is_multiple_of(g) {
         g /= 2;
     }
     g
@@ -163,11 +164,12 @@ impl Grains {
 
     /// Mark grain `g` broken (a write to it failed: its contents are unknown).
     pub fn break_grain(&mut self, g: u64) {
-        if self.word(g) != 0 || self.extents.contains_key(&(g / self.per_extent())) {
-            *self.word_mut(g) |= BROKEN;
-        } else {
-            *self.word_mut(g) = BROKEN;
-        }
+        *self.word_mut(g) |= BROKEN;
+    }
+
+    /// Whether `version` fits a grain's word (a peer could send any number).
+    pub fn in_range(version: Version) -> bool {
+        version.0 & BROKEN == 0
     }
 
     /// Claim `version` for `[lba, lba + blocks)`, `prev` being the primary's
@@ -181,7 +183,7 @@ impl Grains {
         prev: (Version, Version),
     ) -> Result<(), WeirError> {
         let touched = self.touched(lba, blocks);
-        if touched.clone().any(|g| self.get(g).version >= version) {
+        if !Self::in_range(version) || touched.clone().any(|g| self.get(g).version >= version) {
             return Err(WeirError::VersionRegression);
         }
         let (first, last) = (touched.start, touched.end - 1);
@@ -258,12 +260,15 @@ mod tests {
 
     #[test]
     fn grain_size_is_a_power_of_two_dividing_the_extent_within_a_request() {
-        assert_eq!(grain_blocks(0, 4096, 16384, 64), 64);
-        assert_eq!(grain_blocks(0, 4096, 16384, 8192), 64);
-        assert_eq!(grain_blocks(4096, 4096, 16384, 64), 1);
-        assert_eq!(grain_blocks(0, 4096, 48, 64), 16);
-        assert_eq!(grain_blocks(0, 512, 1 << 20, 2048), 512);
-        assert_eq!(grain_blocks(1 << 30, 4096, 7, 64), 1);
+        let vol = |extent: u64| (extent, 64 * extent);
+        assert_eq!(grain_blocks(0, 4096, vol(16384), 64), 64);
+        assert_eq!(grain_blocks(0, 4096, vol(16384), 8192), 64);
+        assert_eq!(grain_blocks(4096, 4096, vol(16384), 64), 1);
+        assert_eq!(grain_blocks(0, 4096, vol(48), 64), 16);
+        assert_eq!(grain_blocks(0, 512, vol(1 << 20), 2048), 512);
+        assert_eq!(grain_blocks(1 << 30, 4096, vol(7), 64), 1);
+        // A volume that ends inside an extent: grains fit its last part too.
+        assert_eq!(grain_blocks(0, 4096, (16384, 16384 * 3 + 40), 64), 8);
     }
 
     #[test]
@@ -315,6 +320,11 @@ mod tests {
             Err(WeirError::VersionRegression)
         );
         assert_eq!(g.get(0).version, v(6));
+        // A version no grain can hold (a hostile peer's) is refused.
+        assert_eq!(
+            g.claim(Lba(0), 8, Version(1 << 63), (v(6), v(11))),
+            Err(WeirError::VersionRegression)
+        );
         // A failed write breaks what it touched.
         g.break_grain(0);
         g.break_grain(3);

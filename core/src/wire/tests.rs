@@ -141,12 +141,8 @@ fn control_message() -> impl Strategy<Value = Message> {
                 lba: Lba(l),
                 blocks: b
             }),
-        (any::<u64>(), data(), prop::option::of(weir_error())).prop_map(|(o, d, e)| {
-            Message::FetchBlocksOk {
-                op: OpId(o),
-                result: e.map_or(Ok(d), Err),
-            }
-        }),
+        (any::<u64>(), data(), prop::option::of(weir_error()))
+            .prop_map(|(o, d, e)| Message::fetched(OpId(o), e.map_or(Ok(d), Err))),
         (any::<u64>(), rebuild_copy(Just(Bytes::new())))
             .prop_map(|(o, copy)| Message::RebuildProbe { op: OpId(o), copy }),
         (
@@ -195,14 +191,26 @@ proptest! {
     #[test]
     fn round_trip(msg in message()) {
         let frame = msg.encode().unwrap();
-        prop_assert_eq!(Message::decode(&frame).unwrap(), msg);
+        // The payload is shared with the message, not copied.
+        if let Some(data) = msg.payload() {
+            prop_assert_eq!(frame.payload.as_ptr(), data.as_ptr());
+        }
+        prop_assert_eq!(Message::decode(frame.clone()).unwrap(), msg.clone());
+        // Received in one piece (a stream), the payload is sliced out of it.
+        let whole = frame.to_contiguous();
+        let msg_again = Message::decode_bytes(whole.clone()).unwrap();
+        if let Some(data) = msg_again.payload().filter(|d| !d.is_empty()) {
+            let at = data.as_ptr() as usize - whole.as_ptr() as usize;
+            prop_assert_eq!(at, frame.head.len());
+        }
+        prop_assert_eq!(msg_again, msg);
     }
 
     #[test]
     fn every_truncation_is_an_error(msg in message(), cut in any::<prop::sample::Index>()) {
-        let frame = msg.encode().unwrap();
+        let frame = msg.encode().unwrap().to_contiguous();
         let cut = cut.index(frame.len());
-        prop_assert!(Message::decode(&frame[..cut]).is_err());
+        prop_assert!(Message::decode_bytes(frame.slice(..cut)).is_err());
     }
 
     #[test]
@@ -210,13 +218,13 @@ proptest! {
         msg in message(),
         flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
     ) {
-        let mut frame = msg.encode().unwrap().to_vec();
+        let mut frame = msg.encode().unwrap().to_contiguous().to_vec();
         for (at, byte) in flips {
             let i = at.index(frame.len());
             frame[i] = byte;
         }
         // Either a typed error or some message: never a panic.
-        let _ = Message::decode(&frame);
+        let _ = Message::decode_bytes(frame.into());
     }
 }
 
@@ -226,22 +234,26 @@ proptest! {
 
     #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-        let _ = Message::decode(&bytes);
+        let _ = Message::decode_bytes(bytes.into());
     }
 
     #[test]
     fn random_bodies_behind_a_valid_header_are_rejected_or_decoded(
         body in prop::collection::vec(any::<u8>(), 0..512),
+        split in any::<prop::sample::Index>(),
     ) {
+        // Any split of the body into a control part and a payload.
+        let control = split.index(body.len() + 1);
         let mut frame = Vec::with_capacity(HEADER_BYTES + body.len());
         frame.extend_from_slice(&MAGIC);
         frame.extend_from_slice(&[WIRE_VERSION, 0]);
-        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&(control as u32).to_le_bytes());
+        frame.extend_from_slice(&((body.len() - control) as u32).to_le_bytes());
         frame.extend_from_slice(&body);
-        if let Ok(msg) = Message::decode(&frame) {
+        if let Ok(msg) = Message::decode_bytes(frame.into()) {
             // Whatever decodes must survive a round trip unchanged, or two peers could
             // disagree about what a frame says.
-            let again = Message::decode(&msg.encode().unwrap()).unwrap();
+            let again = Message::decode(msg.encode().unwrap()).unwrap();
             prop_assert_eq!(again, msg);
         }
     }
@@ -249,20 +261,38 @@ proptest! {
     #[test]
     fn oversized_declared_lengths_are_rejected_before_allocation(
         declared in (MAX_BODY_BYTES as u32 + 1)..=u32::MAX,
+        control in any::<prop::sample::Index>(),
         tail in prop::collection::vec(any::<u8>(), 0..64),
     ) {
+        // However the declared bytes split between the control part and payload.
+        let control = control.index(declared as usize + 1) as u32;
         let mut frame = Vec::new();
         frame.extend_from_slice(&MAGIC);
         frame.extend_from_slice(&[WIRE_VERSION, 0]);
-        frame.extend_from_slice(&declared.to_le_bytes());
+        frame.extend_from_slice(&control.to_le_bytes());
+        frame.extend_from_slice(&(declared - control).to_le_bytes());
         frame.extend_from_slice(&tail);
-        prop_assert_eq!(Message::decode(&frame), Err(DecodeError::TooLarge(declared)));
+        prop_assert_eq!(
+            Message::decode_bytes(frame.into()),
+            Err(DecodeError::TooLarge(declared))
+        );
     }
 }
 
 #[test]
-fn a_huge_length_prefix_inside_the_body_is_an_error() {
-    // A Write whose data length varint claims 4 GiB, with 3 bytes actually present.
+fn a_payload_comes_only_with_a_message_that_carries_one() {
+    let mut frame = Message::WriteOk { req: RequestId(1) }.encode().unwrap();
+    frame.payload = Bytes::from_static(b"abcd");
+    // The header must announce it too, or the lengths disagree.
+    assert!(matches!(
+        Message::decode(frame.clone()),
+        Err(DecodeError::LengthMismatch { .. })
+    ));
+    let mut head = frame.head.to_vec();
+    head[8..12].copy_from_slice(&4u32.to_le_bytes());
+    frame.head = head.into();
+    assert_eq!(Message::decode(frame), Err(DecodeError::Trailing(4)));
+    // A write's data is its payload, kept apart from the control part.
     let msg = Message::Write {
         req: RequestId(1),
         volume: VolumeId(1),
@@ -272,14 +302,9 @@ fn a_huge_length_prefix_inside_the_body_is_an_error() {
         fua: false,
     };
     let frame = msg.encode().unwrap();
-    let mut body = frame[HEADER_BYTES..].to_vec();
-    // Body layout: variant, req, volume, epoch, lba (1 byte each here), then the length.
-    assert_eq!(body[5], 3);
-    body.splice(5..6, [0xff, 0xff, 0xff, 0xff, 0x0f]);
-    let mut bad = frame[..HEADER_BYTES].to_vec();
-    bad[4..8].copy_from_slice(&(body.len() as u32).to_le_bytes());
-    bad.extend_from_slice(&body);
-    assert!(matches!(Message::decode(&bad), Err(DecodeError::Body(_))));
+    assert_eq!(&frame.payload[..], b"abc");
+    assert!(!frame.head.windows(3).any(|w| w == b"abc"));
+    assert_eq!(Message::decode(frame).unwrap(), msg);
 }
 
 #[test]
@@ -287,24 +312,26 @@ fn wrong_version_and_magic_are_typed() {
     let mut frame = Message::WriteOk { req: RequestId(9) }
         .encode()
         .unwrap()
+        .to_contiguous()
         .to_vec();
     frame[2] = WIRE_VERSION + 1;
     assert_eq!(
-        Message::decode(&frame),
+        Message::decode_bytes(frame.clone().into()),
         Err(DecodeError::Version(WIRE_VERSION + 1))
     );
     frame[0] = b'X';
     assert!(matches!(
-        Message::decode(&frame),
+        Message::decode_bytes(frame.into()),
         Err(DecodeError::BadMagic(_))
     ));
     let mut frame = Message::WriteOk { req: RequestId(9) }
         .encode()
         .unwrap()
+        .to_contiguous()
         .to_vec();
     frame.push(0);
     assert!(matches!(
-        Message::decode(&frame),
+        Message::decode_bytes(frame.into()),
         Err(DecodeError::LengthMismatch { .. })
     ));
 }

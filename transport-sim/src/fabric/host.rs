@@ -7,9 +7,9 @@ use super::packet::{Kind, Packet};
 use super::telemetry::DropReason;
 use super::topology::{HostIdx, PortId};
 use super::{mix, Delivery, Engine, Event};
-use bytes::Bytes;
 use weir_core::congestion::dcqcn::{NotificationPoint, ReactionPoint};
 use weir_core::congestion::tcp::TcpCc;
+use weir_core::wire::Frame;
 
 impl Engine {
     fn flow_hash(src: HostIdx, dst: HostIdx) -> u64 {
@@ -41,7 +41,7 @@ impl Engine {
         (link.rate_bps as u128 * u128::from(rtt_ns) / 8_000_000_000) as u64
     }
 
-    pub(super) fn host_send(&mut self, src: HostIdx, dst: HostIdx, frame: Bytes) {
+    pub(super) fn host_send(&mut self, src: HostIdx, dst: HostIdx, frame: Frame) {
         let ports = &self.wiring.host_ports[src];
         let port = ports[(Self::flow_hash(src, dst) % ports.len() as u64) as usize];
         let rp = self.config.nic.dcqcn.clone().map(ReactionPoint::new);
@@ -249,7 +249,7 @@ impl Engine {
         }
     }
 
-    pub(super) fn deliver(&mut self, src: HostIdx, dst: HostIdx, frame: Bytes, sent_ns: u64) {
+    pub(super) fn deliver(&mut self, src: HostIdx, dst: HostIdx, frame: Frame, sent_ns: u64) {
         self.counters.messages += 1;
         self.delivered.push(Delivery {
             src,
@@ -277,7 +277,7 @@ impl Engine {
         src: HostIdx,
         psn: u64,
         ce: bool,
-        msg: Option<Bytes>,
+        msg: Option<Frame>,
         msg_sent_ns: u64,
     ) {
         let now = self.now_ns;

@@ -30,7 +30,6 @@ mod host;
 mod switch;
 mod tcp;
 
-use bytes::Bytes;
 use config::FabricConfig;
 use nic::{RecvQp, SendQp};
 use packet::{Packet, PRIOS, PRIO_CONTROL, PRIO_DATA};
@@ -39,6 +38,7 @@ use rand::SeedableRng;
 use std::collections::{BTreeMap, VecDeque};
 use telemetry::{Counters, PortStats, Sample};
 use topology::{Device, HostIdx, PortId, PortInfo, SwitchIdx, Wiring};
+use weir_core::wire::Frame;
 
 /// A message that reached its destination.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub struct Delivery {
     /// Receiver.
     pub dst: HostIdx,
     /// The message.
-    pub frame: Bytes,
+    pub frame: Frame,
     /// When it was handed to the sender, ns.
     pub sent_ns: u64,
     /// When its last packet arrived, ns.
@@ -327,7 +327,7 @@ impl Engine {
 
     /// Queue `frame` from `src` to `dst` at `now_ns`. Events due by then run first;
     /// their deliveries come out of the next [`Engine::advance`].
-    pub fn send(&mut self, now_ns: u64, src: HostIdx, dst: HostIdx, frame: Bytes) {
+    pub fn send(&mut self, now_ns: u64, src: HostIdx, dst: HostIdx, frame: Frame) {
         assert!(src < self.attached && dst < self.attached, "unknown host");
         assert_ne!(src, dst, "a host sends to itself without the fabric");
         self.process_until(now_ns);

@@ -6,12 +6,12 @@
 
 use super::packet::{Kind, Packet, PRIO_CONTROL, PRIO_DATA};
 use super::topology::{HostIdx, PortId};
-use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use weir_core::congestion::dcqcn::{NotificationPoint, ReactionPoint};
 use weir_core::congestion::tcp::TcpCc;
 use weir_core::transport::CongestionSignals;
+use weir_core::wire::Frame;
 
 /// TCP sender state beyond the packet sequence: congestion control, duplicate ACKs,
 /// fast retransmit and recovery.
@@ -28,7 +28,7 @@ pub(super) struct TcpSender {
 /// A message waiting to be (fully) acknowledged.
 #[derive(Clone, Debug)]
 pub(super) struct OutMsg {
-    pub(super) frame: Bytes,
+    pub(super) frame: Frame,
     pub(super) first_psn: u64,
     pub(super) packets: u64,
     pub(super) sent_ns: u64,
@@ -104,7 +104,7 @@ impl SendQp {
     }
 
     /// Queue a message of `packets` packets.
-    pub(super) fn push(&mut self, frame: Bytes, packets: u64, now_ns: u64) {
+    pub(super) fn push(&mut self, frame: Frame, packets: u64, now_ns: u64) {
         self.queued_bytes += frame.len() as u64;
         self.msgs.push_back(OutMsg {
             frame,
@@ -179,7 +179,7 @@ impl SendQp {
 pub(super) const TCP_OOO_PACKETS_MAX: usize = 4096;
 
 /// An out-of-order packet a TCP receiver keeps: the message it ends, if any.
-pub(super) type Held = Option<(Bytes, u64)>;
+pub(super) type Held = Option<(Frame, u64)>;
 
 /// The receiving side of a QP.
 #[derive(Debug)]
@@ -284,8 +284,8 @@ mod tests {
     #[test]
     fn acks_free_whole_messages_and_go_back_n_rewinds() {
         let mut qp = SendQp::new(1, 0, None, None);
-        qp.push(Bytes::from(vec![0; 10_000]), 3, 0);
-        qp.push(Bytes::from(vec![0; 100]), 1, 0);
+        qp.push(Frame::from(vec![0; 10_000]), 3, 0);
+        qp.push(Frame::from(vec![0; 100]), 1, 0);
         assert_eq!(qp.end_psn, 4);
         for psn in 0..4 {
             qp.record_send(psn, 10 * psn);

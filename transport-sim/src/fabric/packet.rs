@@ -1,7 +1,7 @@
 //! Packets on the simulated wire.
 
 use super::topology::{HostIdx, PortId};
-use bytes::Bytes;
+use weir_core::wire::Frame;
 
 /// Traffic class of control frames (ACK, NACK, CNP, PAUSE): strict priority, never
 /// paused.
@@ -21,7 +21,7 @@ pub enum Kind {
         /// Payload bytes.
         payload: u32,
         /// The whole message, on its last packet only.
-        msg: Option<Bytes>,
+        msg: Option<Frame>,
         /// When the message was handed to the sender (for flow completion times).
         msg_sent_ns: u64,
     },

@@ -10,7 +10,7 @@ use super::packet::Kind;
 use super::telemetry::DropReason;
 use super::topology::{HostIdx, PortId};
 use super::Engine;
-use bytes::Bytes;
+use weir_core::wire::Frame;
 
 /// Duplicate ACKs that signal a loss.
 const DUPACK_THRESHOLD: u32 = 3;
@@ -24,7 +24,7 @@ impl Engine {
         src: HostIdx,
         psn: u64,
         ce: bool,
-        msg: Option<Bytes>,
+        msg: Option<Frame>,
         msg_sent_ns: u64,
     ) {
         let rq = self.recv_qp(h, src);

@@ -24,7 +24,7 @@ fn engine(config: FabricConfig) -> Engine {
 fn one_packet_costs_two_serializations_two_propagations_and_the_switch() {
     let config = no_cc(2);
     let mut e = engine(config.clone());
-    e.send(0, 0, 1, Bytes::from(vec![0; 1000]));
+    e.send(0, 0, 1, Frame::from(vec![0; 1000]));
     let d = e.run_until_idle(u64::MAX);
     assert_eq!(d.len(), 1);
     let ser =
@@ -41,10 +41,10 @@ fn messages_between_a_pair_arrive_in_order_and_whole() {
     for i in 0..50u8 {
         let t = u64::from(i) * 10;
         d.extend(e.advance(t));
-        e.send(t, 0, 1, Bytes::from(vec![i; 100 + 997 * i as usize]));
+        e.send(t, 0, 1, Frame::from(vec![i; 100 + 997 * i as usize]));
     }
     d.extend(e.run_until_idle(u64::MAX));
-    let order: Vec<u8> = d.iter().map(|d| d.frame[0]).collect();
+    let order: Vec<u8> = d.iter().map(|d| d.frame.head[0]).collect();
     assert_eq!(order, (0..50).collect::<Vec<_>>());
     assert!(d
         .iter()
@@ -55,7 +55,7 @@ fn messages_between_a_pair_arrive_in_order_and_whole() {
 
 #[test]
 fn two_senders_into_one_receiver_take_twice_as_long() {
-    let msg = || Bytes::from(vec![0; 1 << 20]);
+    let msg = || Frame::from(vec![0; 1 << 20]);
     let mut alone = engine(no_cc(3));
     for _ in 0..8 {
         alone.send(0, 0, 2, msg());
@@ -86,7 +86,7 @@ fn star_dcqcn(hosts: usize, seed: u64) -> FabricConfig {
 /// Host 0 sends `n` messages of `len` bytes to host 1; returns deliveries.
 fn stream(e: &mut Engine, n: usize, len: usize) -> Vec<Delivery> {
     for i in 0..n {
-        e.send(0, 0, 1, Bytes::from(vec![i as u8; len]));
+        e.send(0, 0, 1, Frame::from(vec![i as u8; len]));
     }
     e.run_until_idle(u64::MAX)
 }
@@ -95,7 +95,7 @@ fn assert_in_order(d: &[Delivery], n: usize, len: usize) {
     assert_eq!(d.len(), n, "messages lost");
     for (i, m) in d.iter().enumerate() {
         assert_eq!(m.frame.len(), len);
-        assert_eq!(m.frame[0], i as u8, "message {i} out of order");
+        assert_eq!(m.frame.head[0], i as u8, "message {i} out of order");
     }
 }
 
@@ -158,7 +158,7 @@ fn a_pfc_storm_stops_traffic_to_the_stormer_and_spreads_pauses() {
     let mut e = engine(star_dcqcn(3, 4));
     e.inject(0, Fault::PfcStorm { host: 2, on: true });
     for i in 0..20 {
-        e.send(0, 0, 2, Bytes::from(vec![i; 200_000]));
+        e.send(0, 0, 2, Frame::from(vec![i; 200_000]));
     }
     let d = e.run_until_idle(2_000_000);
     assert!(d.is_empty(), "a paused receiver got data");
@@ -184,8 +184,8 @@ fn a_switch_reboot_drops_its_queues_and_traffic_recovers() {
         },
     );
     for i in 0..30 {
-        e.send(0, 0, 2, Bytes::from(vec![i; 50_000]));
-        e.send(0, 1, 2, Bytes::from(vec![i; 50_000]));
+        e.send(0, 0, 2, Frame::from(vec![i; 50_000]));
+        e.send(0, 1, 2, Frame::from(vec![i; 50_000]));
     }
     let d = e.run_until_idle(u64::MAX);
     assert_eq!(d.len(), 60);
@@ -212,7 +212,7 @@ fn leaf_spine_ecmp_spreads_flows_over_every_spine() {
     };
     let mut e = engine(config);
     for src in 0..16 {
-        e.send(0, src, 16 + src, Bytes::from(vec![0; 100_000]));
+        e.send(0, src, 16 + src, Frame::from(vec![0; 100_000]));
     }
     let d = e.run_until_idle(u64::MAX);
     assert_eq!(d.len(), 16);
@@ -233,7 +233,7 @@ fn the_seed_decides_everything() {
         let mut e = engine(star_dcqcn(5, seed));
         for src in 0..4 {
             for _ in 0..20 {
-                e.send(0, src, 4, Bytes::from(vec![0; 100_000]));
+                e.send(0, src, 4, Frame::from(vec![0; 100_000]));
             }
         }
         let d = e.run_until_idle(u64::MAX);
@@ -297,7 +297,7 @@ fn a_queued_xon_never_overtakes_its_xoff() {
     let mut e = engine(star_dcqcn(2, 1));
     let sw_port = e.wiring().ports[e.wiring().host_ports[0][0]].peer;
     // Keep the switch port busy so both frames queue behind a packet.
-    e.send(0, 1, 0, Bytes::from(vec![0; 4096]));
+    e.send(0, 1, 0, Frame::from(vec![0; 4096]));
     e.run_until_idle(2_200);
     e.send_pause(sw_port, true);
     e.send_pause(sw_port, false);

@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_real as tokio;
+use weir_core::wire::Frame;
 use weir_core::wire::Message;
 use weir_core::{NodeId, RequestId, Transport};
 use weir_transport_tcp::{TcpConfig, TcpTransport};
@@ -93,7 +94,7 @@ pub(crate) fn pattern(seed: u64, len: usize) -> Bytes {
 }
 
 /// The encoded frame of [`message`]`(i)`.
-pub(crate) fn frame(i: u64) -> Bytes {
+pub(crate) fn frame(i: u64) -> Frame {
     message(i).encode().expect("test messages encode")
 }
 
@@ -101,7 +102,7 @@ pub(crate) fn frame(i: u64) -> Bytes {
 pub(crate) async fn recv_within(t: &TcpTransport, wait: Duration) -> Option<(NodeId, Message)> {
     match tokio::time::timeout(wait, t.recv()).await {
         Ok(Ok((from, frame))) => {
-            Some((from, Message::decode(&frame).expect("frames arrive intact")))
+            Some((from, Message::decode(frame).expect("frames arrive intact")))
         }
         Ok(Err(e)) => panic!("recv failed: {e}"),
         Err(_) => None,
@@ -165,6 +166,6 @@ pub(crate) async fn read_until_closed(stream: &mut TcpStream) -> usize {
 }
 
 /// Send `frame` to `to`; the send must be accepted.
-pub(crate) async fn send(t: &TcpTransport, to: u32, frame: Bytes) {
+pub(crate) async fn send(t: &TcpTransport, to: u32, frame: Frame) {
     t.send(NodeId(to), frame).await.expect("send accepted");
 }

@@ -70,7 +70,8 @@ impl Replicator {
         let capacity = self.map.volume().capacity_blocks;
         let gb = self.grains.grain_blocks();
         for (l, v) in versions {
-            if l.0 < capacity && l.0.is_multiple_of(gb) && v.0 > 0 {
+            let fits = crate::replication::grains::Grains::in_range(v);
+            if l.0 < capacity && l.0.is_multiple_of(gb) && v.0 > 0 && fits {
                 self.grains.set(self.grains.grain_of(l), v, true);
             }
         }

@@ -58,7 +58,7 @@ impl ReplicationConfig {
         crate::replication::grains::grain_blocks(
             self.version_grain_bytes,
             volume.block_size,
-            volume.extent_blocks,
+            (volume.extent_blocks, volume.capacity_blocks),
             volume.max_request_blocks,
         )
     }

@@ -499,7 +499,7 @@ impl Replicator {
             // node lost with its cache. Every such grain is sent at
             // `base`, above them all, so the replica takes this node's.
             Some(base) => (from..to)
-                .map(|g| self.grains.get(g).version.max(base))
+                .map(|g| self.grains.get(g).held().max(base))
                 .collect(),
             None => self
                 .grains
@@ -507,10 +507,12 @@ impl Replicator {
                 .zip(from..)
                 .take_while(|((g, _), want)| g == want)
                 .map(|((g, s), _)| {
+                    // A grain broken here (a write to it failed) goes at 0: the
+                    // replica keeps its own, as for a block never written here.
                     if skip == Some(self.grains.start_of(g)) {
                         Version::default()
                     } else {
-                        s.version
+                        s.held()
                     }
                 })
                 .collect(),

@@ -195,7 +195,7 @@ impl Replicator {
         }
         let blocks = u64::from(blocks);
         match self.check_fetch(from, extent, epoch, lba, blocks) {
-            Err(e) => self.send(from, Message::FetchBlocksOk { op, result: Err(e) }),
+            Err(e) => self.send(from, Message::fetched(op, Err(e))),
             // An in-sync replica asks its primary: answered under a shared lock.
             Ok(FetchRole::Primary) => {
                 let mine = self.op_id();
@@ -279,7 +279,7 @@ impl Replicator {
             unreachable!("matched a fetch");
         };
         let result = io_data(result);
-        self.send(to, Message::FetchBlocksOk { op: remote, result });
+        self.send(to, Message::fetched(remote, result));
         self.unlock(extent, op);
     }
 

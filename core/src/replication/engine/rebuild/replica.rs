@@ -37,11 +37,14 @@ impl Replicator {
                 continue;
             }
             self.grains.set(g, v, true);
-            // Its data is the copy's now, at the copy's version.
+            // Its data is the copy's now, of a version not known per block (the
+            // grain's is only the newest of its blocks'): logged as the oldest,
+            // so a retry of a write to it is applied again rather than taken as
+            // done.
             let write = applied::Applied {
                 lba: self.grains.start_of(g),
                 blocks: gb,
-                version: v,
+                version: Version(0),
             };
             self.applied.note(None, write, self.now_ns);
             match runs.last_mut() {
@@ -147,6 +150,12 @@ impl Replicator {
             data,
         } = copy;
         let blocks = self.blocks_in_extent(*extent, *lba, data.len())?;
+        if !versions
+            .iter()
+            .all(|&v| crate::replication::grains::Grains::in_range(v))
+        {
+            return Err(WeirError::VersionRegression);
+        }
         let gb = self.grains.grain_blocks();
         if !lba.0.is_multiple_of(gb) {
             return Err(WeirError::CrossesExtent);
