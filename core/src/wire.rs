@@ -405,11 +405,10 @@ impl Frame {
     }
 }
 
-impl Message {
-    /// The data this message carries as its frame's payload, if it is of a kind
-    /// that carries some.
-    pub fn payload(&self) -> Option<&Bytes> {
-        match self {
+/// The `data` of a message that carries a payload, borrowed as `$msg` is.
+macro_rules! payload_slot {
+    ($msg:expr) => {
+        match $msg {
             Message::Write { data, .. }
             | Message::ReadOk { data, .. }
             | Message::ReplicaWrite { data, .. }
@@ -424,6 +423,18 @@ impl Message {
             } => Some(data),
             _ => None,
         }
+    };
+}
+
+impl Message {
+    /// The data this message carries as its frame's payload, if it is of a kind
+    /// that carries some.
+    pub fn payload(&self) -> Option<&Bytes> {
+        payload_slot!(self)
+    }
+
+    fn payload_mut(&mut self) -> Option<&mut Bytes> {
+        payload_slot!(self)
     }
 
     /// A `FetchBlocksOk` for `op` answering with `result`'s blocks or error.
@@ -433,24 +444,6 @@ impl Message {
             Err(e) => (Err(e), Bytes::new()),
         };
         Message::FetchBlocksOk { op, result, data }
-    }
-
-    fn payload_mut(&mut self) -> Option<&mut Bytes> {
-        match self {
-            Message::Write { data, .. }
-            | Message::ReadOk { data, .. }
-            | Message::ReplicaWrite { data, .. }
-            | Message::FetchBlocksOk { data, .. }
-            | Message::RebuildWrite {
-                copy: RebuildCopy { data, .. },
-                ..
-            }
-            | Message::RebuildProbe {
-                copy: RebuildCopy { data, .. },
-                ..
-            } => Some(data),
-            _ => None,
-        }
     }
 
     /// Encode into a frame: the payload is shared, not copied.

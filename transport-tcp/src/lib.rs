@@ -11,14 +11,15 @@
 //!   version, node id, cluster id; see `hello.rs`), checked on both sides with a
 //!   timeout; TCP_NODELAY is set on every socket, since messages are latency
 //!   bound and already batched by the writer.
-//! - **Frames.** A message is one `weir_core::wire` frame, written as is: the
-//!   frame's own 8-byte header is the length prefix. Per connection, a writer
+//! - **Frames.** A message is one `weir_core::wire::Frame`, written as is: the
+//!   frame's own 12-byte header is the length prefix. Per connection, a writer
 //!   task drains a queue of frames into the socket with vectored writes straight
-//!   from the frames' buffers (no payload copy in user space), and a reader task
-//!   reads a header, checks it with `Message::body_len` (bad magic, version or a
-//!   length past `MAX_BODY_BYTES` closes that connection only), reads exactly the
-//!   body into a buffer sized once, and hands the whole frame to a bounded inbox
-//!   that `recv` drains. A hostile peer costs at most one frame of memory; a slow
+//!   from each frame's head and payload (no payload copy in user space), and a
+//!   reader task reads a header, checks it with `Message::frame_lens` (bad magic,
+//!   version or lengths past `MAX_BODY_BYTES` close that connection only), reads
+//!   the control part into a buffer sized once and the payload straight into
+//!   page-aligned memory (the one copy of it here, counted in `weir_core::copies`),
+//!   and hands the frame to a bounded inbox that `recv` drains. A hostile peer costs at most one frame of memory; a slow
 //!   node makes readers wait, and TCP flow control pushes back on the senders.
 //! - **Never blocking the engine.** `send` only queues: the node's single engine
 //!   task awaits it, so it must not wait on a slow or dead peer. Each connection's

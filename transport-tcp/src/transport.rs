@@ -460,6 +460,21 @@ impl Shared {
         Some(task)
     }
 
+    /// Run set-up connection `task` with `peer` on `stream` until it ends, then
+    /// forget it (see [`Shared::conn_ended`]).
+    async fn run_conn(
+        &self,
+        stream: TcpStream,
+        (peer, side): (NodeId, Side),
+        task: ConnTask,
+        shutdown: watch::Receiver<bool>,
+    ) {
+        let id = task.id;
+        let (inbox, pool) = (self.inbox.clone(), self.recv_pool.clone());
+        let end = conn::run(stream, peer, task, inbox, pool, shutdown).await;
+        self.conn_ended(peer, id, side, &end);
+    }
+
     /// Connection `id` with `peer` has ended: forget it unless it was already
     /// replaced. The next send to a peer we dial dials again at once.
     fn conn_ended(&self, peer: NodeId, id: ConnId, side: Side, end: &End) {
@@ -506,16 +521,9 @@ async fn dial_task(shared: Arc<Shared>, peer: NodeId, addr: SocketAddr, mut task
         Err(error) => shared.dial_failed(peer, id, &error),
         Ok((stream, rtt)) => {
             if shared.dial_succeeded(peer, id, rtt) {
-                let end = conn::run(
-                    stream,
-                    peer,
-                    task,
-                    shared.inbox.clone(),
-                    shared.recv_pool.clone(),
-                    shutdown,
-                )
-                .await;
-                shared.conn_ended(peer, id, Side::Outbound, &end);
+                shared
+                    .run_conn(stream, (peer, Side::Outbound), task, shutdown)
+                    .await;
             }
         }
     }
@@ -574,17 +582,9 @@ async fn inbound_task(
     let Some(task) = shared.register_inbound(peer, from) else {
         return;
     };
-    let id = task.id;
-    let end = conn::run(
-        stream,
-        peer,
-        task,
-        shared.inbox.clone(),
-        shared.recv_pool.clone(),
-        shutdown,
-    )
-    .await;
-    shared.conn_ended(peer, id, Side::Inbound, &end);
+    shared
+        .run_conn(stream, (peer, Side::Inbound), task, shutdown)
+        .await;
 }
 
 /// One of the [`INBOUND_CONNECTIONS_MAX`] places for an inbound connection, given
