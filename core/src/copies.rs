@@ -42,13 +42,14 @@ pub fn on_this_thread() -> u64 {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn copies_are_counted_per_process_and_per_thread() {
+    fn a_copy_counts_in_the_process_and_on_its_thread() {
         let (before, bytes_before) = super::total();
         let here = super::on_this_thread();
         super::note(4096);
-        std::thread::spawn(|| super::note(512)).join().unwrap();
-        assert_eq!(super::on_this_thread(), here + 1);
+        super::note(512);
+        assert_eq!(super::on_this_thread(), here + 2);
         let (after, bytes_after) = super::total();
+        // Other tests' threads may count too, never less.
         assert!(after >= before + 2 && bytes_after >= bytes_before + 4608);
     }
 }
