@@ -1,92 +1,332 @@
-//! Aligned buffers from a budgeted pool.
+//! The slab pool: aligned buffers carved from a few large regions.
 //!
-//! In production one pool is registered with the NIC and used as the device's DMA
-//! target, so a read goes SSD -> pool -> wire with no copy. The simulator and TCP use
-//! the same type over plain memory. Every buffer is 4 KiB-aligned and a whole number
-//! of 4 KiB pages; the pool has a byte budget fixed at start-up and refuses to go
-//! past it instead of growing without bound.
+//! A [`BufPool`] reserves its memory as *regions* (slabs) of at most
+//! [`REGION_BYTES_MAX`], each allocated once, when the pool first needs it, and
+//! kept until the pool is dropped. In production those regions are what the NIC
+//! registers (one memory registration per region) and what the device reads into
+//! and writes from, so a read goes SSD -> pool -> wire with no copy. A [`Buf`] is
+//! `(region, offset, len)`: what a scatter-gather entry or a DMA descriptor
+//! needs. [`BufPool::locate`] finds the region and offset of any bytes inside the
+//! pool (a frozen `Bytes`, a slice of one), as an RDMA stack looks up the memory
+//! registration of an address.
+//!
+//! Inside a region, blocks come in size classes of 4 KiB times a power of two,
+//! from a buddy allocator: a freed block merges with its free buddy, so memory
+//! freed in small blocks serves a large request again. Every buffer is 4 KiB
+//! aligned. The pool has a byte budget fixed at start-up and refuses to go past
+//! it instead of growing without bound; a buffer counts its whole block, and the
+//! regions reserved never pass the budget rounded up to a whole region.
+//!
+//! This file holds the only `unsafe` code of weir-core: handing out disjoint
+//! ranges of a region as buffers each owned by one [`Buf`].
 
 use bytes::Bytes;
+use std::alloc::Layout;
+use std::collections::BTreeSet;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Alignment and allocation granule of every buffer.
 pub const BUF_ALIGN: usize = 4096;
+/// The largest region a pool reserves at once (a smaller pool reserves its
+/// budget, rounded up to a power of two pages). It is also the largest buffer.
+pub const REGION_BYTES_MAX: usize = 64 << 20;
 
-#[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
-#[repr(C, align(4096))]
-struct Page([u8; BUF_ALIGN]);
-
-/// The pool refused an allocation because its budget is spent.
+/// The pool refused an allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("buffer pool exhausted: {requested} bytes requested, {free} of {budget} free")]
 pub struct PoolExhausted {
-    /// Bytes asked for (rounded up to pages).
+    /// Bytes asked for (rounded up to the block that would hold them).
     pub requested: usize,
-    /// Bytes still free.
+    /// Bytes still free within the budget (perhaps not in one block).
     pub free: usize,
     /// The pool's budget.
     pub budget: usize,
 }
 
-/// A budgeted source of aligned buffers. Cheap to clone; clones share the budget.
-#[derive(Clone, Debug)]
+/// Where a region's memory is, for registering it with a NIC or a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// The region's number in its pool, from 0.
+    pub id: u32,
+    /// Its first byte's address.
+    pub addr: usize,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
+/// One slab: memory allocated once, aligned to [`BUF_ALIGN`], zeroed.
+struct Region {
+    ptr: NonNull<u8>,
+    layout: Layout,
+    id: u32,
+}
+
+// SAFETY: a region is plain memory. Its bytes are reached only through `Buf`s,
+// each of which owns a range no other `Buf` overlaps (the buddy allocator hands
+// each block out once until it is freed), so sharing the region's pointer across
+// threads never makes two owners of one byte.
+unsafe impl Send for Region {}
+// SAFETY: as for `Send`: `&Region` gives no access to its bytes by itself.
+unsafe impl Sync for Region {}
+
+impl Region {
+    fn new(id: u32, bytes: usize) -> Region {
+        let layout = Layout::from_size_align(bytes, BUF_ALIGN).expect("region layout");
+        // SAFETY: `layout` has a non-zero size (at least one page).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Region { ptr, layout, id }
+    }
+
+    fn info(&self) -> RegionInfo {
+        RegionInfo {
+            id: self.id,
+            addr: self.ptr.as_ptr() as usize,
+            len: self.layout.size(),
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `Region::new` with this layout; every `Buf` holds an
+        // `Arc` of its region, so none is left when this runs.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Free blocks of one region by order (a block of order `k` is `2^k` pages),
+/// each a set of first pages.
+#[derive(Debug)]
+struct Buddy {
+    free: Vec<BTreeSet<u32>>,
+}
+
+impl Buddy {
+    /// A region of `2^top` pages, all free.
+    fn new(top: u32) -> Buddy {
+        let mut free = vec![BTreeSet::new(); top as usize + 1];
+        free[top as usize].insert(0);
+        Buddy { free }
+    }
+
+    fn top(&self) -> u32 {
+        self.free.len() as u32 - 1
+    }
+
+    /// The first page of a free block of `order`, split from a larger one if
+    /// need be.
+    fn alloc(&mut self, order: u32) -> Option<u32> {
+        let from = (order..=self.top()).find(|&k| !self.free[k as usize].is_empty())?;
+        let start = self.free[from as usize].pop_first()?;
+        for k in (order..from).rev() {
+            // Keep the lower half, free the upper one.
+            let inserted = self.free[k as usize].insert(start + (1 << k));
+            debug_assert!(inserted);
+        }
+        Some(start)
+    }
+
+    /// Give back the block of `order` at `start`, merged with its free buddies.
+    fn release(&mut self, mut start: u32, mut order: u32) {
+        while order < self.top() {
+            let buddy = start ^ (1 << order);
+            if !self.free[order as usize].remove(&buddy) {
+                break;
+            }
+            start = start.min(buddy);
+            order += 1;
+        }
+        let inserted = self.free[order as usize].insert(start);
+        assert!(inserted, "block at page {start} freed twice");
+    }
+
+    /// Free pages of the region.
+    fn free_pages(&self) -> u64 {
+        self.free
+            .iter()
+            .enumerate()
+            .map(|(k, set)| set.len() as u64 * (1 << k))
+            .sum()
+    }
+}
+
+/// A budgeted source of aligned buffers. Cheap to clone; clones share the pool.
+#[derive(Clone)]
 pub struct BufPool {
     inner: Arc<PoolInner>,
 }
 
-#[derive(Debug)]
 struct PoolInner {
     budget_bytes: usize,
     used_bytes: AtomicUsize,
+    /// Pages per region (a power of two).
+    region_pages: u32,
+    /// Regions reserved so far, each with its free blocks. Locked briefly, for an
+    /// allocation or a release, never across an await.
+    regions: Mutex<Vec<(Arc<Region>, Buddy)>>,
+}
+
+impl std::fmt::Debug for BufPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufPool")
+            .field("budget_bytes", &self.inner.budget_bytes)
+            .field("used_bytes", &self.used_bytes())
+            .finish()
+    }
+}
+
+/// The order of the smallest block of `pages` pages or more.
+fn order_of(pages: usize) -> u32 {
+    pages.next_power_of_two().trailing_zeros()
 }
 
 impl BufPool {
-    /// A pool that hands out at most `budget_bytes` at once.
+    /// A pool that hands out at most `budget_bytes` at once (a budget below
+    /// [`REGION_BYTES_MAX`] rounded up to a power of two pages), in regions of at
+    /// most [`REGION_BYTES_MAX`] reserved as it needs them.
     pub fn new(budget_bytes: usize) -> Self {
+        let pages = budget_bytes
+            .div_ceil(BUF_ALIGN)
+            .clamp(1, REGION_BYTES_MAX / BUF_ALIGN)
+            .next_power_of_two();
         BufPool {
             inner: Arc::new(PoolInner {
-                budget_bytes,
+                // A budget below a region is its one region: a pool made for one
+                // buffer of `len` bytes holds it, whatever block it takes.
+                budget_bytes: budget_bytes.max(pages * BUF_ALIGN),
                 used_bytes: AtomicUsize::new(0),
+                region_pages: pages as u32,
+                regions: Mutex::new(Vec::new()),
             }),
         }
     }
 
-    /// A zeroed buffer of `len` bytes (capacity rounded up to whole pages).
+    /// A zeroed buffer of `len` bytes, in a block of the smallest size class that
+    /// holds it.
     pub fn alloc(&self, len: usize) -> Result<Buf, PoolExhausted> {
-        let pages = len.div_ceil(BUF_ALIGN).max(1);
-        let bytes = pages * BUF_ALIGN;
-        let prev = self
-            .inner
+        let order = order_of(len.div_ceil(BUF_ALIGN).max(1));
+        let bytes = (1usize << order) * BUF_ALIGN;
+        let inner = &*self.inner;
+        let refuse = |used: usize| PoolExhausted {
+            requested: bytes,
+            free: inner.budget_bytes.saturating_sub(used),
+            budget: inner.budget_bytes,
+        };
+        if order > inner.region_pages.trailing_zeros() {
+            return Err(refuse(self.used_bytes()));
+        }
+        inner
             .used_bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                (used + bytes <= self.inner.budget_bytes).then_some(used + bytes)
+                (used + bytes <= inner.budget_bytes).then_some(used + bytes)
             })
-            .map_err(|used| PoolExhausted {
-                requested: bytes,
-                free: self.inner.budget_bytes - used,
-                budget: self.inner.budget_bytes,
-            })?;
-        debug_assert!(prev + bytes <= self.inner.budget_bytes);
-        Ok(Buf {
-            pages: vec![Page([0; BUF_ALIGN]); pages],
+            .map_err(refuse)?;
+        let mut regions = inner.regions.lock().unwrap_or_else(PoisonError::into_inner);
+        let found = regions
+            .iter_mut()
+            .find_map(|(region, buddy)| Some((region.clone(), buddy.alloc(order)?)));
+        let region_bytes = inner.region_pages as usize * BUF_ALIGN;
+        let (region, page) = match found {
+            Some(found) => found,
+            None if regions.len() * region_bytes >= inner.budget_bytes => {
+                // The regions that the budget allows are too fragmented for this
+                // size class: refuse rather than reserve past the budget.
+                drop(regions);
+                inner.used_bytes.fetch_sub(bytes, Ordering::AcqRel);
+                return Err(refuse(self.used_bytes()));
+            }
+            None => {
+                // The others are full or too fragmented for this size class.
+                let id = regions.len() as u32;
+                let region = Arc::new(Region::new(id, region_bytes));
+                let mut buddy = Buddy::new(inner.region_pages.trailing_zeros());
+                let page = buddy.alloc(order).expect("a fresh region holds any class");
+                regions.push((region.clone(), buddy));
+                (region, page)
+            }
+        };
+        drop(regions);
+        let offset = page as usize * BUF_ALIGN;
+        let buf = Buf {
+            region,
+            offset,
+            order,
             len,
             pool: self.inner.clone(),
-        })
+        };
+        // SAFETY: the block `[offset, offset + bytes)` lies inside the region (the
+        // buddy allocator only hands out blocks of it) and is owned by `buf` alone.
+        unsafe { buf.ptr().write_bytes(0, len) };
+        Ok(buf)
     }
 
-    /// Bytes currently handed out.
+    /// Bytes currently handed out (whole blocks).
     pub fn used_bytes(&self) -> usize {
         self.inner.used_bytes.load(Ordering::Acquire)
     }
+
+    /// The regions reserved so far (what a NIC or device registers).
+    pub fn regions(&self) -> Vec<RegionInfo> {
+        let regions = self.lock_regions();
+        regions.iter().map(|(r, _)| r.info()).collect()
+    }
+
+    /// The region and offset of `bytes` if they lie inside this pool's memory
+    /// (any part of a buffer from it, frozen or not).
+    pub fn locate(&self, bytes: &[u8]) -> Option<(u32, usize)> {
+        let (start, len) = (bytes.as_ptr() as usize, bytes.len());
+        let regions = self.lock_regions();
+        regions.iter().find_map(|(r, _)| {
+            let info = r.info();
+            let inside = start >= info.addr && start + len <= info.addr + info.len;
+            inside.then(|| (info.id, start - info.addr))
+        })
+    }
+
+    fn lock_regions(&self) -> std::sync::MutexGuard<'_, Vec<(Arc<Region>, Buddy)>> {
+        self.inner
+            .regions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The pool's accounting agrees with its free blocks: pages handed out plus
+    /// pages free make up every region.
+    pub fn self_check(&self) {
+        let regions = self.lock_regions();
+        let total: u64 = regions.len() as u64 * u64::from(self.inner.region_pages);
+        let free: u64 = regions.iter().map(|(_, b)| b.free_pages()).sum();
+        let used = (self.used_bytes() / BUF_ALIGN) as u64;
+        assert_eq!(
+            free + used,
+            total,
+            "pages free and in use make up the regions"
+        );
+        assert!(
+            self.used_bytes() <= self.inner.budget_bytes,
+            "within the budget"
+        );
+    }
 }
 
-/// An owned, 4 KiB-aligned buffer. Its bytes return to the pool's budget on drop.
+/// An owned, 4 KiB-aligned buffer: `len` bytes at `offset` in a region of its
+/// pool. Its block returns to the pool on drop.
 pub struct Buf {
-    pages: Vec<Page>,
+    region: Arc<Region>,
+    offset: usize,
+    order: u32,
     len: usize,
     pool: Arc<PoolInner>,
 }
+
+// SAFETY: a `Buf` owns its block exclusively (see `Region`); moving it to another
+// thread moves that ownership, and `&Buf` only reads.
+unsafe impl Send for Buf {}
+// SAFETY: as above: shared references only read the block.
+unsafe impl Sync for Buf {}
 
 impl Buf {
     /// Length in bytes.
@@ -99,34 +339,65 @@ impl Buf {
         self.len == 0
     }
 
-    /// Freeze into `Bytes` without copying; the budget is returned when the last
-    /// `Bytes` clone is dropped.
+    /// The region of its pool this buffer is in.
+    pub fn region(&self) -> u32 {
+        self.region.id
+    }
+
+    /// Its offset in that region, in bytes (a multiple of [`BUF_ALIGN`]).
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Freeze into `Bytes` without copying; the block returns to the pool when the
+    /// last `Bytes` clone is dropped.
     pub fn freeze(self) -> Bytes {
         Bytes::from_owner(self)
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: `offset` is inside the region's allocation (see `BufPool::alloc`).
+        unsafe { self.region.ptr.as_ptr().add(self.offset) }
     }
 }
 
 impl AsRef<[u8]> for Buf {
     fn as_ref(&self) -> &[u8] {
-        &bytemuck::cast_slice::<Page, u8>(&self.pages)[..self.len]
+        // SAFETY: `len` bytes from `ptr` lie in this buffer's block, which only this
+        // `Buf` reaches, and were initialised (zeroed) at allocation.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
     }
 }
 
 impl AsMut<[u8]> for Buf {
     fn as_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut::<Page, u8>(&mut self.pages)[..self.len]
+        // SAFETY: as for `as_ref`, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
     }
 }
 
 impl std::fmt::Debug for Buf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Buf").field("len", &self.len).finish()
+        f.debug_struct("Buf")
+            .field("region", &self.region.id)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
     }
 }
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        let bytes = self.pages.len() * BUF_ALIGN;
+        let bytes = (1usize << self.order) * BUF_ALIGN;
+        {
+            let mut regions = self
+                .pool
+                .regions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let (_, buddy) = &mut regions[self.region.id as usize];
+            buddy.release((self.offset / BUF_ALIGN) as u32, self.order);
+        }
         let prev = self.pool.used_bytes.fetch_sub(bytes, Ordering::AcqRel);
         assert!(prev >= bytes, "buffer pool accounting underflow");
     }
@@ -138,13 +409,14 @@ mod tests {
 
     #[test]
     fn buffers_are_aligned_and_budgeted() {
-        let pool = BufPool::new(3 * BUF_ALIGN);
+        let pool = BufPool::new(4 * BUF_ALIGN);
         let mut a = pool.alloc(5000).unwrap();
         assert_eq!(a.as_ref().as_ptr() as usize % BUF_ALIGN, 0);
         assert_eq!(a.len(), 5000);
         assert_eq!(pool.used_bytes(), 2 * BUF_ALIGN);
-        let err = pool.alloc(2 * BUF_ALIGN).unwrap_err();
-        assert_eq!(err.free, BUF_ALIGN);
+        // Three pages take a four-page block: more than is left.
+        let err = pool.alloc(3 * BUF_ALIGN).unwrap_err();
+        assert_eq!((err.requested, err.free), (4 * BUF_ALIGN, 2 * BUF_ALIGN));
         a.as_mut()[4999] = 7;
         let frozen = a.freeze();
         assert_eq!(frozen[4999], 7);
@@ -152,5 +424,97 @@ mod tests {
         drop(frozen);
         assert_eq!(pool.used_bytes(), 0);
         assert!(pool.alloc(3 * BUF_ALIGN).is_ok());
+        pool.self_check();
+    }
+
+    #[test]
+    fn a_buffer_knows_its_region_and_offset_and_bytes_inside_are_located() {
+        let pool = BufPool::new(2 * REGION_BYTES_MAX);
+        let a = pool.alloc(BUF_ALIGN).unwrap();
+        let b = pool.alloc(3 * BUF_ALIGN).unwrap();
+        assert_eq!((a.region(), a.offset()), (0, 0));
+        assert_eq!(
+            (b.region(), b.offset()),
+            (0, 4 * BUF_ALIGN),
+            "buddy of order 2"
+        );
+        let frozen = b.freeze();
+        assert_eq!(
+            pool.locate(&frozen[100..200]),
+            Some((0, 4 * BUF_ALIGN + 100))
+        );
+        assert_eq!(pool.locate(&[1u8, 2, 3]), None, "memory from elsewhere");
+        // A block as large as a region goes to a second region.
+        let big = pool.alloc(REGION_BYTES_MAX).unwrap();
+        assert_eq!((big.region(), big.offset()), (1, 0));
+        let regions = pool.regions();
+        assert_eq!(regions.len(), 2);
+        assert_eq!(regions[1].len, REGION_BYTES_MAX);
+        assert_eq!(regions[0].addr % BUF_ALIGN, 0);
+        assert!(pool.alloc(REGION_BYTES_MAX + 1).is_err(), "past a region");
+        pool.self_check();
+    }
+
+    #[test]
+    fn freed_blocks_merge_so_a_large_request_fits_again() {
+        let pool = BufPool::new(64 * BUF_ALIGN);
+        // Fill the region with single pages, dirty them, free them all.
+        let mut small: Vec<Buf> = (0..64).map(|_| pool.alloc(BUF_ALIGN).unwrap()).collect();
+        for b in &mut small {
+            b.as_mut().fill(0xAB);
+        }
+        assert!(pool.alloc(BUF_ALIGN).is_err(), "full");
+        // Free every other page: no two free pages are buddies.
+        let odd: Vec<Buf> = small
+            .drain(..)
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 1)
+            .map(|(_, b)| b)
+            .collect();
+        assert!(pool.alloc(2 * BUF_ALIGN).is_err(), "fragmented");
+        drop(odd);
+        pool.self_check();
+        let whole = pool.alloc(64 * BUF_ALIGN).unwrap();
+        assert_eq!(whole.offset(), 0);
+        assert!(whole.as_ref().iter().all(|&b| b == 0), "handed out zeroed");
+        assert_eq!(pool.regions().len(), 1, "no second region was needed");
+        pool.self_check();
+    }
+
+    #[test]
+    fn random_allocations_and_frees_keep_the_accounting_and_never_overlap() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let pool = BufPool::new(256 * BUF_ALIGN);
+        let mut held: Vec<Buf> = Vec::new();
+        for step in 0..5_000 {
+            if rng.gen_bool(0.55) {
+                let len = rng.gen_range(1..=40 * BUF_ALIGN);
+                if let Ok(mut b) = pool.alloc(len) {
+                    b.as_mut().fill((step % 251) as u8);
+                    held.push(b);
+                }
+            } else if !held.is_empty() {
+                let i = rng.gen_range(0..held.len());
+                let b = held.swap_remove(i);
+                let tag = b.as_ref()[0];
+                assert!(
+                    b.as_ref().iter().all(|&x| x == tag),
+                    "no other buffer wrote here"
+                );
+            }
+            if step % 500 == 0 {
+                pool.self_check();
+            }
+        }
+        let mut spans: Vec<(usize, usize)> = held
+            .iter()
+            .map(|b| (b.offset(), b.offset() + b.len()))
+            .collect();
+        spans.sort_unstable();
+        assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "disjoint");
+        drop(held);
+        assert_eq!(pool.used_bytes(), 0);
+        pool.self_check();
     }
 }

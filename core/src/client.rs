@@ -15,8 +15,8 @@
 use crate::error::WeirError;
 use crate::ids::{Lba, NodeId, RequestId};
 use crate::map::ClusterMap;
-use crate::transport::{Transport, TransportError};
-use crate::wire::{EncodeError, Message};
+use crate::transport::{SendError, Transport, TransportError};
+use crate::wire::{EncodeError, Frame, Message};
 use bytes::{Bytes, BytesMut};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -400,18 +400,20 @@ impl<T: Transport> Volume<T> {
             Some(map) => map.insert(req, (to, tx)),
             None => return Err(ClientError::Closed),
         };
-        if let Err(e) = self.transport.send(to, frame).await {
+        let forget = || {
             if let Some(map) = self.waiters.lock().expect("waiters lock").as_mut() {
                 map.remove(&req);
             }
-            return Err(e.into());
+        };
+        let deadline = crate::time::now() + CALL_TIMEOUT;
+        if let Err(e) = self.send_by(deadline, to, frame).await {
+            forget();
+            return Err(e);
         }
-        let reply = match tokio::time::timeout(CALL_TIMEOUT, rx).await {
+        let reply = match tokio::time::timeout(left(deadline), rx).await {
             Ok(reply) => reply.map_err(|_| ClientError::Closed)?,
             Err(_) => {
-                if let Some(map) = self.waiters.lock().expect("waiters lock").as_mut() {
-                    map.remove(&req);
-                }
+                forget();
                 return Err(ClientError::Timeout(CALL_TIMEOUT));
             }
         };
@@ -420,6 +422,36 @@ impl<T: Transport> Volume<T> {
             reply => Ok(reply),
         }
     }
+
+    /// Send `frame` to `to`; while the transport's queue towards it is full, wait
+    /// for room (this request's caller waits, nobody else), until `deadline`.
+    async fn send_by(
+        &self,
+        deadline: tokio::time::Instant,
+        to: NodeId,
+        mut frame: Frame,
+    ) -> Result<(), ClientError> {
+        loop {
+            match self.transport.send(to, frame) {
+                Ok(()) => return Ok(()),
+                Err(SendError::Refused(e)) => return Err(e.into()),
+                Err(SendError::Full(held)) => {
+                    frame = held;
+                    if tokio::time::timeout(left(deadline), self.transport.writable())
+                        .await
+                        .is_err()
+                    {
+                        return Err(ClientError::Timeout(CALL_TIMEOUT));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Time left until `deadline` (madsim's timers take durations only).
+fn left(deadline: tokio::time::Instant) -> Duration {
+    deadline.saturating_duration_since(crate::time::now())
 }
 
 /// Split `[lba, lba + blocks)` at extent boundaries and request-size limits, after

@@ -14,13 +14,28 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 static TOTAL: AtomicU64 = AtomicU64::new(0);
 static TOTAL_BYTES: AtomicU64 = AtomicU64::new(0);
+static RECEIVED: AtomicU64 = AtomicU64::new(0);
+
+/// Why a payload was copied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Copy {
+    /// Received off a socket (TCP, NBD) into pool memory: the one copy a
+    /// kernel-socket transport cannot avoid, and the only one weir allows itself.
+    Receive,
+    /// Anything else: a frame made contiguous, an unaligned write copied for
+    /// O_DIRECT.
+    Other,
+}
 
 thread_local! {
     static HERE: Cell<u64> = const { Cell::new(0) };
 }
 
-/// One payload of `bytes` bytes was copied.
-pub fn note(bytes: usize) {
+/// One payload of `bytes` bytes was copied, for `why`.
+pub fn note(bytes: usize, why: Copy) {
+    if why == Copy::Receive {
+        RECEIVED.fetch_add(1, Ordering::Relaxed);
+    }
     TOTAL.fetch_add(1, Ordering::Relaxed);
     TOTAL_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
     HERE.with(|c| c.set(c.get() + 1));
@@ -34,6 +49,11 @@ pub fn total() -> (u64, u64) {
     )
 }
 
+/// Payload copies in this process so far that were not a receipt off a socket.
+pub fn beyond_receive() -> u64 {
+    TOTAL.load(Ordering::Relaxed) - RECEIVED.load(Ordering::Relaxed)
+}
+
 /// Payload copies on this thread so far.
 pub fn on_this_thread() -> u64 {
     HERE.with(Cell::get)
@@ -45,9 +65,10 @@ mod tests {
     fn a_copy_counts_in_the_process_and_on_its_thread() {
         let (before, bytes_before) = super::total();
         let here = super::on_this_thread();
-        super::note(4096);
-        super::note(512);
+        super::note(4096, super::Copy::Receive);
+        super::note(512, super::Copy::Other);
         assert_eq!(super::on_this_thread(), here + 2);
+        assert!(super::beyond_receive() >= 1);
         let (after, bytes_after) = super::total();
         // Other tests' threads may count too, never less.
         assert!(after >= before + 2 && bytes_after >= bytes_before + 4608);

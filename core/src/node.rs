@@ -10,6 +10,7 @@ use crate::control::{ClusterState, Command, ControlPlane, PlaneAction};
 use crate::device::{BlockDevice, DevCommand, DevCompletion, DevError};
 use crate::error::WeirError;
 use crate::events::Event;
+use crate::flow::{Flow, Sent};
 use crate::ids::{Lba, NodeId};
 use crate::map::ClusterMap;
 use crate::replication::engine::RebuildProgress;
@@ -94,6 +95,9 @@ pub struct NodeReport {
     pub version_bytes: u64,
     /// Records in the applied log (bounded).
     pub applied_records: u64,
+    /// The flow towards each peer it sent to: frames sent, held, dropped, and
+    /// the transport's congestion signals.
+    pub flow: Vec<(NodeId, crate::flow::PeerFlow)>,
 }
 
 /// The daemon's handle on a running node: ask for map changes, watch its reports.
@@ -212,6 +216,9 @@ pub struct Node<T, D> {
     transport: Arc<T>,
     device: Arc<D>,
     engine: Replicator,
+    /// Frames held for peers whose transport queue is full, and each path's
+    /// signals.
+    flow: Flow,
     pool: BufPool,
     /// Device blocks per volume block.
     scale: u64,
@@ -297,6 +304,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             transport,
             device,
             engine: Replicator::new(me, map, config),
+            flow: Flow::new(),
             pool,
             scale,
             control: None,
@@ -394,6 +402,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             r.device_inflight = self.device_inflight.len();
             r.checkpoints = self.engine.checkpoints_written().0;
             (r.version_bytes, r.applied_records) = self.engine.version_memory();
+            r.flow = self.flow.report();
         });
     }
 
@@ -446,7 +455,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         // After a stall (a paused process), one tick, not a burst of missed ones.
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            self.drain_actions(&done_tx, start).await?;
+            self.drain_actions(&done_tx, start)?;
             // Checkpoints asked for are written down once drained.
             let finished = self.engine.checkpoints_finished();
             for (_, done) in self
@@ -461,6 +470,10 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 biased;
                 Some((io, result)) = done_rx.recv() => self.completed(io, result),
                 _ = ticker.tick(), if self.control.is_some() => self.on_tick(start),
+                // Held frames go out as soon as their queue has room.
+                _ = self.transport.writable(), if self.flow.holding() => {
+                    self.flow.flush(&*self.transport)?;
+                }
                 Some(request) = recv_request(&mut self.requests) => self.on_request(request),
                 frame = self.transport.recv() => {
                     let (from, frame) = frame?;
@@ -541,7 +554,18 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
         self.clock();
         self.engine.handle_tick(now);
+        self.record_signals();
         self.report();
+    }
+
+    /// Read the transport's signals towards every other node of the map.
+    fn record_signals(&mut self) {
+        let me = self.engine.id();
+        for &peer in self.engine.map().nodes() {
+            if peer != me {
+                self.flow.record_signals(peer, self.transport.signals(peer));
+            }
+        }
     }
 
     /// A request through the [`NodeHandle`].
@@ -602,7 +626,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
     }
 
-    async fn drain_actions(
+    fn drain_actions(
         &mut self,
         done: &mpsc::Sender<(IoId, IoResult)>,
         start: tokio::time::Instant,
@@ -615,7 +639,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             while let Some(action) = self.control.as_mut().and_then(|(p, ..)| p.poll_action()) {
                 idle = false;
                 match action {
-                    PlaneAction::Send { to, msg } => self.send(to, msg).await?,
+                    PlaneAction::Send { to, msg } => self.send(to, msg)?,
                     PlaneAction::Map(state) => match self.engine.map().with_state(state) {
                         Ok(map) => {
                             self.clock();
@@ -634,7 +658,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             while let Some(action) = self.engine.poll_action() {
                 idle = false;
                 match action {
-                    Action::Send { to, msg } => self.send(to, msg).await?,
+                    Action::Send { to, msg } => self.send(to, msg)?,
                     Action::Control { command } => match &mut self.control {
                         Some((plane, ..)) => plane.request(&command),
                         None => tracing::warn!(?command, "no control plane to ask"),
@@ -677,7 +701,9 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
     }
 
-    async fn send(&self, to: NodeId, msg: Message) -> Result<(), NodeError> {
+    /// Encode `msg` and send it to `to`, or hold it until `to`'s queue has room.
+    /// Never waits.
+    fn send(&mut self, to: NodeId, msg: Message) -> Result<(), NodeError> {
         // The map bounds every request below the frame limit, so an encoding failure
         // is a bug: say so loudly, keep serving.
         let frame = match msg.encode() {
@@ -689,8 +715,12 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         };
         // One unreachable peer (a client gone) must not stop the node; only a
         // closed transport does.
-        match self.transport.send(to, frame).await {
-            Ok(()) => Ok(()),
+        match self.flow.send(&*self.transport, to, frame) {
+            Ok(Sent::Taken | Sent::Held) => Ok(()),
+            Ok(Sent::Dropped) => {
+                tracing::warn!(%to, "frames held past the bound dropped (as a reset would)");
+                Ok(())
+            }
             Err(TransportError::Closed) => Err(TransportError::Closed.into()),
             Err(e) => {
                 tracing::warn!(%to, error = %e, "send failed; dropped");

@@ -44,18 +44,48 @@ pub struct CongestionSignals {
     pub rtt_ns_last: u64,
 }
 
-/// Reliable, ordered message delivery between nodes.
+/// Why [`Transport::send`] did not take a frame.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The queue towards the peer is full: the frame is handed back, unsent.
+    /// [`Transport::writable`] says when a queue that refused one has room again.
+    /// This is back-pressure, not loss: the caller keeps the frame (and its order).
+    #[error("the send queue towards the peer is full")]
+    Full(Frame),
+    /// The transport cannot send to the peer at all.
+    #[error(transparent)]
+    Refused(#[from] TransportError),
+}
+
+/// Message delivery between nodes. Every implementation (the simulator's fabric,
+/// TCP, RDMA) keeps this one contract:
+///
+/// - **Order.** Frames from one endpoint to another arrive in the order sent.
+/// - **Loss only at a reset.** A frame that was taken is delivered, unless the
+///   connection between the two endpoints resets (the peer restarted or was
+///   unreachable, a dial failed, the network lost it for good); then frames
+///   queued on it are lost, and later frames travel on a new connection. The
+///   replication engine recovers lost messages with its timeouts and retries.
+/// - **No waiting.** [`Transport::send`] never waits on the network or on a slow
+///   peer. Each peer has a bounded queue; when it is full, `send` hands the frame
+///   back ([`SendError::Full`]) and the caller decides: hold it and wait for
+///   [`Transport::writable`], or give up. One congested peer never stalls traffic
+///   to the others.
+/// - **Signals.** [`Transport::signals`] reports what the transport saw of the
+///   path to a peer (CNPs, ECN echoes, retransmits, RTT), cumulative; the node's
+///   flow owner ([`crate::flow`]) records them.
 pub trait Transport: Send + Sync + 'static {
     /// This endpoint's node id.
     fn local_id(&self) -> NodeId;
 
-    /// Queue `frame` for delivery to `to`. Returns once the transport has taken it;
-    /// delivery is reliable and in order per peer pair.
-    fn send(
-        &self,
-        to: NodeId,
-        frame: Frame,
-    ) -> impl Future<Output = Result<(), TransportError>> + Send;
+    /// Queue `frame` for delivery to `to`, or hand it back if `to`'s queue is full.
+    /// Never waits. A queue that is empty takes any frame that is not too large, so
+    /// no frame is refused for ever.
+    fn send(&self, to: NodeId, frame: Frame) -> Result<(), SendError>;
+
+    /// Resolves once a queue that refused a frame since the last call can take a
+    /// frame of any size (at once if one can now, or if none refused).
+    fn writable(&self) -> impl Future<Output = ()> + Send;
 
     /// The next frame addressed to this endpoint, with its sender.
     fn recv(&self) -> impl Future<Output = Result<(NodeId, Frame), TransportError>> + Send;

@@ -397,7 +397,7 @@ impl Frame {
         if self.payload.is_empty() {
             return self.head.clone();
         }
-        crate::copies::note(self.payload.len());
+        crate::copies::note(self.payload.len(), crate::copies::Copy::Other);
         let mut out = BytesMut::with_capacity(self.len());
         out.put_slice(&self.head);
         out.put_slice(&self.payload);

@@ -117,16 +117,18 @@ fn main() {
     // Payload copies summed over a weir target's nodes (its port offset and
     // node count); none for qemu-nbd.
     let weirs: [Option<(u16, u16)>; 3] = [Some((3000, 1)), None, Some((4000, 3))];
+    // (all copies, copies other than a receipt off a socket)
     let copies = |i: usize| {
         weirs[i].map(|(offset, nodes)| {
             (1..=nodes)
                 .map(|n| {
-                    metric(
-                        &format!("127.0.0.1:{}", 9400 + n + offset),
-                        "weir_payload_copies",
+                    let at = format!("127.0.0.1:{}", 9400 + n + offset);
+                    (
+                        metric(&at, "weir_payload_copies"),
+                        metric(&at, "weir_payload_copies_beyond_receive"),
                     )
                 })
-                .sum::<u64>()
+                .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
         })
     };
     let mut results = vec![[Result::default(); 3]; JOBS.len()];
@@ -137,11 +139,13 @@ fn main() {
             let before = copies(i);
             results[j][i] = fio(&t.uri, (job.rw, job.bs), 32, SIZE, Some(runtime));
             if job.rw == "randwrite" {
-                let writes = results[j][i].iops * runtime as f64;
-                write_copies[i] = before
-                    .zip(copies(i))
-                    .zip(weirs[i])
-                    .map(|((b, a), (_, nodes))| (a - b) as f64 / writes / f64::from(nodes));
+                let per = results[j][i].iops * runtime as f64;
+                write_copies[i] = before.zip(copies(i)).zip(weirs[i]).map(
+                    |(((all0, other0), (all1, other1)), (_, nodes))| {
+                        let per = per * f64::from(nodes);
+                        ((all1 - all0) as f64 / per, (other1 - other0) as f64 / per)
+                    },
+                );
             }
         }
     }
@@ -177,9 +181,9 @@ fn main() {
         );
     }
     for (i, t) in targets.iter().enumerate() {
-        if let Some(per) = write_copies[i] {
+        if let Some((all, other)) = write_copies[i] {
             println!(
-                "payload copies per 4k random write and node, {}: {per:.2}",
+                "payload copies per 4k random write and node, {}: {all:.2} ({other:.2} other than a receipt off a socket)",
                 t.label
             );
         }

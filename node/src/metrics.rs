@@ -29,6 +29,13 @@ pub struct State {
     pub state: String,
 }
 
+/// Label of a per-peer metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Peer {
+    /// The peer's node id.
+    pub peer: u32,
+}
+
 fn latency_histogram() -> Histogram {
     // 10 us to ~5 s.
     Histogram::new(exponential_buckets(10e-6, 2.0, 20))
@@ -50,9 +57,13 @@ pub struct Metrics {
     version_bytes: Gauge,
     applied_records: Gauge,
     payload_copies: Gauge,
+    payload_copies_beyond_receive: Gauge,
     nodes_up: Gauge,
     leader: Gauge,
     volumes: Gauge,
+    /// Per peer: the flow owner's counts and the transport's signals
+    /// (`weir_core::flow`), as gauges set from the node's report.
+    flow: [(&'static str, &'static str, Family<Peer, Gauge>); 8],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -84,10 +95,40 @@ impl Metrics {
             version_bytes: Gauge::default(),
             applied_records: Gauge::default(),
             payload_copies: Gauge::default(),
+            payload_copies_beyond_receive: Gauge::default(),
             device_healthy: Gauge::default(),
             nodes_up: Gauge::default(),
             leader: Gauge::default(),
             volumes: Gauge::default(),
+            flow: [
+                (
+                    "peer_frames_sent",
+                    "Frames sent to the peer (taken by the transport)",
+                ),
+                (
+                    "peer_send_refusals",
+                    "Times the transport's queue towards the peer was full",
+                ),
+                (
+                    "peer_frames_held",
+                    "Frames held now until the peer's queue has room",
+                ),
+                (
+                    "peer_frames_dropped",
+                    "Frames dropped with held frames past the bound (64 MiB)",
+                ),
+                (
+                    "peer_cnps",
+                    "Congestion notification packets from the peer (RoCE)",
+                ),
+                ("peer_ecn_echoes", "ECN echoes from the peer (TCP)"),
+                ("peer_retransmits", "Packets retransmitted towards the peer"),
+                (
+                    "peer_rtt_ns",
+                    "Last round-trip time sample towards the peer, ns",
+                ),
+            ]
+            .map(|(name, help)| (name, help, Family::default())),
         };
         {
             let mut r = m.registry.lock().expect("registry");
@@ -145,6 +186,12 @@ impl Metrics {
                 m.payload_copies.clone(),
             );
             r.register(
+                "payload_copies_beyond_receive",
+                "Copies of block data other than its receipt off a socket (a frame \
+                 made contiguous, an unaligned write): 0 on weir's data path",
+                m.payload_copies_beyond_receive.clone(),
+            );
+            r.register(
                 "applied_log_records",
                 "Writes in the applied log behind idempotent retries (at most 65536)",
                 m.applied_records.clone(),
@@ -156,6 +203,9 @@ impl Metrics {
                 m.leader.clone(),
             );
             r.register("volumes", "Named volumes", m.volumes.clone());
+            for (name, help, family) in &m.flow {
+                r.register(*name, *help, family.clone());
+            }
         }
         m
     }
@@ -216,6 +266,8 @@ impl Metrics {
         self.applied_records.set(report.applied_records as i64);
         self.payload_copies
             .set(weir_core::copies::total().0.min(i64::MAX as u64) as i64);
+        self.payload_copies_beyond_receive
+            .set(weir_core::copies::beyond_receive().min(i64::MAX as u64) as i64);
         let up = report
             .state
             .nodes
@@ -225,6 +277,24 @@ impl Metrics {
         self.nodes_up.set(up as i64);
         self.leader.set(report.leader.map_or(0, |l| i64::from(l.0)));
         self.volumes.set(report.state.named.len() as i64);
+        for (peer, f) in &report.flow {
+            let values = [
+                f.sent,
+                f.refused,
+                f.held as u64,
+                f.dropped,
+                f.signals.cnps,
+                f.signals.ecn_echoes,
+                f.signals.retransmits,
+                f.signals.rtt_ns_last,
+            ];
+            let label = Peer { peer: peer.0 };
+            for ((.., family), value) in self.flow.iter().zip(values) {
+                family
+                    .get_or_create(&label)
+                    .set(value.min(i64::MAX as u64) as i64);
+            }
+        }
         let mut out = String::new();
         let registry = self.registry.lock().expect("registry");
         encode(&mut out, &registry).expect("writing to a String cannot fail");
@@ -245,6 +315,15 @@ mod tests {
         let report = NodeReport {
             checkpoints: 7,
             version_bytes: 2048,
+            flow: vec![(
+                NodeId(2),
+                weir_core::flow::PeerFlow {
+                    sent: 5,
+                    refused: 1,
+                    held: 2,
+                    ..Default::default()
+                },
+            )],
             ..NodeReport::default()
         };
         let text = m.render(NodeId(1), &report);
@@ -267,6 +346,18 @@ mod tests {
         assert!(text.contains("weir_device_healthy 0"), "{text}");
         assert!(text.contains("weir_version_checkpoints 7"), "{text}");
         assert!(text.contains("weir_version_grain_bytes 2048"), "{text}");
+        assert!(
+            text.contains("weir_peer_frames_sent{peer=\"2\"} 5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("weir_peer_send_refusals{peer=\"2\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("weir_peer_frames_held{peer=\"2\"} 2"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

@@ -441,7 +441,7 @@ async fn transmission<B: Backend>(
             if let Err(e) = r.read_exact(buf.as_mut()).await {
                 break Err(e.into());
             }
-            weir_core::copies::note(len as usize);
+            weir_core::copies::note(len as usize, weir_core::copies::Copy::Receive);
             Some(buf.freeze())
         } else {
             None

@@ -4,20 +4,27 @@
 //! socket writes, two reads and two wake-ups less per request). Messages to every
 //! other node still go over TCP.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio_real::sync::{mpsc, Mutex};
-use weir_core::transport::{CongestionSignals, Transport, TransportError};
+use weir_core::transport::{CongestionSignals, SendError, Transport, TransportError};
 use weir_core::wire::Frame;
 use weir_core::NodeId;
 use weir_transport_tcp::TcpTransport;
+
+/// Frames in the channel towards the other side at most; past it `send` hands
+/// frames back, as a full TCP queue would.
+pub const SPLICE_FRAMES_MAX: usize = 4096;
 
 /// One side of the splice: `inner` for everyone, a channel for `peer`.
 pub struct Spliced {
     inner: Option<Arc<TcpTransport>>,
     me: NodeId,
     peer: NodeId,
-    to_peer: mpsc::UnboundedSender<(NodeId, Frame)>,
-    from_peer: Mutex<mpsc::UnboundedReceiver<(NodeId, Frame)>>,
+    to_peer: mpsc::Sender<(NodeId, Frame)>,
+    from_peer: Mutex<mpsc::Receiver<(NodeId, Frame)>>,
+    /// The channel refused a frame and has not had room since.
+    refused: AtomicBool,
 }
 
 /// Splice endpoint `a` (with its TCP transport) and endpoint `b` (with its own, if
@@ -28,8 +35,8 @@ pub fn splice(
     b: NodeId,
     b_tcp: Option<Arc<TcpTransport>>,
 ) -> (Arc<Spliced>, Arc<Spliced>) {
-    let (to_b, from_a) = mpsc::unbounded_channel();
-    let (to_a, from_b) = mpsc::unbounded_channel();
+    let (to_b, from_a) = mpsc::channel(SPLICE_FRAMES_MAX);
+    let (to_a, from_b) = mpsc::channel(SPLICE_FRAMES_MAX);
     let side = |inner, me, peer, to_peer, from_peer| {
         Arc::new(Spliced {
             inner,
@@ -37,6 +44,7 @@ pub fn splice(
             peer,
             to_peer,
             from_peer: Mutex::new(from_peer),
+            refused: AtomicBool::new(false),
         })
     };
     (
@@ -50,18 +58,40 @@ impl Transport for Spliced {
         self.me
     }
 
-    async fn send(&self, to: NodeId, frame: Frame) -> Result<(), TransportError> {
+    fn send(&self, to: NodeId, frame: Frame) -> Result<(), SendError> {
         if to == self.peer {
-            // The other side's receiver lives as long as the process's node; if it
-            // is gone the frame is lost like on a closed connection.
-            return self
-                .to_peer
-                .send((self.me, frame))
-                .map_err(|_| TransportError::Closed);
+            return match self.to_peer.try_send((self.me, frame)) {
+                Ok(()) => Ok(()),
+                Err(mpsc::error::TrySendError::Full((_, frame))) => {
+                    self.refused.store(true, Ordering::Release);
+                    Err(SendError::Full(frame))
+                }
+                // The other side's receiver lives as long as the process's node;
+                // if it is gone the frame is lost like on a closed connection.
+                Err(mpsc::error::TrySendError::Closed(_)) => Err(TransportError::Closed.into()),
+            };
         }
         match &self.inner {
-            Some(tcp) => tcp.send(to, frame).await,
-            None => Err(TransportError::UnknownPeer(to)),
+            Some(tcp) => tcp.send(to, frame),
+            None => Err(TransportError::UnknownPeer(to).into()),
+        }
+    }
+
+    async fn writable(&self) {
+        let channel = async {
+            // A permit means room; dropping it gives the slot back.
+            let _ = self.to_peer.reserve().await;
+            self.refused.store(false, Ordering::Release);
+        };
+        let local = self.refused.load(Ordering::Acquire);
+        match &self.inner {
+            Some(tcp) if tcp.refusing() && local => tokio_real::select! {
+                () = channel => {}
+                () = tcp.writable() => {}
+            },
+            Some(tcp) if tcp.refusing() => tcp.writable().await,
+            _ if local => channel.await,
+            _ => {}
         }
     }
 
@@ -102,25 +132,42 @@ mod tests {
         .unwrap();
         let (a, b) = splice(NodeId(1), Some(tcp_a.clone()), NodeId(900), None);
         b.send(NodeId(1), Frame::from(b"to the node".to_vec()))
-            .await
             .unwrap();
         assert_eq!(
             a.recv().await.unwrap(),
             (NodeId(900), Frame::from(b"to the node".to_vec()))
         );
-        a.send(NodeId(900), Frame::from(b"reply".to_vec()))
-            .await
-            .unwrap();
+        a.send(NodeId(900), Frame::from(b"reply".to_vec())).unwrap();
         assert_eq!(
             b.recv().await.unwrap(),
             (NodeId(1), Frame::from(b"reply".to_vec()))
         );
         // b has no TCP: any other peer is unknown to it.
         assert_eq!(
-            b.send(NodeId(2), Frame::default()).await,
-            Err(TransportError::UnknownPeer(NodeId(2)))
+            b.send(NodeId(2), Frame::default()),
+            Err(TransportError::UnknownPeer(NodeId(2)).into())
         );
         assert_eq!(a.local_id(), NodeId(1));
         tcp_a.close();
+    }
+
+    #[tokio_real::test(crate = "tokio_real")]
+    async fn a_full_channel_hands_frames_back_until_the_other_side_takes_one() {
+        let (a, b) = splice(NodeId(1), None, NodeId(900), None);
+        // Nothing refused yet: writable at once.
+        a.writable().await;
+        for i in 0..SPLICE_FRAMES_MAX {
+            a.send(NodeId(900), Frame::from(vec![i as u8])).unwrap();
+        }
+        let last = Frame::from(b"one more".to_vec());
+        assert_eq!(
+            a.send(NodeId(900), last.clone()),
+            Err(SendError::Full(last.clone()))
+        );
+        let waiting = tokio_real::time::timeout(std::time::Duration::from_millis(50), a.writable());
+        assert!(waiting.await.is_err(), "no room until b takes a frame");
+        assert_eq!(b.recv().await.unwrap(), (NodeId(1), Frame::from(vec![0])));
+        a.writable().await;
+        a.send(NodeId(900), last).unwrap();
     }
 }

@@ -99,7 +99,7 @@ impl QueueShared {
                     .alloc(data.len())
                     .expect("copy pool budget covers queue_depth maximum transfers");
                 buf.as_mut().copy_from_slice(&data);
-                weir_core::copies::note(data.len());
+                weir_core::copies::note(data.len(), weir_core::copies::Copy::Other);
                 OpKind::Write {
                     data: buf.freeze(),
                     fua,

@@ -132,6 +132,9 @@ pub struct Report {
     pub grain_bytes: u64,
     /// Payload copies weir's code made during the run (see `weir_core::copies`).
     pub payload_copies: u64,
+    /// The nodes' flow counts over the run: frames a full transport
+    /// queue refused, held, dropped (see `weir_core::flow`).
+    pub flow: weir_core::flow::FlowTotals,
     /// Faults injected, described, in time order.
     pub faults: Vec<String>,
     /// Control-plane events (nodes down and up, failovers), in time order.
@@ -191,6 +194,7 @@ impl Report {
             clocks: String::new(),
             grain_bytes: 0,
             payload_copies: 0,
+            flow: Default::default(),
             node_events: Vec::new(),
             faults: Vec::new(),
             events: Vec::new(),
@@ -281,6 +285,11 @@ impl fmt::Display for Report {
             "  copies  {} payload copies, {:.2} per replicated write",
             self.payload_copies,
             self.payload_copies as f64 / self.write.count.max(1) as f64
+        )?;
+        writeln!(
+            f,
+            "  flow    {} sends refused by a full queue, {} frames held until it had room, {} dropped",
+            self.flow.refused, self.flow.held, self.flow.dropped
         )?;
         let fb = &self.fabric;
         writeln!(

@@ -116,6 +116,7 @@ fn fabric_config(scenario: &Scenario) -> FabricConfig {
     };
     config.host_link.delay_ns = f.link_delay_ns;
     config.nic.mtu_bytes = f.mtu_bytes;
+    config.nic.send_queue_bytes_max = f.send_queue_kib << 10;
     if let Some(tcp) = &mut config.tcp {
         tcp.params.mss = u64::from(f.mtu_bytes);
         config.switch.buffer_bytes = f.buffer_mib << 20;
@@ -156,6 +157,7 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
 async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOptions) -> Outcome {
     let cluster_start = Instant::now();
     let copies_before = weir_core::copies::on_this_thread();
+    let flow_before = weir_core::flow::on_this_thread();
     let fabric = Fabric::current();
     fabric
         .configure(fabric_config(&scenario))
@@ -281,6 +283,12 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     report.clocks = clocks_line(&skews, config.lease_margin_ns);
     report.grain_bytes = config.grain_blocks(map.volume()) * u64::from(map.volume().block_size);
     report.payload_copies = weir_core::copies::on_this_thread() - copies_before;
+    let flow = weir_core::flow::on_this_thread();
+    report.flow = weir_core::flow::FlowTotals {
+        refused: flow.refused - flow_before.refused,
+        held: flow.held - flow_before.held,
+        dropped: flow.dropped - flow_before.dropped,
+    };
     let node_events: Vec<(u64, Event)> =
         events.lock().expect("event log").iter().cloned().collect();
     // One line per rebuilt extent, or per repair, is too many for a report: one

@@ -256,6 +256,9 @@ pub struct FabricSpec {
     pub buffer_mib: u64,
     /// PFC on the data class.
     pub pfc: bool,
+    /// Bytes a host's NIC queues towards one peer before `send` refuses frames to
+    /// it (back-pressure to the node's flow owner), KiB.
+    pub send_queue_kib: u64,
 }
 
 impl Default for FabricSpec {
@@ -270,6 +273,7 @@ impl Default for FabricSpec {
             bdp_window: false,
             buffer_mib: 32,
             pfc: true,
+            send_queue_kib: 64 << 10,
         }
     }
 }
@@ -531,6 +535,9 @@ impl Scenario {
         }
         if f.buffer_mib == 0 || f.buffer_mib > 1024 {
             return bad("fabric.buffer_mib", "must be between 1 and 1024");
+        }
+        if f.send_queue_kib << 10 < u64::from(f.mtu_bytes) || f.send_queue_kib > 1 << 20 {
+            return bad("fabric.send_queue_kib", "must be between one MTU and 1 GiB");
         }
         // The promise holds while fewer than `replicas` copies fail: each node fault
         // takes a different node.

@@ -108,6 +108,23 @@ fn a_sweep_of_24_seeds_passes_every_checker() {
     );
 }
 
+/// A NIC queue of 64 KiB per peer: a primary's forwards of 64 KiB writes fill
+/// it, so the transport refuses frames and the node's flow owner holds them until
+/// there is room. Nothing is dropped, nothing lost, and the engine never waited.
+#[test]
+fn a_full_send_queue_pushes_back_and_loses_nothing() {
+    let mut s = short(20);
+    s.fabric.send_queue_kib = 64;
+    s.workload.block_size = 64 << 10;
+    s.workload.read_percent = 30;
+    let outcome = run(3, &s, "small send queues");
+    let r = &outcome.report;
+    assert!(r.passed(), "{r}");
+    assert!(r.flow.refused > 0, "no send was refused: {r}");
+    assert!(r.flow.held > 0, "{r}");
+    assert_eq!(r.flow.dropped, 0, "{r}");
+}
+
 #[test]
 fn a_hot_small_volume_makes_overlapping_writes_and_still_passes() {
     // 4 MiB: with QD32 x 2 clients, writes to the same block overlap all the time,

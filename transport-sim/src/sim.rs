@@ -17,24 +17,86 @@ use madsim::plugin::Simulator;
 use madsim::rand::GlobalRng;
 use madsim::runtime::Handle;
 use madsim::time::TimeHandle;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use weir_core::time::sleep_until_exact;
-use weir_core::transport::{CongestionSignals, Transport, TransportError};
+use weir_core::transport::{CongestionSignals, SendError, Transport, TransportError};
 use weir_core::wire::{Frame, HEADER_BYTES, MAX_BODY_BYTES};
 use weir_core::NodeId;
 
-type Inbox = mpsc::UnboundedSender<(NodeId, Frame)>;
+type Inbox = mpsc::Sender<(NodeId, Frame)>;
+
+/// Frames delivered to a host and not yet taken by it. Past this the fabric keeps
+/// further deliveries waiting (as a receiver's NIC with no receive buffers posted
+/// makes its senders wait), and they count against their sender's queue, so a
+/// receiver that does not keep up pushes back on its senders' `send`.
+pub const INBOX_FRAMES_MAX: usize = 256;
 
 struct State {
     engine: Engine,
     hosts: BTreeMap<NodeId, HostIdx>,
     ids: Vec<NodeId>,
     inboxes: Vec<Inbox>,
-    space: Vec<Arc<Notify>>,
+    /// By receiver: frames delivered while its inbox was full, oldest first.
+    waiting: Vec<VecDeque<(HostIdx, Frame)>>,
+    /// Bytes of `waiting` by (sender, receiver).
+    waiting_bytes: BTreeMap<(HostIdx, HostIdx), u64>,
     driver_started: bool,
+}
+
+impl State {
+    /// Bytes `src` has towards `dst`: on the wire unacknowledged, or delivered and
+    /// waiting for room in `dst`'s inbox.
+    fn queued(&self, src: HostIdx, dst: HostIdx) -> u64 {
+        self.engine.qp_queue_bytes(src, dst)
+            + self.waiting_bytes.get(&(src, dst)).copied().unwrap_or(0)
+    }
+
+    /// Whether `src`'s queue towards `dst` takes a frame of `len` bytes. An empty
+    /// queue takes any frame, so no frame is refused for ever.
+    fn takes(&self, src: HostIdx, dst: HostIdx, len: u64) -> bool {
+        let queued = self.queued(src, dst);
+        queued == 0 || queued + len <= self.engine.config().nic.send_queue_bytes_max
+    }
+
+    /// Hand a delivered frame to `dst`'s inbox, or keep it waiting behind the
+    /// frames already waiting for `dst`.
+    fn deliver(&mut self, src: HostIdx, dst: HostIdx, frame: Frame) {
+        let frame = if self.waiting[dst].is_empty() {
+            match self.inboxes[dst].try_send((self.ids[src], frame)) {
+                Err(mpsc::error::TrySendError::Full((_, frame))) => frame,
+                // Delivered; or the receiver is gone (node killed) and loses the
+                // message, as a powered-off host would.
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        } else {
+            frame
+        };
+        *self.waiting_bytes.entry((src, dst)).or_default() += frame.len() as u64;
+        self.waiting[dst].push_back((src, frame));
+    }
+
+    /// Move frames waiting for `dst` into its inbox while it has room.
+    fn move_waiting(&mut self, dst: HostIdx) {
+        while let Some((src, frame)) = self.waiting[dst].pop_front() {
+            let len = frame.len() as u64;
+            match self.inboxes[dst].try_send((self.ids[src], frame)) {
+                Err(mpsc::error::TrySendError::Full((_, frame))) => {
+                    self.waiting[dst].push_front((src, frame));
+                    return;
+                }
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {
+                    let bytes = self.waiting_bytes.get_mut(&(src, dst)).expect("counted");
+                    *bytes -= len;
+                    if *bytes == 0 {
+                        self.waiting_bytes.remove(&(src, dst));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The simulated fabric. Register it with `Runtime::add_simulator::<Fabric>()`,
@@ -43,6 +105,9 @@ struct State {
 pub struct Fabric {
     state: Mutex<State>,
     wake: Notify,
+    /// Notified whenever queues may have drained (senders waiting in
+    /// [`Transport::writable`] look again).
+    space: Notify,
     epoch: Instant,
 }
 
@@ -54,10 +119,12 @@ impl Simulator for Fabric {
                 hosts: BTreeMap::new(),
                 ids: Vec::new(),
                 inboxes: Vec::new(),
-                space: Vec::new(),
+                waiting: Vec::new(),
+                waiting_bytes: BTreeMap::new(),
                 driver_started: false,
             }),
             wake: Notify::new(),
+            space: Notify::new(),
             epoch: time.now_instant(),
         }
     }
@@ -86,8 +153,7 @@ impl Fabric {
 
     /// Attach host `id` to the fabric and return its transport endpoint.
     pub fn endpoint(self: &Arc<Self>, id: NodeId) -> Result<SimTransport, String> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let space = Arc::new(Notify::new());
+        let (tx, rx) = mpsc::channel(INBOX_FRAMES_MAX);
         let mut s = self.state.lock().expect("fabric state");
         if s.hosts.contains_key(&id) {
             return Err(format!("host {id} attached twice"));
@@ -96,7 +162,7 @@ impl Fabric {
         s.hosts.insert(id, idx);
         s.ids.push(id);
         s.inboxes.push(tx);
-        s.space.push(space.clone());
+        s.waiting.push(VecDeque::new());
         if !s.driver_started {
             s.driver_started = true;
             let fabric = self.clone();
@@ -108,7 +174,7 @@ impl Fabric {
             me: id,
             idx,
             inbox: tokio::sync::Mutex::new(rx),
-            space,
+            refused: Mutex::new(BTreeSet::new()),
         })
     }
 
@@ -214,15 +280,14 @@ impl Fabric {
             let next = {
                 let mut s = self.state.lock().expect("fabric state");
                 let delivered = s.engine.advance(self.now_ns());
+                // Frames that waited for room first, so each receiver's order holds.
+                for dst in 0..s.waiting.len() {
+                    s.move_waiting(dst);
+                }
                 for d in delivered {
-                    let from = s.ids[d.src];
-                    // A receiver that is gone (node killed) loses the message, as a
-                    // powered-off host would.
-                    let _ = s.inboxes[d.dst].send((from, d.frame));
+                    s.deliver(d.src, d.dst, d.frame);
                 }
-                for space in &s.space {
-                    space.notify_waiters();
-                }
+                self.space.notify_waiters();
                 s.engine.next_event_ns()
             };
             match next {
@@ -247,8 +312,9 @@ pub struct SimTransport {
     fabric: Arc<Fabric>,
     me: NodeId,
     idx: HostIdx,
-    inbox: tokio::sync::Mutex<mpsc::UnboundedReceiver<(NodeId, Frame)>>,
-    space: Arc<Notify>,
+    inbox: tokio::sync::Mutex<mpsc::Receiver<(NodeId, Frame)>>,
+    /// Hosts whose queue refused a frame of ours since they last had room.
+    refused: Mutex<BTreeSet<HostIdx>>,
 }
 
 impl Transport for SimTransport {
@@ -256,31 +322,44 @@ impl Transport for SimTransport {
         self.me
     }
 
-    async fn send(&self, to: NodeId, frame: Frame) -> Result<(), TransportError> {
+    fn send(&self, to: NodeId, frame: Frame) -> Result<(), SendError> {
         let max = HEADER_BYTES + MAX_BODY_BYTES;
         if frame.len() > max {
             return Err(TransportError::FrameTooLarge {
                 len: frame.len(),
                 max,
-            });
+            }
+            .into());
         }
+        let mut s = self.fabric.state.lock().expect("fabric state");
+        let dst = *s.hosts.get(&to).ok_or(TransportError::UnknownPeer(to))?;
+        if !s.takes(self.idx, dst, frame.len() as u64) {
+            self.refused.lock().expect("refused").insert(dst);
+            return Err(SendError::Full(frame));
+        }
+        let now = self.fabric.now_ns();
+        s.engine.send(now, self.idx, dst, frame);
+        self.fabric.wake.notify_one();
+        Ok(())
+    }
+
+    async fn writable(&self) {
         loop {
-            let notified = self.space.notified();
+            let notified = self.fabric.space.notified();
             tokio::pin!(notified);
+            notified.as_mut().enable();
             {
-                let mut s = self.fabric.state.lock().expect("fabric state");
-                let dst = *s.hosts.get(&to).ok_or(TransportError::UnknownPeer(to))?;
-                let limit = s.engine.config().nic.send_queue_bytes_max;
-                // An empty queue takes any frame, so no frame waits for ever.
-                let queued = s.engine.nic_queue_bytes(self.idx);
-                if queued == 0 || queued + frame.len() as u64 <= limit {
-                    let now = self.fabric.now_ns();
-                    s.engine.send(now, self.idx, dst, frame);
-                    self.fabric.wake.notify_one();
-                    return Ok(());
+                let mut refused = self.refused.lock().expect("refused");
+                if refused.is_empty() {
+                    return;
                 }
-                // The NIC queue is full: wait until the driver drains some of it.
-                notified.as_mut().enable();
+                let s = self.fabric.state.lock().expect("fabric state");
+                let max = (HEADER_BYTES + MAX_BODY_BYTES) as u64;
+                let before = refused.len();
+                refused.retain(|&dst| !s.takes(self.idx, dst, max));
+                if refused.len() < before {
+                    return;
+                }
             }
             notified.await;
         }
@@ -288,7 +367,13 @@ impl Transport for SimTransport {
 
     async fn recv(&self) -> Result<(NodeId, Frame), TransportError> {
         let mut inbox = self.inbox.lock().await;
-        inbox.recv().await.ok_or(TransportError::Closed)
+        let got = inbox.recv().await.ok_or(TransportError::Closed)?;
+        // Room in the inbox: frames waiting for it can move in.
+        let s = self.fabric.state.lock().expect("fabric state");
+        if !s.waiting[self.idx].is_empty() {
+            self.fabric.wake.notify_one();
+        }
+        Ok(got)
     }
 
     fn signals(&self, peer: NodeId) -> CongestionSignals {

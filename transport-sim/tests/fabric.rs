@@ -5,10 +5,24 @@ use madsim::runtime::{Handle, Runtime};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use weir_core::transport::{Transport, TransportError};
+use weir_core::transport::{SendError, Transport, TransportError};
 use weir_core::wire::Frame;
 use weir_core::NodeId;
 use weir_transport_sim::{Fabric, FabricConfig};
+
+/// Send, waiting for room while the queue towards `to` is full.
+async fn send(tx: &impl Transport, to: NodeId, mut frame: Frame) {
+    loop {
+        match tx.send(to, frame) {
+            Ok(()) => return,
+            Err(SendError::Full(held)) => {
+                frame = held;
+                tx.writable().await;
+            }
+            Err(e) => panic!("send refused: {e}"),
+        }
+    }
+}
 
 fn runtime(seed: u64) -> Runtime {
     let rt = Runtime::with_seed_and_config(seed, madsim::Config::default());
@@ -34,9 +48,7 @@ fn fan_in(senders: u32, count: usize, len: usize) -> Duration {
             let node = Handle::current().create_node().build();
             node.spawn(async move {
                 for _ in 0..count {
-                    tx.send(NodeId(0), Frame::from(vec![7u8; len]))
-                        .await
-                        .unwrap();
+                    send(&*tx, NodeId(0), Frame::from(vec![7u8; len])).await;
                 }
             });
         }
@@ -71,14 +83,14 @@ fn unknown_peers_and_oversized_frames_are_typed_errors() {
     runtime(1).block_on(async {
         let fabric = Fabric::current();
         let a = fabric.endpoint(NodeId(1)).unwrap();
-        let err = a
-            .send(NodeId(9), Frame::from(b"x".to_vec()))
-            .await
-            .unwrap_err();
-        assert_eq!(err, TransportError::UnknownPeer(NodeId(9)));
+        let err = a.send(NodeId(9), Frame::from(b"x".to_vec())).unwrap_err();
+        assert_eq!(err, TransportError::UnknownPeer(NodeId(9)).into());
         let huge = Frame::from(vec![0u8; 2 << 20]);
-        let err = a.send(NodeId(1), huge).await.unwrap_err();
-        assert!(matches!(err, TransportError::FrameTooLarge { .. }));
+        let err = a.send(NodeId(1), huge).unwrap_err();
+        assert!(matches!(
+            err,
+            SendError::Refused(TransportError::FrameTooLarge { .. })
+        ));
         assert!(fabric.endpoint(NodeId(1)).is_err(), "a host attached twice");
     });
 }
@@ -96,9 +108,7 @@ fn congestion_signals_reach_the_transport_seam() {
             let tx = tx.clone();
             Handle::current().create_node().build().spawn(async move {
                 for _ in 0..64 {
-                    tx.send(NodeId(0), Frame::from(vec![1u8; 256 << 10]))
-                        .await
-                        .unwrap();
+                    send(&*tx, NodeId(0), Frame::from(vec![1u8; 256 << 10])).await;
                 }
             });
         }
@@ -118,5 +128,66 @@ fn congestion_signals_reach_the_transport_seam() {
             Default::default(),
             "signals for an unused peer"
         );
+    });
+}
+
+/// A receiver that takes nothing pushes back on its sender: its inbox fills, the
+/// frames delivered after wait and count against the sender's queue, and `send`
+/// hands frames back (never waits); once the receiver takes its frames, the
+/// sender's `writable` resolves and every frame arrives, in order.
+#[test]
+fn a_receiver_that_takes_nothing_pushes_back_on_its_sender() {
+    runtime(3).block_on(async {
+        let fabric = Fabric::current();
+        let mut config = FabricConfig::default();
+        config.nic.dcqcn = None;
+        let limit = config.nic.send_queue_bytes_max;
+        fabric.configure(config).unwrap();
+        let rx = Arc::new(fabric.endpoint(NodeId(0)).unwrap());
+        let tx = Arc::new(fabric.endpoint(NodeId(1)).unwrap());
+        let len = 256usize << 10;
+        let frame = move |i: u32| {
+            let mut v = vec![0u8; len];
+            v[..4].copy_from_slice(&i.to_le_bytes());
+            Frame::from(v)
+        };
+        // Offer frames until one is refused, letting the fabric run in between.
+        let mut accepted = 0u32;
+        let refused = loop {
+            match tx.send(NodeId(0), frame(accepted)) {
+                Ok(()) => accepted += 1,
+                Err(SendError::Full(back)) => break back,
+                Err(e) => panic!("{e}"),
+            }
+            tokio::time::sleep(Duration::from_micros(30)).await;
+            assert!(accepted < 4096, "the sender was never pushed back");
+        };
+        assert_eq!(
+            refused,
+            frame(accepted),
+            "the refused frame comes back whole"
+        );
+        // What the sender got rid of: the receiver's inbox plus its own queue.
+        let bound = weir_transport_sim::sim::INBOX_FRAMES_MAX as u64 + limit / len as u64 + 1;
+        println!("accepted {accepted} frames before push-back (bound {bound})");
+        assert!(u64::from(accepted) <= bound, "{accepted} frames > {bound}");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(5), tx.writable())
+                .await
+                .is_err(),
+            "no room while the receiver takes nothing"
+        );
+        let taker = {
+            let rx = rx.clone();
+            Handle::current().create_node().build().spawn(async move {
+                for i in 0..=accepted {
+                    let (_, got) = rx.recv().await.unwrap();
+                    assert_eq!(got, frame(i), "frame {i} in order");
+                }
+            })
+        };
+        tx.writable().await;
+        send(&*tx, NodeId(0), refused).await;
+        taker.await.unwrap();
     });
 }

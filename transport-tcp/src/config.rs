@@ -10,9 +10,12 @@ pub struct TcpConfig {
     /// address. It is a guard against mistakes, not authentication.
     pub cluster_id: u64,
     /// Budget of bytes queued towards one connection and not yet handed to the
-    /// kernel. A connection that would go past it is reset, so a slow or dead peer
+    /// kernel. Past it `send` hands frames back (back-pressure), so a slow peer
     /// costs at most this much memory and never blocks the sender.
     pub send_queue_bytes: usize,
+    /// A connection whose queue has refused frames this long without taking one
+    /// (the peer stopped reading) is reset, and its queued frames dropped.
+    pub send_stall_timeout: Duration,
     /// Frames received and not yet taken by `recv`, over all connections. When it
     /// is full, readers stop reading and TCP flow control pushes back on senders.
     /// Memory bound: this many maximum-size frames (about 1 MiB each).
@@ -31,6 +34,7 @@ impl Default for TcpConfig {
         TcpConfig {
             cluster_id: 0,
             send_queue_bytes: 64 << 20,
+            send_stall_timeout: Duration::from_secs(5),
             recv_queue_frames: 64,
             connect_timeout: Duration::from_secs(2),
             backoff_min: Duration::from_millis(10),

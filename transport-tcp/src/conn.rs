@@ -21,6 +21,9 @@ use weir_core::NodeId;
 /// What a queued frame costs the send budget beyond its bytes: the channel slot and
 /// the `Bytes` handle. It also bounds how many empty frames a queue can hold.
 pub(crate) const FRAME_OVERHEAD_BYTES: usize = 64;
+/// Frames queued on one connection at most (besides the byte budget): many small
+/// frames (acks, heartbeats) cannot take unbounded slots.
+pub(crate) const SEND_QUEUE_FRAMES_MAX: usize = 16_384;
 /// Most frames the writer hands the kernel in one vectored write (two slices
 /// each, well under Linux's IOV_MAX of 1024).
 const BATCH_FRAMES_MAX: usize = 64;
@@ -37,9 +40,12 @@ pub(crate) type ConnId = u64;
 pub(crate) struct Conn {
     /// This connection.
     pub(crate) id: ConnId,
-    frames: mpsc::UnboundedSender<Frame>,
+    frames: mpsc::Sender<Frame>,
     /// Bytes queued and not yet written to the socket (with per-frame overhead).
     queued_bytes: Arc<AtomicUsize>,
+    /// Since when the queue has refused frames without making room (reset when it
+    /// takes one).
+    pub(crate) full_since: Option<tokio::time::Instant>,
     /// Never sent on: dropping it is the stop signal.
     _stop: watch::Sender<()>,
 }
@@ -49,9 +55,11 @@ pub(crate) struct Conn {
 pub(crate) struct ConnTask {
     /// This connection.
     pub(crate) id: ConnId,
-    frames: mpsc::UnboundedReceiver<Frame>,
+    frames: mpsc::Receiver<Frame>,
     queued_bytes: Arc<AtomicUsize>,
     stop: watch::Receiver<()>,
+    /// Notified when the writer has made room (senders waiting in `writable`).
+    space: Arc<tokio::sync::Notify>,
 }
 
 /// Outcome of queueing a frame on a connection.
@@ -59,11 +67,9 @@ pub(crate) struct ConnTask {
 pub(crate) enum Push {
     /// Queued for the writer.
     Queued,
-    /// Not queued: `queued_bytes` plus this frame would pass the budget.
-    OverBudget {
-        /// Bytes queued before this frame.
-        queued_bytes: usize,
-    },
+    /// Not queued: the queue is full (in bytes or in frames); the frame is
+    /// handed back.
+    Full(Frame),
     /// Not queued: the connection's task has ended; the frame is handed back.
     Gone(Frame),
 }
@@ -85,14 +91,15 @@ pub(crate) enum End {
 }
 
 /// A new connection's two sides.
-pub(crate) fn pair(id: ConnId) -> (Conn, ConnTask) {
-    let (frames_tx, frames_rx) = mpsc::unbounded_channel();
+pub(crate) fn pair(id: ConnId, space: Arc<tokio::sync::Notify>) -> (Conn, ConnTask) {
+    let (frames_tx, frames_rx) = mpsc::channel(SEND_QUEUE_FRAMES_MAX);
     let (stop_tx, stop_rx) = watch::channel(());
     let queued_bytes = Arc::new(AtomicUsize::new(0));
     let conn = Conn {
         id,
         frames: frames_tx,
         queued_bytes: Arc::clone(&queued_bytes),
+        full_since: None,
         _stop: stop_tx,
     };
     let task = ConnTask {
@@ -100,28 +107,46 @@ pub(crate) fn pair(id: ConnId) -> (Conn, ConnTask) {
         frames: frames_rx,
         queued_bytes,
         stop: stop_rx,
+        space,
     };
     (conn, task)
 }
 
 impl Conn {
-    /// Queue `frame` unless that would take the queue past `budget_bytes`. An empty
-    /// queue takes any frame, so a budget below one frame cannot wedge a peer.
-    /// Never waits: the channel is unbounded in frames, bounded here in bytes.
-    pub(crate) fn push(&self, frame: Frame, budget_bytes: usize) -> Push {
-        let cost = frame.len() + FRAME_OVERHEAD_BYTES;
-        let queued_bytes = self.queued_bytes.load(Ordering::Acquire);
-        if queued_bytes > 0 && queued_bytes + cost > budget_bytes {
-            return Push::OverBudget { queued_bytes };
+    /// Queue `frame` unless that would take the queue past `budget_bytes` or
+    /// [`SEND_QUEUE_FRAMES_MAX`]. An empty queue takes any frame, so a budget below
+    /// one frame cannot wedge a peer. Never waits.
+    pub(crate) fn push(&mut self, frame: Frame, budget_bytes: usize) -> Push {
+        if !self.takes(frame.len(), budget_bytes) {
+            self.full_since
+                .get_or_insert_with(tokio::time::Instant::now);
+            return Push::Full(frame);
         }
+        let cost = frame.len() + FRAME_OVERHEAD_BYTES;
         self.queued_bytes.fetch_add(cost, Ordering::AcqRel);
-        match self.frames.send(frame) {
-            Ok(()) => Push::Queued,
-            Err(mpsc::error::SendError(frame)) => {
+        match self.frames.try_send(frame) {
+            Ok(()) => {
+                self.full_since = None;
+                Push::Queued
+            }
+            Err(mpsc::error::TrySendError::Full(frame)) => {
+                self.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
+                self.full_since
+                    .get_or_insert_with(tokio::time::Instant::now);
+                Push::Full(frame)
+            }
+            Err(mpsc::error::TrySendError::Closed(frame)) => {
                 self.queued_bytes.fetch_sub(cost, Ordering::AcqRel);
                 Push::Gone(frame)
             }
         }
+    }
+
+    /// Whether the queue takes a frame of `len` bytes now.
+    pub(crate) fn takes(&self, len: usize, budget_bytes: usize) -> bool {
+        let queued_bytes = self.queued_bytes.load(Ordering::Acquire);
+        let cost = len + FRAME_OVERHEAD_BYTES;
+        (queued_bytes == 0 || queued_bytes + cost <= budget_bytes) && self.frames.capacity() > 0
     }
 
     /// Bytes queued and not yet written to the socket.
@@ -156,10 +181,11 @@ pub(crate) async fn run(
             frames,
             queued_bytes,
             stop,
+            space,
             ..
         } = &mut task;
         tokio::select! {
-            result = write_frames(write_half, frames, queued_bytes) => match result {
+            result = write_frames(write_half, frames, queued_bytes, space) => match result {
                 Ok(()) => End::Stopped,
                 Err(e) => End::Write(e),
             },
@@ -187,8 +213,9 @@ impl Drop for AbortOnDrop {
 /// buffers: payload bytes are never copied in user space.
 async fn write_frames(
     mut socket: OwnedWriteHalf,
-    frames: &mut mpsc::UnboundedReceiver<Frame>,
+    frames: &mut mpsc::Receiver<Frame>,
     queued_bytes: &AtomicUsize,
+    space: &tokio::sync::Notify,
 ) -> io::Result<()> {
     let mut batch: Vec<Frame> = Vec::with_capacity(BATCH_FRAMES_MAX);
     loop {
@@ -198,6 +225,7 @@ async fn write_frames(
         write_all_vectored(&mut socket, &batch).await?;
         let cost: usize = batch.iter().map(|f| f.len() + FRAME_OVERHEAD_BYTES).sum();
         queued_bytes.fetch_sub(cost, Ordering::AcqRel);
+        space.notify_waiters();
         batch.clear();
     }
 }
@@ -284,7 +312,7 @@ async fn read_frame(
     let payload = if payload_len == 0 {
         bytes::Bytes::new()
     } else {
-        weir_core::copies::note(payload_len);
+        weir_core::copies::note(payload_len, weir_core::copies::Copy::Receive);
         match pool.alloc(payload_len) {
             Ok(mut buf) => {
                 socket.read_exact(buf.as_mut()).await.map_err(End::Read)?;

@@ -3,7 +3,7 @@
 use crate::config::TcpConfig;
 use crate::conn::{self, Conn, ConnId, ConnTask, End, Push};
 use crate::hello::{self, HandshakeError, Hello};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -13,7 +13,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use weir_core::wire::{Frame, Message, HEADER_BYTES, MAX_BODY_BYTES};
-use weir_core::{CongestionSignals, NodeId, Transport, TransportError};
+use weir_core::{CongestionSignals, NodeId, SendError, Transport, TransportError};
 
 /// Most inbound connections alive at once, set up or still in their hello. One
 /// per peer is the normal case; the bound keeps a flood of connections that never
@@ -39,9 +39,14 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 ///   `Ok`; the first send after it dials again;
 /// - a connection that breaks after it was set up (the peer restarted, say) is
 ///   dropped, and the next send dials at once;
-/// - a connection whose queue would pass [`TcpConfig::send_queue_bytes`] is reset
-///   (closed, its queue dropped, a warning logged) and a backoff starts, so a slow
-///   or dead peer costs bounded memory and `send` never waits on it.
+/// - a connection whose queue is full ([`TcpConfig::send_queue_bytes`], or
+///   [`crate::conn::SEND_QUEUE_FRAMES_MAX`] frames) refuses frames: `send` hands
+///   them back ([`SendError::Full`]) and [`Transport::writable`] resolves once it
+///   has room, so a slow peer pushes back on its senders and costs bounded memory;
+/// - a connection that has refused frames for [`TcpConfig::send_stall_timeout`]
+///   without taking one is reset (closed, its queue dropped, a warning logged) and
+///   a backoff starts, so a peer that stopped reading does not hold its frames
+///   for ever.
 ///
 /// A peer with no known address (a client that dialed in and does not listen) is
 /// answered over the connection it opened; a newer connection from the same node
@@ -77,6 +82,8 @@ struct Shared {
     next_conn: AtomicU64,
     /// Inbound connections alive, set up or in their hello.
     inbound_alive: Arc<AtomicUsize>,
+    /// Notified when a connection's writer made room in its queue.
+    space: Arc<tokio::sync::Notify>,
 }
 
 /// The connection tables. Only ever locked briefly, never across an await.
@@ -87,6 +94,8 @@ struct State {
     outbound: BTreeMap<NodeId, Outbound>,
     /// Connections peers opened to us, by the node id of their hello.
     inbound: BTreeMap<NodeId, Conn>,
+    /// Peers whose queue refused a frame since it last had room.
+    refused: BTreeSet<NodeId>,
 }
 
 /// A peer we dial.
@@ -154,6 +163,7 @@ impl TcpTransport {
             shutdown: watch::Sender::new(false),
             next_conn: AtomicU64::new(0),
             inbound_alive: Arc::new(AtomicUsize::new(0)),
+            space: Arc::new(tokio::sync::Notify::new()),
         });
         if let Some(listener) = listener {
             tracing::debug!(node = %me, addr = ?local_addr, "listening");
@@ -221,18 +231,24 @@ impl TcpTransport {
         outbound + inbound
     }
 
+    /// Whether a queue has refused a frame and not had room since.
+    pub fn refusing(&self) -> bool {
+        !self.shared.lock().refused.is_empty()
+    }
+
     /// The body of `send`: never waits.
-    fn send_now(&self, to: NodeId, frame: Frame) -> Result<(), TransportError> {
+    fn send_now(&self, to: NodeId, frame: Frame) -> Result<(), SendError> {
         let max = HEADER_BYTES + MAX_BODY_BYTES;
         if frame.len() > max {
             return Err(TransportError::FrameTooLarge {
                 len: frame.len(),
                 max,
-            });
+            }
+            .into());
         }
         let mut state = self.shared.lock();
         if state.closed {
-            return Err(TransportError::Closed);
+            return Err(TransportError::Closed.into());
         }
         if !well_formed(&frame) {
             // On the stream it would desynchronise the connection and lose every
@@ -241,23 +257,31 @@ impl TcpTransport {
             return Ok(());
         }
         let State {
-            outbound, inbound, ..
+            outbound,
+            inbound,
+            refused,
+            ..
         } = &mut *state;
         if let Some(peer) = outbound.get_mut(&to) {
-            self.shared.send_outbound(to, peer, frame);
-            return Ok(());
+            return self.shared.send_outbound(to, peer, frame).inspect_err(|_| {
+                refused.insert(to);
+            });
         }
-        let Some(conn) = inbound.get(&to) else {
-            return Err(TransportError::UnknownPeer(to));
+        let Some(conn) = inbound.get_mut(&to) else {
+            return Err(TransportError::UnknownPeer(to).into());
         };
         match conn.push(frame, self.shared.config.send_queue_bytes) {
             Push::Queued => {}
-            Push::OverBudget { queued_bytes } => {
+            Push::Full(frame) => {
+                if !self.shared.stalled(conn) {
+                    refused.insert(to);
+                    return Err(SendError::Full(frame));
+                }
                 tracing::warn!(
                     peer = %to,
-                    queued_bytes,
-                    budget_bytes = self.shared.config.send_queue_bytes,
-                    "send queue over budget: inbound connection reset"
+                    queued_bytes = conn.queued_bytes(),
+                    stall = ?self.shared.config.send_stall_timeout,
+                    "send queue full and not draining: inbound connection reset"
                 );
                 inbound.remove(&to);
             }
@@ -281,10 +305,51 @@ impl Transport for TcpTransport {
         self.shared.me
     }
 
-    /// Never waits on the network: the frame is queued, or dropped as a network
-    /// failure would drop it (see the type's delivery model).
-    async fn send(&self, to: NodeId, frame: Frame) -> Result<(), TransportError> {
+    /// Never waits on the network: the frame is queued, handed back (a full
+    /// queue), or dropped as a network failure would drop it (see the type's
+    /// delivery model).
+    fn send(&self, to: NodeId, frame: Frame) -> Result<(), SendError> {
         self.send_now(to, frame)
+    }
+
+    async fn writable(&self) {
+        let max = HEADER_BYTES + MAX_BODY_BYTES;
+        let budget = self.shared.config.send_queue_bytes;
+        loop {
+            let notified = self.shared.space.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut state = self.shared.lock();
+                let State {
+                    outbound,
+                    inbound,
+                    refused,
+                    ..
+                } = &mut *state;
+                if refused.is_empty() {
+                    return;
+                }
+                let before = refused.len();
+                // A peer whose connection is gone has room: its next send dials or
+                // is dropped.
+                refused.retain(|peer| {
+                    let conn = match outbound.get(peer) {
+                        Some(Outbound {
+                            link: Link::Open(conn),
+                            ..
+                        }) => Some(conn),
+                        Some(_) => None,
+                        None => inbound.get(peer),
+                    };
+                    conn.is_some_and(|c| !c.takes(max, budget))
+                });
+                if refused.len() < before {
+                    return;
+                }
+            }
+            notified.await;
+        }
     }
 
     /// Cancel-safe: a frame is taken from the inbox only when this returns it.
@@ -358,30 +423,47 @@ impl Shared {
 
     /// A new connection's two sides.
     fn new_conn(&self) -> (Conn, ConnTask) {
-        conn::pair(self.next_conn.fetch_add(1, Ordering::Relaxed))
+        conn::pair(
+            self.next_conn.fetch_add(1, Ordering::Relaxed),
+            Arc::clone(&self.space),
+        )
+    }
+
+    /// Whether `conn` has refused frames for the stall timeout without taking one.
+    fn stalled(&self, conn: &Conn) -> bool {
+        conn.full_since
+            .is_some_and(|t| t.elapsed() >= self.config.send_stall_timeout)
     }
 
     /// Send to a peer we dial: queue on its connection, dial it, or drop the
     /// frame during a backoff.
-    fn send_outbound(self: &Arc<Self>, to: NodeId, peer: &mut Outbound, frame: Frame) {
+    fn send_outbound(
+        self: &Arc<Self>,
+        to: NodeId,
+        peer: &mut Outbound,
+        frame: Frame,
+    ) -> Result<(), SendError> {
         let budget_bytes = self.config.send_queue_bytes;
         let now = Instant::now();
-        let frame = match &peer.link {
+        let frame = match &mut peer.link {
             Link::Backoff(until) if now < *until => {
                 tracing::trace!(peer = %to, "in dial backoff: frame dropped");
-                return;
+                return Ok(());
             }
             Link::Open(conn) => match conn.push(frame, budget_bytes) {
-                Push::Queued => return,
-                Push::OverBudget { queued_bytes } => {
+                Push::Queued => return Ok(()),
+                Push::Full(frame) => {
+                    if !self.stalled(conn) {
+                        return Err(SendError::Full(frame));
+                    }
                     tracing::warn!(
                         peer = %to,
-                        queued_bytes,
-                        budget_bytes,
-                        "send queue over budget: connection reset"
+                        queued_bytes = conn.queued_bytes(),
+                        stall = ?self.config.send_stall_timeout,
+                        "send queue full and not draining: connection reset"
                     );
                     peer.back_off(now, &self.config);
-                    return;
+                    return Ok(());
                 }
                 // Its task ended without a word (the runtime is shutting down):
                 // dial afresh.
@@ -389,13 +471,14 @@ impl Shared {
             },
             Link::Idle | Link::Backoff(_) => frame,
         };
-        let (conn, task) = self.new_conn();
+        let (mut conn, task) = self.new_conn();
         // An empty queue takes any frame.
         let _ = conn.push(frame, budget_bytes);
         peer.link = Link::Open(conn);
         tracing::debug!(peer = %to, addr = %peer.addr, "dialing");
         self.runtime
             .spawn(dial_task(Arc::clone(self), to, peer.addr, task));
+        Ok(())
     }
 
     /// The dial of connection `id` to `peer` failed: drop its queue, back off.

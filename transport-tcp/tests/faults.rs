@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_real as tokio;
 use weir_core::wire::{Frame, Message, HEADER_BYTES, MAX_BODY_BYTES, WIRE_VERSION};
-use weir_core::{NodeId, RequestId, Transport, TransportError};
+use weir_core::{NodeId, RequestId, SendError, Transport, TransportError};
 use weir_transport_tcp::{TcpConfig, TcpTransport};
 
 /// Raw sockets that send a bad hello, garbage after a good hello, a header
@@ -45,7 +45,7 @@ async fn hostile_connections_are_cut_while_a_good_peer_keeps_working() {
                 if from != NodeId(2) {
                     strangers.fetch_add(1, Ordering::Relaxed);
                 }
-                let _ = e.send(from, frame).await;
+                let _ = e.send(from, frame);
             }
         }
     });
@@ -193,15 +193,15 @@ async fn unknown_peers_oversized_frames_and_closed_transports_are_errors() {
     init_tracing();
     let a = node(1, &[]).await;
     assert_eq!(
-        a.send(NodeId(42), frame(0)).await,
-        Err(TransportError::UnknownPeer(NodeId(42)))
+        a.send(NodeId(42), frame(0)),
+        Err(TransportError::UnknownPeer(NodeId(42)).into())
     );
     let max = HEADER_BYTES + MAX_BODY_BYTES;
     let mut big = vec![0u8; max + 1];
     big[..4].copy_from_slice(&[b'W', b'R', WIRE_VERSION, 0]);
     assert_eq!(
-        a.send(NodeId(42), big.into()).await,
-        Err(TransportError::FrameTooLarge { len: max + 1, max })
+        a.send(NodeId(42), big.into()),
+        Err(TransportError::FrameTooLarge { len: max + 1, max }.into())
     );
     // The largest frame there is goes through.
     let b = node(2, &[]).await;
@@ -222,8 +222,8 @@ async fn unknown_peers_oversized_frames_and_closed_transports_are_errors() {
 
     a.close();
     assert_eq!(
-        a.send(NodeId(2), frame(0)).await,
-        Err(TransportError::Closed)
+        a.send(NodeId(2), frame(0)),
+        Err(TransportError::Closed.into())
     );
     assert_eq!(a.recv().await, Err(TransportError::Closed));
 }
@@ -286,11 +286,12 @@ async fn a_restarted_peer_is_reached_again() {
     assert_eq!(recv(&a).await, (NodeId(2), message(7)));
 }
 
-/// A peer that accepts, answers the hello and then never reads: 200 MiB of 1 MiB
-/// frames are sent without waiting, the queue never passes its budget, and the
-/// connection is reset.
+/// A peer that stops reading pushes back: its queue never passes its budget,
+/// `send` hands frames back instead of waiting, and `writable` does not resolve
+/// while the peer reads nothing. Once the queue has refused frames for the stall
+/// timeout without taking one, the connection is reset and its frames dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_peer_that_never_reads_costs_one_budget_and_is_reset() {
+async fn a_peer_that_never_reads_pushes_back_and_is_reset_when_stalled() {
     init_tracing();
     let listener = TcpListener::bind(loopback()).await.expect("bind");
     let stuck_addr = listener.local_addr().expect("addr");
@@ -308,10 +309,21 @@ async fn a_peer_that_never_reads_costs_one_budget_and_is_reset() {
         let _ = established_tx.send(());
         // Stop reading until the test has sent everything, then see the reset.
         // The listener stays open (and never accepts again): later dials hang in
-        // the hello and are reset by the budget too.
+        // the hello.
         (listener, s)
     });
-    let a = client(1, &[(9, stuck_addr)]).await;
+    let stall = Duration::from_millis(300);
+    let a = TcpTransport::bind(
+        NodeId(1),
+        None,
+        [(NodeId(9), stuck_addr)].into(),
+        TcpConfig {
+            send_stall_timeout: stall,
+            ..config()
+        },
+    )
+    .await
+    .expect("bind");
     send(&a, 9, frame(0)).await;
     tokio::time::timeout(DEADLINE, established_rx)
         .await
@@ -325,18 +337,37 @@ async fn a_peer_that_never_reads_costs_one_budget_and_is_reset() {
     }
     .encode()
     .expect("encodes");
-    let flood = async {
-        for _ in 0..200 {
-            send(&a, 9, mib.clone()).await;
-            assert!(
-                a.queued_bytes(NodeId(9)) <= budget,
-                "queue within its budget"
-            );
+    let mut refused = 0;
+    for _ in 0..200 {
+        match a.send(NodeId(9), mib.clone()) {
+            Ok(()) => {}
+            Err(SendError::Full(back)) => {
+                assert_eq!(back, mib, "the frame is handed back whole");
+                refused += 1;
+            }
+            Err(e) => panic!("refused for good: {e}"),
         }
-    };
-    tokio::time::timeout(DEADLINE, flood)
+        assert!(
+            a.queued_bytes(NodeId(9)) <= budget,
+            "queue within its budget"
+        );
+    }
+    assert!(
+        refused > 100,
+        "a stuck peer's queue refuses ({refused} of 200)"
+    );
+    assert!(a.refusing());
+    assert!(
+        tokio::time::timeout(stall / 3, a.writable()).await.is_err(),
+        "no room while the peer reads nothing"
+    );
+    // Past the stall timeout, the next send resets the connection.
+    tokio::time::sleep(stall).await;
+    assert_eq!(a.send(NodeId(9), mib.clone()), Ok(()));
+    assert_eq!(a.queued_bytes(NodeId(9)), 0, "the reset dropped the queue");
+    tokio::time::timeout(DEADLINE, a.writable())
         .await
-        .expect("sends never wait on a stuck peer");
+        .expect("a reset connection has room");
 
     let (_listener, mut s) = stuck.await.expect("stuck peer");
     let drained = read_until_closed(&mut s).await;

@@ -232,7 +232,9 @@ pub struct NicSpec {
     pub bdp_window: bool,
     /// Retransmission timeout, ns.
     pub rto_ns: u64,
-    /// Bytes a host may queue for sending before `send` waits.
+    /// Bytes a host may queue towards one peer (sent and not yet acknowledged,
+    /// or delivered and not yet taken by the receiver); past it `send` refuses
+    /// frames to that peer ([`weir_core::SendError::Full`]).
     pub send_queue_bytes_max: u64,
 }
 

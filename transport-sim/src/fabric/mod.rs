@@ -267,6 +267,14 @@ impl Engine {
         self.hosts[src].queued_bytes
     }
 
+    /// Bytes host `src` has queued towards `dst` and not yet had acknowledged.
+    pub fn qp_queue_bytes(&self, src: HostIdx, dst: HostIdx) -> u64 {
+        self.hosts[src]
+            .send
+            .get(&dst)
+            .map_or(0, |qp| qp.queued_bytes)
+    }
+
     /// Congestion signals host `src` has seen on its connection to `dst` (CNPs, ECN
     /// echoes, retransmits, the last RTT sample); zero if it never sent to `dst`.
     pub fn signals(&self, src: HostIdx, dst: HostIdx) -> weir_core::transport::CongestionSignals {

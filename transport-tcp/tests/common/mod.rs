@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use tokio_real as tokio;
 use weir_core::wire::Frame;
 use weir_core::wire::Message;
-use weir_core::{NodeId, RequestId, Transport};
+use weir_core::{NodeId, RequestId, SendError, Transport};
 use weir_transport_tcp::{TcpConfig, TcpTransport};
 
 /// The cluster every test endpoint belongs to, unless a test says otherwise.
@@ -165,7 +165,19 @@ pub(crate) async fn read_until_closed(stream: &mut TcpStream) -> usize {
         .expect("the endpoint closes the connection")
 }
 
-/// Send `frame` to `to`; the send must be accepted.
-pub(crate) async fn send(t: &TcpTransport, to: u32, frame: Frame) {
-    t.send(NodeId(to), frame).await.expect("send accepted");
+/// Send `frame` to `to`, waiting for room while its queue is full; the send must
+/// be accepted.
+pub(crate) async fn send(t: &TcpTransport, to: u32, mut frame: Frame) {
+    loop {
+        match t.send(NodeId(to), frame) {
+            Ok(()) => return,
+            Err(SendError::Full(held)) => {
+                frame = held;
+                tokio::time::timeout(DEADLINE, t.writable())
+                    .await
+                    .expect("the queue makes room");
+            }
+            Err(e) => panic!("send refused: {e}"),
+        }
+    }
 }

@@ -1,0 +1,347 @@
+//! The per-peer flow owner: the one place a node's frames wait when a peer's
+//! transport queue is full, and where what the transport saw of each path
+//! (its [`CongestionSignals`]) is recorded.
+//!
+//! [`Transport::send`] never waits; when a peer's queue is full it hands the frame
+//! back ([`SendError::Full`]). [`Flow`] holds such frames for that peer, in order,
+//! and every later frame to the same peer behind them, until
+//! [`Transport::writable`] says there is room; frames to other peers go on at
+//! once. So one congested peer never stalls the node. What it holds is bounded
+//! per peer ([`FLOW_HELD_BYTES_MAX`], [`FLOW_HELD_FRAMES_MAX`]); past that the
+//! peer's held frames are dropped, as a connection reset would drop them (the
+//! transport contract's one kind of loss, which the engine's retries cover).
+//!
+//! Signals are recorded for now (in the node's report, `/metrics` and the
+//! simulator's report); the congestion response that acts on them is the
+//! scheduler's.
+
+use crate::ids::NodeId;
+use crate::transport::{CongestionSignals, SendError, Transport, TransportError};
+use crate::wire::Frame;
+use std::cell::Cell;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Bytes of frames held for one peer at most.
+pub const FLOW_HELD_BYTES_MAX: usize = 64 << 20;
+/// Frames held for one peer at most (small frames: acks, heartbeats).
+pub const FLOW_HELD_FRAMES_MAX: usize = 16_384;
+
+/// What became of a frame given to [`Flow::send`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// The transport took it.
+    Taken,
+    /// Held behind the peer's full queue; sent by a later [`Flow::flush`].
+    Held,
+    /// Held frames passed the bound: they and this one were dropped.
+    Dropped,
+}
+
+/// What the node knows of its flow towards one peer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerFlow {
+    /// Frames sent (taken by the transport).
+    pub sent: u64,
+    /// Times the transport refused a frame (its queue towards the peer full).
+    pub refused: u64,
+    /// Frames held now.
+    pub held: usize,
+    /// Bytes held now.
+    pub held_bytes: usize,
+    /// Most bytes held at once.
+    pub held_bytes_max: usize,
+    /// Frames dropped because the held ones passed the bound.
+    pub dropped: u64,
+    /// The transport's signals towards the peer, as last read (cumulative).
+    pub signals: CongestionSignals,
+}
+
+/// Counts over every flow owner on this thread (the simulator runs each
+/// simulation on one thread; its report takes the difference over a run).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowTotals {
+    /// Times a transport refused a frame.
+    pub refused: u64,
+    /// Frames held until their queue had room.
+    pub held: u64,
+    /// Frames dropped with held frames past the bound.
+    pub dropped: u64,
+}
+
+thread_local! {
+    static HERE: Cell<FlowTotals> = const { Cell::new(FlowTotals { refused: 0, held: 0, dropped: 0 }) };
+}
+
+fn tally(f: impl FnOnce(&mut FlowTotals)) {
+    HERE.with(|c| {
+        let mut t = c.get();
+        f(&mut t);
+        c.set(t);
+    });
+}
+
+/// The flow counts of this thread so far.
+pub fn on_this_thread() -> FlowTotals {
+    HERE.with(Cell::get)
+}
+
+#[derive(Debug, Default)]
+struct Peer {
+    held: VecDeque<Frame>,
+    stats: PeerFlow,
+}
+
+impl Peer {
+    fn hold(&mut self, frame: Frame) -> Sent {
+        let bytes = frame.len();
+        if self.held.len() >= FLOW_HELD_FRAMES_MAX
+            || self.stats.held_bytes + bytes > FLOW_HELD_BYTES_MAX
+        {
+            let dropped = self.held.len() as u64 + 1;
+            self.stats.dropped += dropped;
+            tally(|t| t.dropped += dropped);
+            self.held.clear();
+            self.stats.held_bytes = 0;
+            return Sent::Dropped;
+        }
+        tally(|t| t.held += 1);
+        self.stats.held_bytes += bytes;
+        self.stats.held_bytes_max = self.stats.held_bytes_max.max(self.stats.held_bytes);
+        self.held.push_back(frame);
+        Sent::Held
+    }
+}
+
+/// Per-peer flow state of one node. Sans-IO apart from the transport it is
+/// handed, whose `send` never waits.
+#[derive(Debug, Default)]
+pub struct Flow {
+    peers: BTreeMap<NodeId, Peer>,
+}
+
+impl Flow {
+    /// A flow owner that holds nothing yet.
+    pub fn new() -> Self {
+        Flow::default()
+    }
+
+    /// Send `frame` to `to`, or hold it behind the frames already held for `to` (so
+    /// the order per peer stays the send order). An error is the transport's
+    /// refusal for good (an unknown peer, a closed transport): the frame is gone.
+    pub fn send<T: Transport>(
+        &mut self,
+        transport: &T,
+        to: NodeId,
+        frame: Frame,
+    ) -> Result<Sent, TransportError> {
+        let peer = self.peers.entry(to).or_default();
+        let sent = if !peer.held.is_empty() {
+            peer.hold(frame)
+        } else {
+            match transport.send(to, frame) {
+                Ok(()) => {
+                    peer.stats.sent += 1;
+                    Sent::Taken
+                }
+                Err(SendError::Full(frame)) => {
+                    peer.stats.refused += 1;
+                    tally(|t| t.refused += 1);
+                    peer.hold(frame)
+                }
+                Err(SendError::Refused(e)) => return Err(e),
+            }
+        };
+        peer.stats.held = peer.held.len();
+        Ok(sent)
+    }
+
+    /// Hand held frames to the transport, oldest first per peer, until it refuses
+    /// one. Frames to a peer the transport no longer knows are dropped; a closed
+    /// transport is an error.
+    pub fn flush<T: Transport>(&mut self, transport: &T) -> Result<(), TransportError> {
+        for (&to, peer) in &mut self.peers {
+            while let Some(frame) = peer.held.pop_front() {
+                let bytes = frame.len();
+                match transport.send(to, frame) {
+                    Ok(()) => {
+                        peer.stats.sent += 1;
+                        peer.stats.held_bytes -= bytes;
+                    }
+                    Err(SendError::Full(frame)) => {
+                        peer.stats.refused += 1;
+                        tally(|t| t.refused += 1);
+                        peer.held.push_front(frame);
+                        break;
+                    }
+                    Err(SendError::Refused(TransportError::Closed)) => {
+                        return Err(TransportError::Closed)
+                    }
+                    Err(SendError::Refused(e)) => {
+                        tracing::warn!(%to, error = %e, "held frames dropped");
+                        let dropped = peer.held.len() as u64 + 1;
+                        peer.stats.dropped += dropped;
+                        tally(|t| t.dropped += dropped);
+                        peer.held.clear();
+                        peer.stats.held_bytes = 0;
+                    }
+                }
+            }
+            peer.stats.held = peer.held.len();
+        }
+        self.self_check();
+        Ok(())
+    }
+
+    /// Whether any frame is held (then the node waits for the transport's
+    /// [`Transport::writable`] and flushes).
+    pub fn holding(&self) -> bool {
+        self.peers.values().any(|p| !p.held.is_empty())
+    }
+
+    /// Record the transport's signals towards `peer`. Cumulative counters never go
+    /// back, except when the transport forgot the path (a new connection).
+    pub fn record_signals(&mut self, peer: NodeId, signals: CongestionSignals) {
+        self.peers.entry(peer).or_default().stats.signals = signals;
+    }
+
+    /// Every peer's flow, by peer id.
+    pub fn report(&self) -> Vec<(NodeId, PeerFlow)> {
+        self.peers.iter().map(|(&id, p)| (id, p.stats)).collect()
+    }
+
+    /// The held counts agree with the frames held, and stay within the bounds.
+    pub fn self_check(&self) {
+        for (id, p) in &self.peers {
+            let bytes: usize = p.held.iter().map(Frame::len).sum();
+            assert_eq!(bytes, p.stats.held_bytes, "held bytes of {id}");
+            assert_eq!(p.held.len(), p.stats.held, "held frames of {id}");
+            assert!(p.held.len() <= FLOW_HELD_FRAMES_MAX, "frames held for {id}");
+            assert!(
+                p.stats.held_bytes <= FLOW_HELD_BYTES_MAX,
+                "bytes held for {id}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use std::sync::Mutex;
+
+    /// A transport whose queue towards each peer takes `room` frames until
+    /// `drain` empties it.
+    struct Fake {
+        room: usize,
+        queued: Mutex<BTreeMap<NodeId, Vec<Frame>>>,
+        closed: bool,
+    }
+
+    impl Fake {
+        fn new(room: usize) -> Self {
+            Fake {
+                room,
+                queued: Mutex::new(BTreeMap::new()),
+                closed: false,
+            }
+        }
+
+        fn drain(&self, peer: NodeId) -> Vec<u8> {
+            let mut q = self.queued.lock().unwrap();
+            let frames = q.remove(&peer).unwrap_or_default();
+            frames.iter().map(|f| f.payload[0]).collect()
+        }
+    }
+
+    impl Transport for Fake {
+        fn local_id(&self) -> NodeId {
+            NodeId(0)
+        }
+        fn send(&self, to: NodeId, frame: Frame) -> Result<(), SendError> {
+            if self.closed {
+                return Err(TransportError::Closed.into());
+            }
+            if to == NodeId(99) {
+                return Err(TransportError::UnknownPeer(to).into());
+            }
+            let mut q = self.queued.lock().unwrap();
+            let queue = q.entry(to).or_default();
+            if queue.len() >= self.room {
+                return Err(SendError::Full(frame));
+            }
+            queue.push(frame);
+            Ok(())
+        }
+        async fn writable(&self) {}
+        async fn recv(&self) -> Result<(NodeId, Frame), TransportError> {
+            Err(TransportError::Closed)
+        }
+        fn signals(&self, _: NodeId) -> CongestionSignals {
+            CongestionSignals::default()
+        }
+    }
+
+    fn frame(tag: u8, len: usize) -> Frame {
+        let mut payload = vec![0u8; len.max(1)];
+        payload[0] = tag;
+        Frame {
+            head: Bytes::new(),
+            payload: Bytes::from(payload),
+        }
+    }
+
+    #[test]
+    fn a_full_peer_holds_its_frames_in_order_and_others_go_on() {
+        let t = Fake::new(2);
+        let mut flow = Flow::new();
+        let (slow, fast) = (NodeId(1), NodeId(2));
+        for tag in 0..5 {
+            flow.send(&t, slow, frame(tag, 10)).unwrap();
+        }
+        assert_eq!(flow.send(&t, fast, frame(9, 10)), Ok(Sent::Taken));
+        assert!(flow.holding());
+        let stats = flow.report()[0].1;
+        assert_eq!((stats.sent, stats.held, stats.refused), (2, 3, 1));
+        assert_eq!(t.drain(fast), vec![9]);
+        assert_eq!(t.drain(slow), vec![0, 1]);
+        flow.flush(&t).unwrap();
+        assert_eq!(t.drain(slow), vec![2, 3]);
+        // A frame sent while others are held waits behind them.
+        assert_eq!(flow.send(&t, slow, frame(5, 10)), Ok(Sent::Held));
+        flow.flush(&t).unwrap();
+        assert!(!flow.holding());
+        assert_eq!(t.drain(slow), vec![4, 5]);
+        flow.self_check();
+    }
+
+    #[test]
+    fn held_frames_past_the_bound_are_dropped_as_a_reset_would() {
+        let t = Fake::new(0);
+        let mut flow = Flow::new();
+        let big = FLOW_HELD_BYTES_MAX / 4;
+        for tag in 0..4 {
+            assert_eq!(flow.send(&t, NodeId(1), frame(tag, big)), Ok(Sent::Held));
+        }
+        assert_eq!(flow.send(&t, NodeId(1), frame(4, 1)), Ok(Sent::Dropped));
+        let stats = flow.report()[0].1;
+        assert_eq!((stats.held, stats.held_bytes, stats.dropped), (0, 0, 5));
+        assert_eq!(stats.held_bytes_max, FLOW_HELD_BYTES_MAX);
+        // The next frame starts afresh.
+        assert_eq!(flow.send(&t, NodeId(1), frame(5, 1)), Ok(Sent::Held));
+        flow.self_check();
+    }
+
+    #[test]
+    fn refusals_for_good_are_errors_and_a_closed_transport_ends_the_flush() {
+        let mut t = Fake::new(0);
+        let mut flow = Flow::new();
+        assert_eq!(
+            flow.send(&t, NodeId(99), frame(0, 1)),
+            Err(TransportError::UnknownPeer(NodeId(99)))
+        );
+        flow.send(&t, NodeId(1), frame(0, 1)).unwrap();
+        t.closed = true;
+        assert_eq!(flow.flush(&t), Err(TransportError::Closed));
+    }
+}
