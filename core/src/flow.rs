@@ -192,6 +192,15 @@ impl Flow {
         Ok(())
     }
 
+    /// The peers frames are held for now.
+    pub fn congested(&self) -> std::collections::BTreeSet<NodeId> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| !p.held.is_empty())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
     /// Whether any frame is held (then the node waits for the transport's
     /// [`Transport::writable`] and flushes).
     pub fn holding(&self) -> bool {

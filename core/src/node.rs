@@ -219,6 +219,8 @@ pub struct Node<T, D> {
     /// Frames held for peers whose transport queue is full, and each path's
     /// signals.
     flow: Flow,
+    /// Whether the engine was last told that some peer is congested.
+    congested: bool,
     pool: BufPool,
     /// Device blocks per volume block.
     scale: u64,
@@ -305,6 +307,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             device,
             engine: Replicator::new(me, map, config),
             flow: Flow::new(),
+            congested: false,
             pool,
             scale,
             control: None,
@@ -456,6 +459,12 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.drain_actions(&done_tx, start)?;
+            if cfg!(debug_assertions) {
+                // The simulator and the tests run debug builds: every step of
+                // every node is checked.
+                self.engine.self_check();
+                self.flow.self_check();
+            }
             // Checkpoints asked for are written down once drained.
             let finished = self.engine.checkpoints_finished();
             for (_, done) in self
@@ -473,6 +482,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 // Held frames go out as soon as their queue has room.
                 _ = self.transport.writable(), if self.flow.holding() => {
                     self.flow.flush(&*self.transport)?;
+                    self.tell_congestion();
                 }
                 Some(request) = recv_request(&mut self.requests) => self.on_request(request),
                 frame = self.transport.recv() => {
@@ -701,6 +711,15 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
     }
 
+    /// Tell the engine which peers are congested, if that changed.
+    fn tell_congestion(&mut self) {
+        let holding = self.flow.holding();
+        if holding || self.congested {
+            self.engine.set_congested(self.flow.congested());
+        }
+        self.congested = holding;
+    }
+
     /// Encode `msg` and send it to `to`, or hold it until `to`'s queue has room.
     /// Never waits.
     fn send(&mut self, to: NodeId, msg: Message) -> Result<(), NodeError> {
@@ -715,7 +734,11 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         };
         // One unreachable peer (a client gone) must not stop the node; only a
         // closed transport does.
-        match self.flow.send(&*self.transport, to, frame) {
+        let sent = self.flow.send(&*self.transport, to, frame);
+        if matches!(sent, Ok(Sent::Held | Sent::Dropped)) {
+            self.tell_congestion();
+        }
+        match sent {
             Ok(Sent::Taken | Sent::Held) => Ok(()),
             Ok(Sent::Dropped) => {
                 tracing::warn!(%to, "frames held past the bound dropped (as a reset would)");

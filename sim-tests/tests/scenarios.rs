@@ -110,7 +110,9 @@ fn a_sweep_of_24_seeds_passes_every_checker() {
 
 /// A NIC queue of 64 KiB per peer: a primary's forwards of 64 KiB writes fill
 /// it, so the transport refuses frames and the node's flow owner holds them until
-/// there is room. Nothing is dropped, nothing lost, and the engine never waited.
+/// there is room, while the engine answers new writes towards the congested
+/// replica `Busy` and clients retry. Nothing is dropped, nothing lost, and the
+/// engine never waited.
 #[test]
 fn a_full_send_queue_pushes_back_and_loses_nothing() {
     let mut s = short(20);

@@ -212,7 +212,21 @@ pub enum Refusal {
     /// The name or size is not acceptable.
     #[error("bad volume: {0}")]
     BadName(&'static str),
+    /// The command would take the map past one of its bounds.
+    #[error("past a bound of the map: {0}")]
+    TooLarge(&'static str),
+    /// Applying the command broke an invariant of the map: a bug in weir, not in
+    /// the command. Every member applies it alike, so they stay in step; the
+    /// error is logged and the debug build stops on it.
+    #[error("cluster state invariant broken: {0}")]
+    Invariant(String),
 }
+
+/// Most members the map holds.
+pub const MAX_MEMBERS: usize = 1024;
+/// Most extents the pool holds (at 64 MiB each, 64 PiB), so one command from a
+/// member cannot make every member allocate without bound.
+pub const MAX_POOL_EXTENTS: u64 = 1 << 20;
 
 /// Longest volume name, in bytes (NBD export names are strings on the wire).
 pub const MAX_NAME_BYTES: usize = 128;
@@ -312,13 +326,23 @@ impl ClusterState {
                 None => Err(Refusal::UnknownName(name.clone())),
             },
         };
-        self.self_check();
+        // Commands check their preconditions, so none breaks an invariant; if one
+        // did, the map from the log is still the same on every member: say so,
+        // never take the whole cluster down by panicking on a log entry.
+        if let Err(e) = self.validate() {
+            debug_assert!(false, "cluster state invariant broken by {cmd:?}: {e}");
+            tracing::error!(?cmd, error = %e, "cluster state invariant broken");
+            return Err(Refusal::Invariant(e));
+        }
         result
     }
 
     fn add_node(&mut self, node: NodeId) -> Result<Vec<Change>, Refusal> {
         if self.nodes.contains_key(&node) {
             return Err(Refusal::KnownNode(node));
+        }
+        if self.nodes.len() >= MAX_MEMBERS {
+            return Err(Refusal::TooLarge("members"));
         }
         self.nodes.insert(node, NodeStatus::Up);
         Ok(vec![Change::Membership])
@@ -332,6 +356,9 @@ impl ClusterState {
     ) -> Result<Vec<Change>, Refusal> {
         if self.volumes.contains_key(&volume) {
             return Err(Refusal::KnownVolume(volume));
+        }
+        if extents > MAX_POOL_EXTENTS - self.extents.len() as u64 {
+            return Err(Refusal::TooLarge("pool extents"));
         }
         let up = self.up_nodes();
         if replicas == 0 || up.len() < usize::from(replicas) {
@@ -379,17 +406,18 @@ impl ClusterState {
             // crash between forwarding a write and writing it locally leaves it
             // without a write its replicas have. Where another copy is in sync it
             // rebuilds from that copy; where it holds the last one, it stays.
-            if ext.in_sync.contains(&node) && ext.in_sync.len() > 1 {
+            // Another in-sync replica, the first in placement order.
+            let other = ext
+                .replicas
+                .iter()
+                .copied()
+                .find(|&r| r != node && ext.in_sync.contains(&r));
+            if let (true, Some(next)) = (ext.in_sync.contains(&node), other) {
                 ext.in_sync.remove(&node);
                 ext.rebuilding.insert(node);
                 if ext.primary == node {
                     // Its earlier incarnation is gone with its lease, and the new
                     // one serves nothing until a later epoch: no wait is needed.
-                    let next = *ext
-                        .replicas
-                        .iter()
-                        .find(|r| ext.in_sync.contains(r))
-                        .expect("another replica is in sync");
                     ext.primary = next;
                     ext.primary_since = ext.epoch;
                     failovers.push((id, node, next, ext.epoch));
@@ -607,8 +635,8 @@ impl ClusterState {
                 .filter(|(n, _)| !ext.replicas.contains(n))
                 .min_by_key(|(&n, &c)| (c, n))
                 .map(|(&n, _)| n);
-            if let Some(spare) = spare {
-                *load.get_mut(&spare).expect("an up node") += 1;
+            if let Some((spare, count)) = spare.and_then(|n| Some((n, load.get_mut(&n)?))) {
+                *count += 1;
                 plan.push((id, pos, spare));
             }
         }
@@ -627,7 +655,9 @@ impl ClusterState {
         }
         let mut changed = Vec::new();
         for (id, pos, spare) in plan {
-            let ext = self.extents.get_mut(&id).expect("planned from this state");
+            let Some(ext) = self.extents.get_mut(&id) else {
+                continue; // Planned from this state: always there.
+            };
             // A down node is in no in-sync or rebuilding set, and a primary is in
             // sync: the node was neither.
             debug_assert!(ext.primary != node && !ext.in_sync.contains(&node));

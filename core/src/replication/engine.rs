@@ -311,6 +311,10 @@ pub struct Replicator {
     seen_in_sync: std::collections::BTreeSet<(ExtentId, NodeId)>,
     /// Uncertain tails, and reconciliation when a primary takes over.
     reconcile: reconcile::Reconciler,
+    /// Peers whose transport queue is full (the node's flow owner holds frames
+    /// for them): a new client write whose replicas include one is refused
+    /// `Busy`, so clients back off instead of piling frames up behind it.
+    congested: std::collections::BTreeSet<NodeId>,
 }
 
 impl Replicator {
@@ -347,6 +351,7 @@ impl Replicator {
             restored: BTreeMap::new(),
             seen_in_sync: std::collections::BTreeSet::new(),
             reconcile: reconcile::Reconciler::default(),
+            congested: std::collections::BTreeSet::new(),
         };
         engine.reconcile_start_with();
         engine
@@ -437,6 +442,45 @@ impl Replicator {
     /// The next thing the driver must do, if any.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
+    }
+
+    /// Check the engine's own bookkeeping; panics on a broken invariant. The node
+    /// runs it after every step in debug builds (the simulator's and the tests'):
+    /// - every deferred device write is one in flight;
+    /// - the per-grain counts of device writes in flight are exactly those of the
+    ///   writes in `device_writes` (so a grain is checkpointed only when idle);
+    /// - every op and io id was handed out.
+    pub fn self_check(&self) {
+        for io in self.deferred.keys() {
+            assert!(
+                self.device_writes.contains_key(io),
+                "deferred {io:?} not in flight"
+            );
+        }
+        let mut writing: BTreeMap<u64, u32> = BTreeMap::new();
+        for (io, &(lba, blocks)) in &self.device_writes {
+            assert!(io.0 <= self.next_io, "{io:?} not handed out");
+            assert!(blocks > 0, "{io:?} writes nothing");
+            for g in self.grains.touched(lba, blocks) {
+                *writing.entry(g).or_default() += 1;
+            }
+        }
+        assert_eq!(
+            writing, self.grains_writing,
+            "grains with device writes in flight"
+        );
+        if let Some((op, _)) = self.ops.last_key_value() {
+            assert!(op.0 <= self.next_op, "{op:?} not handed out");
+        }
+        if let Some((io, _)) = self.ios.last_key_value() {
+            assert!(io.0 <= self.next_io, "{io:?} not handed out");
+        }
+    }
+
+    /// The peers whose transport queue is full now (back-pressure from the
+    /// node's flow owner); the driver sets it whenever it changes.
+    pub fn set_congested(&mut self, peers: std::collections::BTreeSet<NodeId>) {
+        self.congested = peers;
     }
 
     /// Client operations in flight (queued or running).

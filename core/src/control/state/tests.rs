@@ -350,3 +350,73 @@ fn a_node_with_no_spare_or_holding_the_last_copy_is_kept() {
     assert!(s.extents[&ExtentId(0)].in_sync.is_empty());
     assert!(s.replacements(NodeId(2)).is_empty());
 }
+
+/// Any command, with ids that hit the map's nodes and extents and values from
+/// the hostile end (huge counts, epochs and sizes).
+fn any_command() -> impl Strategy<Value = Command> {
+    let node = (0u32..=6).prop_map(NodeId);
+    let extent = (0u64..=5).prop_map(ExtentId);
+    let epoch = prop_oneof![(0u64..=8).prop_map(Epoch), Just(Epoch(u64::MAX))];
+    let count = prop_oneof![0u64..=4, Just(MAX_POOL_EXTENTS), Just(u64::MAX)];
+    prop_oneof![
+        node.clone().prop_map(|node| Command::AddNode { node }),
+        ((0u32..=3), count.clone(), any::<u8>()).prop_map(|(v, extents, replicas)| {
+            Command::CreateVolume {
+                volume: VolumeId(v),
+                extents,
+                replicas,
+            }
+        }),
+        (node.clone(), any::<u64>()).prop_map(|(node, lease_expires_ns)| Command::NodeDown {
+            node,
+            lease_expires_ns
+        }),
+        node.clone().prop_map(|node| Command::NodeUp { node }),
+        (extent.clone(), epoch.clone(), node.clone()).prop_map(|(extent, epoch, node)| {
+            Command::DropReplica {
+                extent,
+                epoch,
+                node,
+            }
+        }),
+        (extent, epoch, node.clone()).prop_map(|(extent, epoch, node)| Command::RebuildDone {
+            extent,
+            epoch,
+            node
+        }),
+        node.clone().prop_map(|node| Command::Restarted { node }),
+        node.prop_map(|node| Command::ReplaceNode { node }),
+        ("[a-c]{0,2}", any::<u64>(), count).prop_map(|(name, size_bytes, extents)| {
+            Command::CreateNamed {
+                name,
+                size_bytes,
+                extents,
+            }
+        }),
+        "[a-c]{0,2}".prop_map(|name| Command::DeleteNamed { name }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+    /// Applying the log never panics and never breaks the map, whatever the
+    /// entries say: a command that does not apply is a typed refusal, and one
+    /// that asks for more than the map's bounds is refused before it allocates.
+    #[test]
+    fn no_command_sequence_panics_or_breaks_the_map(
+        commands in prop::collection::vec(any_command(), 1..60)
+    ) {
+        let mut s = cluster(4, 3);
+        for command in &commands {
+            let outcome = s.apply(command);
+            prop_assert!(
+                !matches!(outcome, Err(Refusal::Invariant(_))),
+                "{command:?} broke the map: {outcome:?}"
+            );
+            prop_assert!(s.validate().is_ok());
+            prop_assert!(s.extents.len() as u64 <= MAX_POOL_EXTENTS);
+            prop_assert!(s.nodes.len() <= MAX_MEMBERS);
+        }
+    }
+}

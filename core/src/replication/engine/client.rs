@@ -56,6 +56,12 @@ impl Replicator {
             Ok(ok) => ok,
             Err(e) => return self.fail(client, req, e),
         };
+        // Back-pressure: a write would add a forward to each in-sync replica's
+        // queue; while one of them is full, the client waits and retries.
+        let in_sync = &self.map.extent(extent).in_sync;
+        if self.congested.iter().any(|peer| in_sync.contains(peer)) {
+            return self.fail(client, req, WeirError::Busy);
+        }
         let op = self.op_id();
         self.ops
             .insert(op, Op::write((client, req), extent, lba, data, fua));

@@ -89,6 +89,7 @@ fn block(tag: u8, blocks: usize) -> Bytes {
 impl Cluster {
     fn collect(&mut self) {
         for (&n, engine) in self.engines.iter_mut() {
+            engine.self_check();
             while let Some(action) = engine.poll_action() {
                 match action {
                     Action::Send { to, msg } => {
@@ -235,6 +236,51 @@ fn write_is_acked_only_after_every_replica_persisted() {
         assert_eq!(c.engines[&NodeId(n)].block_version(Lba(4)), Some(v(1)));
     }
     assert!(c.engines.values().all(|e| e.ops_in_flight() == 0));
+}
+
+#[test]
+fn a_write_towards_a_congested_replica_is_refused_busy_until_it_drains() {
+    let mut c = cluster(test_config());
+    // Extent 0: primary n1, replicas n2 and n3; n3's send queue is full.
+    let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
+    n1.set_congested([NodeId(3)].into());
+    c.client_sends(NodeId(1), write(1, 3, block(7, 1)));
+    c.client_sends(NodeId(1), read(2, 3, 1));
+    c.settle();
+    assert_eq!(c.replies.len(), 2);
+    assert!(
+        c.replies.iter().any(|r| matches!(
+            r,
+            Message::Failed {
+                req: RequestId(1),
+                error: WeirError::Busy
+            }
+        )),
+        "{:?}",
+        c.replies
+    );
+    assert!(
+        c.replies.iter().any(|r| matches!(
+            r,
+            Message::ReadOk {
+                req: RequestId(2),
+                ..
+            }
+        )),
+        "reads go on: {:?}",
+        c.replies
+    );
+    assert_eq!(c.disk_block(NodeId(2), 3), None, "nothing was forwarded");
+    // Once the queue drains, the retry goes through.
+    c.replies.clear();
+    c.engines
+        .get_mut(&NodeId(1))
+        .unwrap()
+        .set_congested(Default::default());
+    c.client_sends(NodeId(1), write(1, 3, block(7, 1)));
+    c.settle();
+    assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(1) }]);
+    assert_eq!(c.disk_block(NodeId(3), 3), Some(7));
 }
 
 #[test]
