@@ -12,7 +12,9 @@
 //!
 //! Inside a region, blocks come in size classes of 4 KiB times a power of two,
 //! from a buddy allocator: a freed block merges with its free buddy, so memory
-//! freed in small blocks serves a large request again. Every buffer is 4 KiB
+//! freed in small blocks serves a large request again. The last few blocks freed
+//! of each class are kept unmerged for the next request of that class (the data
+//! path's steady state), and merged back when a request finds nothing else. Every buffer is 4 KiB
 //! aligned. The pool has a byte budget fixed at start-up and refuses to go past
 //! it instead of growing without bound; a buffer counts its whole block, and the
 //! regions reserved never pass the budget rounded up to a whole region.
@@ -56,7 +58,10 @@ pub struct RegionInfo {
     pub len: usize,
 }
 
-/// One slab: memory allocated once, aligned to [`BUF_ALIGN`], zeroed.
+/// One slab: memory allocated once, aligned to [`BUF_ALIGN`]. It is not zeroed
+/// as a whole: an aligned `alloc_zeroed` writes every byte (making the whole
+/// region resident at once), while a large plain allocation is mapped lazily by
+/// the system allocator. Each block is zeroed when it is handed out.
 struct Region {
     ptr: NonNull<u8>,
     layout: Layout,
@@ -74,8 +79,9 @@ unsafe impl Sync for Region {}
 impl Region {
     fn new(id: u32, bytes: usize) -> Region {
         let layout = Layout::from_size_align(bytes, BUF_ALIGN).expect("region layout");
-        // SAFETY: `layout` has a non-zero size (at least one page).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        // SAFETY: `layout` has a non-zero size (at least one page). Its bytes are
+        // uninitialised until a `Buf` over them is zeroed in `BufPool::alloc`.
+        let ptr = unsafe { std::alloc::alloc(layout) };
         let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         Region { ptr, layout, id }
     }
@@ -97,11 +103,18 @@ impl Drop for Region {
     }
 }
 
+/// Pages of freed blocks kept per order without merging (64 blocks of 4 KiB, one
+/// of 256 KiB, none larger), so the steady state of a data path (a block freed,
+/// one of the same size taken) costs a push and a pop, not a cascade of merges
+/// and splits, while the pages the cache keeps touched stay few.
+const CACHED_PAGES_PER_ORDER: usize = 64;
+
 /// Free blocks of one region by order (a block of order `k` is `2^k` pages),
-/// each a set of first pages.
+/// each a set of first pages, and a small cache of freed blocks per order.
 #[derive(Debug)]
 struct Buddy {
     free: Vec<BTreeSet<u32>>,
+    cached: Vec<Vec<u32>>,
 }
 
 impl Buddy {
@@ -109,7 +122,38 @@ impl Buddy {
     fn new(top: u32) -> Buddy {
         let mut free = vec![BTreeSet::new(); top as usize + 1];
         free[top as usize].insert(0);
-        Buddy { free }
+        Buddy {
+            free,
+            cached: vec![Vec::new(); top as usize + 1],
+        }
+    }
+
+    /// A block of `order`: a cached one, else from the free sets; when those
+    /// have none, the cache is merged back and they are asked again.
+    fn take(&mut self, order: u32) -> Option<u32> {
+        if let Some(start) = self.cached[order as usize].pop() {
+            return Some(start);
+        }
+        if let Some(start) = self.alloc(order) {
+            return Some(start);
+        }
+        for k in 0..self.cached.len() {
+            for start in std::mem::take(&mut self.cached[k]) {
+                self.release(start, k as u32);
+            }
+        }
+        self.alloc(order)
+    }
+
+    /// Give back a block: into the cache if it has room, else merged.
+    fn put(&mut self, start: u32, order: u32) {
+        let cache = &mut self.cached[order as usize];
+        if (cache.len() + 1) << order <= CACHED_PAGES_PER_ORDER {
+            debug_assert!(!cache.contains(&start), "block at page {start} freed twice");
+            cache.push(start);
+        } else {
+            self.release(start, order);
+        }
     }
 
     fn top(&self) -> u32 {
@@ -143,12 +187,13 @@ impl Buddy {
         assert!(inserted, "block at page {start} freed twice");
     }
 
-    /// Free pages of the region.
+    /// Free pages of the region (cached blocks included).
     fn free_pages(&self) -> u64 {
         self.free
             .iter()
+            .zip(&self.cached)
             .enumerate()
-            .map(|(k, set)| set.len() as u64 * (1 << k))
+            .map(|(k, (set, cache))| (set.len() + cache.len()) as u64 * (1 << k))
             .sum()
     }
 }
@@ -227,7 +272,7 @@ impl BufPool {
         let mut regions = inner.regions.lock().unwrap_or_else(PoisonError::into_inner);
         let found = regions
             .iter_mut()
-            .find_map(|(region, buddy)| Some((region.clone(), buddy.alloc(order)?)));
+            .find_map(|(region, buddy)| Some((region.clone(), buddy.take(order)?)));
         let region_bytes = inner.region_pages as usize * BUF_ALIGN;
         let (region, page) = match found {
             Some(found) => found,
@@ -243,7 +288,7 @@ impl BufPool {
                 let id = regions.len() as u32;
                 let region = Arc::new(Region::new(id, region_bytes));
                 let mut buddy = Buddy::new(inner.region_pages.trailing_zeros());
-                let page = buddy.alloc(order).expect("a fresh region holds any class");
+                let page = buddy.take(order).expect("a fresh region holds any class");
                 regions.push((region.clone(), buddy));
                 (region, page)
             }
@@ -396,7 +441,7 @@ impl Drop for Buf {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             let (_, buddy) = &mut regions[self.region.id as usize];
-            buddy.release((self.offset / BUF_ALIGN) as u32, self.order);
+            buddy.put((self.offset / BUF_ALIGN) as u32, self.order);
         }
         let prev = self.pool.used_bytes.fetch_sub(bytes, Ordering::AcqRel);
         assert!(prev >= bytes, "buffer pool accounting underflow");
