@@ -8,8 +8,10 @@
 //! [`Transport::writable`] says there is room; frames to other peers go on at
 //! once. So one congested peer never stalls the node. What it holds is bounded
 //! per peer ([`FLOW_HELD_BYTES_MAX`], [`FLOW_HELD_FRAMES_MAX`]); past that the
-//! peer's held frames are dropped, as a connection reset would drop them (the
-//! transport contract's one kind of loss, which the engine's retries cover).
+//! peer's held frames are dropped, as a connection reset would drop them. This is
+//! the node giving up on frames, not the transport losing them: the connection
+//! stays up, so the peer sees a gap without a reconnect, which the engine's
+//! timeouts and retries cover as they cover a reset.
 //!
 //! Signals are recorded for now (in the node's report, `/metrics` and the
 //! simulator's report); the congestion response that acts on them is the

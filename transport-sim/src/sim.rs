@@ -349,11 +349,13 @@ impl Transport for SimTransport {
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
+                // The fabric's state first, then the refused set: the order `send`
+                // takes them in.
+                let s = self.fabric.state.lock().expect("fabric state");
                 let mut refused = self.refused.lock().expect("refused");
                 if refused.is_empty() {
                     return;
                 }
-                let s = self.fabric.state.lock().expect("fabric state");
                 let max = (HEADER_BYTES + MAX_BODY_BYTES) as u64;
                 let before = refused.len();
                 refused.retain(|&dst| !s.takes(self.idx, dst, max));

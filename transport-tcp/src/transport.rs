@@ -214,6 +214,7 @@ impl TcpTransport {
         };
         // Dropping the handles (outside the lock) stops every connection task.
         drop((outbound, inbound));
+        self.shared.space.notify_waiters();
         self.shared.shutdown.send_replace(true);
     }
 
@@ -315,10 +316,14 @@ impl Transport for TcpTransport {
     async fn writable(&self) {
         let max = HEADER_BYTES + MAX_BODY_BYTES;
         let budget = self.shared.config.send_queue_bytes;
+        let stall = self.shared.config.send_stall_timeout;
         loop {
             let notified = self.shared.space.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            // When the first refusing connection will count as stalled (then the
+            // caller's next send resets it).
+            let stalled_at;
             {
                 let mut state = self.shared.lock();
                 let State {
@@ -331,8 +336,11 @@ impl Transport for TcpTransport {
                     return;
                 }
                 let before = refused.len();
+                let now = Instant::now();
+                let mut first_stall: Option<Instant> = None;
                 // A peer whose connection is gone has room: its next send dials or
-                // is dropped.
+                // is dropped. So has one whose connection stalled: its next send
+                // resets it.
                 refused.retain(|peer| {
                     let conn = match outbound.get(peer) {
                         Some(Outbound {
@@ -342,13 +350,29 @@ impl Transport for TcpTransport {
                         Some(_) => None,
                         None => inbound.get(peer),
                     };
-                    conn.is_some_and(|c| !c.takes(max, budget))
+                    conn.is_some_and(|c| {
+                        let at = c.full_since.map(|t| t + stall);
+                        let stalled = at.is_some_and(|at| at <= now);
+                        if let (Some(at), false) = (at, stalled) {
+                            first_stall = Some(first_stall.map_or(at, |f| f.min(at)));
+                        }
+                        !stalled && !c.takes(max, budget)
+                    })
                 });
                 if refused.len() < before {
                     return;
                 }
+                stalled_at = first_stall;
             }
-            notified.await;
+            match stalled_at {
+                Some(at) => {
+                    tokio::select! {
+                        () = &mut notified => {}
+                        () = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => notified.await,
+            }
         }
     }
 
@@ -506,6 +530,10 @@ impl Shared {
             );
         }
         out.back_off(Instant::now(), &self.config);
+        drop(state);
+        // A refused peer in backoff has room (its sends are dropped): wake
+        // `writable`.
+        self.space.notify_waiters();
     }
 
     /// Connection `id` to `peer` is set up. False if it was replaced or dropped
@@ -537,6 +565,9 @@ impl Shared {
         let (conn, task) = self.new_conn();
         if state.inbound.insert(peer, conn).is_some() {
             tracing::debug!(%peer, %from, "new inbound connection replaces the older one");
+            drop(state);
+            // The replaced connection's queue is gone: a new, empty one has room.
+            self.space.notify_waiters();
         } else {
             tracing::debug!(%peer, %from, "inbound connection");
         }
@@ -586,6 +617,10 @@ impl Shared {
                 }
             }
         }
+        drop(state);
+        // A refused peer whose connection ended has room (the next send dials or
+        // is dropped): wake `writable`.
+        self.space.notify_waiters();
     }
 }
 

@@ -361,8 +361,11 @@ async fn a_peer_that_never_reads_pushes_back_and_is_reset_when_stalled() {
         tokio::time::timeout(stall / 3, a.writable()).await.is_err(),
         "no room while the peer reads nothing"
     );
-    // Past the stall timeout, the next send resets the connection.
-    tokio::time::sleep(stall).await;
+    // At the stall timeout `writable` resolves by itself (nothing else wakes
+    // it), and the next send resets the connection.
+    tokio::time::timeout(stall * 3, a.writable())
+        .await
+        .expect("a stalled connection wakes writable");
     assert_eq!(a.send(NodeId(9), mib.clone()), Ok(()));
     assert_eq!(a.queued_bytes(NodeId(9)), 0, "the reset dropped the queue");
     tokio::time::timeout(DEADLINE, a.writable())
