@@ -284,6 +284,66 @@ impl fmt::Display for Event {
     }
 }
 
+/// The default bound of an [`Events`] ring.
+pub const EVENTS_MAX: usize = 1024;
+
+/// The latest events of a node, oldest first, each with the time since the node
+/// started (ns): a ring of a fixed capacity, so a log nobody reads stays bounded.
+#[derive(Debug)]
+pub struct Events {
+    capacity: usize,
+    lines: std::collections::VecDeque<(u64, Event)>,
+    dropped: u64,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events::with_capacity(EVENTS_MAX)
+    }
+}
+
+impl Events {
+    /// A ring that keeps the latest `capacity` events (at least one).
+    pub fn with_capacity(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        Events {
+            capacity,
+            lines: std::collections::VecDeque::with_capacity(capacity.min(EVENTS_MAX)),
+            dropped: 0,
+        }
+    }
+
+    /// Keep `event`, at `at_ns`; the oldest event goes if the ring is full.
+    pub fn push(&mut self, at_ns: u64, event: Event) {
+        if self.lines.len() == self.capacity {
+            self.lines.pop_front();
+            self.dropped += 1;
+        }
+        self.lines.push_back((at_ns, event));
+        debug_assert!(self.lines.len() <= self.capacity);
+    }
+
+    /// The events kept, oldest first.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &(u64, Event)> + '_ {
+        self.lines.iter()
+    }
+
+    /// How many events the ring holds.
+    pub fn len(&self) -> usize {
+        self.lines.len()
+    }
+
+    /// Whether the ring holds none.
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
+    /// Events pushed out of the ring so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,5 +381,25 @@ mod tests {
         };
         assert_eq!(created.to_string(), "volume \"vol\" created (4096 bytes)");
         assert_eq!(created.node(), None);
+    }
+
+    #[test]
+    fn the_event_ring_keeps_the_latest_and_counts_what_it_dropped() {
+        let mut events = Events::with_capacity(3);
+        for i in 0..5u64 {
+            events.push(
+                i,
+                Event::DeviceAnswers {
+                    node: NodeId(i as u32),
+                },
+            );
+        }
+        let kept: Vec<u64> = events.iter().map(|(at, _)| *at).collect();
+        assert_eq!(kept, [2, 3, 4], "oldest first, the latest three");
+        assert_eq!(events.dropped(), 2);
+        assert_eq!(events.len(), 3);
+        let one = Events::with_capacity(0);
+        assert!(one.is_empty());
+        assert_eq!(one.capacity, 1, "a ring holds at least one event");
     }
 }

@@ -94,16 +94,21 @@ struct Peer {
 }
 
 impl Peer {
+    /// Drop every held frame, and count `more` dropped with them.
+    fn drop_held(&mut self, more: u64) {
+        let dropped = self.held.len() as u64 + more;
+        self.stats.dropped += dropped;
+        tally(|t| t.dropped += dropped);
+        self.held.clear();
+        self.stats.held_bytes = 0;
+    }
+
     fn hold(&mut self, frame: Frame) -> Sent {
         let bytes = frame.len();
         if self.held.len() >= FLOW_HELD_FRAMES_MAX
             || self.stats.held_bytes + bytes > FLOW_HELD_BYTES_MAX
         {
-            let dropped = self.held.len() as u64 + 1;
-            self.stats.dropped += dropped;
-            tally(|t| t.dropped += dropped);
-            self.held.clear();
-            self.stats.held_bytes = 0;
+            self.drop_held(1);
             return Sent::Dropped;
         }
         tally(|t| t.held += 1);
@@ -180,11 +185,7 @@ impl Flow {
                     }
                     Err(SendError::Refused(e)) => {
                         tracing::warn!(%to, error = %e, "held frames dropped");
-                        let dropped = peer.held.len() as u64 + 1;
-                        peer.stats.dropped += dropped;
-                        tally(|t| t.dropped += dropped);
-                        peer.held.clear();
-                        peer.stats.held_bytes = 0;
+                        peer.drop_held(1);
                     }
                 }
             }
