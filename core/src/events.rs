@@ -139,6 +139,16 @@ pub enum Event {
         /// The node.
         node: NodeId,
     },
+    /// `node` was behind the leader's compacted log and installed its snapshot
+    /// of the map instead of the entries.
+    MapInstalled {
+        /// The node.
+        node: NodeId,
+        /// Log index of the snapshot.
+        index: u64,
+        /// Bytes of the encoded map.
+        bytes: usize,
+    },
     /// The simulator cut `node`'s power (its SSD's volatile cache is lost).
     PowerLost {
         /// The node.
@@ -165,6 +175,7 @@ impl Event {
             | Event::DeviceStalled { node, .. }
             | Event::DeviceGone { node }
             | Event::DeviceAnswers { node }
+            | Event::MapInstalled { node, .. }
             | Event::PowerLost { node, .. } => Some(*node),
             Event::VolumeCreated { .. } | Event::VolumeDeleted { .. } => None,
         }
@@ -264,6 +275,11 @@ impl fmt::Display for Event {
                 f,
                 "{node} restored the versions of {blocks} blocks ({:.1} MiB) from its checkpoints",
                 mib(*bytes)
+            ),
+            Event::MapInstalled { node, index, bytes } => write!(
+                f,
+                "{node} installed the leader's snapshot of the map at log index {index} \
+                 ({bytes} bytes)"
             ),
             Event::DeviceStalled { node, timeout } => write!(
                 f,

@@ -61,17 +61,15 @@ pub enum NodeError {
     Checkpoint(std::io::Error),
 }
 
-/// Where a node keeps its durable Raft log (a file in production).
+/// Where a node keeps a durable file of records (a file in production): its Raft
+/// log (rounds appended, replaced by an image after a snapshot) and its
+/// block-version checkpoints (see [`crate::replication::versions`]: deltas
+/// appended, replaced by a full checkpoint).
 pub trait LogStore: Send + Sync + 'static {
     /// Append `record` and make it durable before returning.
     fn append(&mut self, record: &[u8]) -> std::io::Result<()>;
-}
-
-/// Where a node keeps its block-version checkpoints (a file in production; see
-/// [`crate::replication::versions`]): deltas are appended like a log's records.
-pub trait VersionStore: LogStore {
-    /// Replace everything with a full checkpoint `record`, durably and atomically
-    /// (the old contents stay whole until the new ones are).
+    /// Replace everything with `record`, durably and atomically (the old contents
+    /// stay whole until the new ones are).
     fn replace(&mut self, record: &[u8]) -> std::io::Result<()>;
 }
 
@@ -181,7 +179,7 @@ pub struct Node<T, D> {
     device_gone: bool,
     log_store: Option<Box<dyn LogStore>>,
     /// Where checkpoints go, and the name of the device they describe.
-    version_store: Option<(Box<dyn VersionStore>, String)>,
+    version_store: Option<(Box<dyn LogStore>, String)>,
     /// Block versions restored from checkpoints at start.
     restored_blocks: usize,
     /// Event times count from this instant (default: when `run` starts).
@@ -295,7 +293,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// Checkpoints are taken every [`ReplicationConfig::checkpoint_every_ns`].
     pub fn with_version_store(
         mut self,
-        store: Box<dyn VersionStore>,
+        store: Box<dyn LogStore>,
         device: String,
         restored: std::collections::BTreeMap<Lba, crate::ids::Version>,
     ) -> Self {
@@ -405,6 +403,9 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 // every node is checked.
                 self.engine.self_check();
                 self.flow.self_check();
+                if let Some((plane, ..)) = &self.control {
+                    plane.self_check();
+                }
             }
             // Checkpoints asked for are written down once drained.
             let finished = self.engine.checkpoints_finished();
@@ -602,6 +603,11 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     PlaneAction::Persist(record) => {
                         if let Some(store) = &mut self.log_store {
                             store.append(&record).map_err(NodeError::Log)?;
+                        }
+                    }
+                    PlaneAction::Rewrite(image) => {
+                        if let Some(store) = &mut self.log_store {
+                            store.replace(&image).map_err(NodeError::Log)?;
                         }
                     }
                 }

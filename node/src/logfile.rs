@@ -55,9 +55,7 @@ impl weir_core::node::LogStore for LogFile {
         self.file.write_all(record)?;
         self.file.sync_data()
     }
-}
 
-impl weir_core::node::VersionStore for LogFile {
     /// Write `record` to a file beside this one, sync it, rename it over this one
     /// and sync the directory: a crash leaves the old file or the new one, whole.
     fn replace(&mut self, record: &[u8]) -> std::io::Result<()> {
@@ -145,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_replaced_file_holds_only_the_new_record_and_takes_appends() {
-        use weir_core::node::VersionStore;
+        use weir_core::node::LogStore;
         let dir = scratch("ckpt");
         let path = dir.join("versions.ckpt");
         let (mut f, _) = LogFile::open(&path).unwrap();

@@ -218,13 +218,15 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  cluster   {} nodes, {} replicas, {} MiB volume in {} MiB extents, {} B blocks, versions per {} KiB",
+            "  cluster   {} nodes, {} replicas, {} MiB volume in {} MiB extents, {} B blocks, versions per {} KiB, \
+             map snapshot every {} entries",
             c.nodes,
             c.replicas,
             c.volume_mib,
             c.extent_mib,
             c.block_size,
-            self.grain_bytes >> 10
+            self.grain_bytes >> 10,
+            c.raft_snapshot_entries
         )?;
         if !self.clocks.is_empty() {
             writeln!(f, "  clocks    {}", self.clocks)?;

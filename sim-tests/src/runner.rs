@@ -866,6 +866,7 @@ fn start_nodes(
         let log = MemLog::default();
         let versions = MemLog::default();
         let volume_blocks = map.volume().capacity_blocks;
+        let snapshot_entries = s.cluster.raft_snapshot_entries;
         let grain_blocks = config.grain_blocks(map.volume());
         let (map, voters, bootstrap) = (map.clone(), voters.clone(), bootstrap.clone());
         let (events, audit) = (events.clone(), audit.clone());
@@ -893,6 +894,7 @@ fn start_nodes(
                 &bytes,
             )
             .expect("valid raft group");
+            let plane = plane.with_snapshot_entries(snapshot_entries);
             let node = Node::new(
                 transport.clone(),
                 ssd.clone(),
@@ -931,14 +933,15 @@ struct MemLog(Arc<Mutex<Vec<u8>>>);
 
 impl weir_core::node::LogStore for MemLog {
     fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
-        self.0.lock().expect("raft log").extend_from_slice(record);
+        self.0
+            .lock()
+            .expect("durable file")
+            .extend_from_slice(record);
         Ok(())
     }
-}
 
-impl weir_core::node::VersionStore for MemLog {
     fn replace(&mut self, record: &[u8]) -> std::io::Result<()> {
-        *self.0.lock().expect("versions") = record.to_vec();
+        *self.0.lock().expect("durable file") = record.to_vec();
         Ok(())
     }
 }

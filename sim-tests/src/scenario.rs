@@ -160,6 +160,11 @@ pub struct ClusterSpec {
     /// Version grain in KiB: the run of blocks a node keeps one version for (see
     /// `weir_core::replication::grains`). 0: the default (256 KiB).
     pub version_grain_kib: u64,
+    /// Each node snapshots its map and compacts its Raft log every this many
+    /// applied entries (0: never). Far below the daemon's 1,024 by default, so a
+    /// run's few dozen commands compact the log and a node that was away installs
+    /// the leader's snapshot.
+    pub raft_snapshot_entries: u64,
 }
 
 impl ClusterSpec {
@@ -188,6 +193,7 @@ impl Default for ClusterSpec {
             replica_timeout_ms: 100,
             device_timeout_ms: 100,
             version_grain_kib: 0,
+            raft_snapshot_entries: 8,
         }
     }
 }
@@ -411,6 +417,10 @@ impl Scenario {
         s.cluster.clock_drift_max_ppm = [0, 15, 100][pick(25, 3) as usize];
         // One block per grain (as exact as versions go), a few blocks, or the default.
         s.cluster.version_grain_kib = [4, 16, 0][pick(26, 3) as usize];
+        // A snapshot after every command or every other one (a node that missed
+        // one installs a snapshot, often while it is also catching up), a few, or
+        // the daemon's.
+        s.cluster.raft_snapshot_entries = [1, 2, 8, 1024][pick(27, 4) as usize];
         s
     }
 
@@ -516,6 +526,9 @@ impl Scenario {
                 "cluster.version_grain_kib",
                 "must be at most 1048576 (1 GiB)",
             );
+        }
+        if c.raft_snapshot_entries > 1 << 20 {
+            return bad("cluster.raft_snapshot_entries", "must be at most 1048576");
         }
         if c.checkpoint_ms > 60_000 {
             return bad("cluster.checkpoint_ms", "must be at most 60000");

@@ -60,6 +60,9 @@ pub enum PlaneAction {
     /// Append this record to the node's Raft log file and make it durable before
     /// carrying out any later action (nodes opened with [`ControlPlane::open`]).
     Persist(Bytes),
+    /// Replace the node's whole Raft log file with this image, durably and
+    /// atomically, before carrying out any later action (after a snapshot).
+    Rewrite(Bytes),
 }
 
 /// The control plane of one node.
@@ -198,6 +201,23 @@ impl ControlPlane {
             plane.restart_pending = true;
         }
         Ok((plane, replayed.valid_len))
+    }
+
+    /// Snapshot the map and compact the Raft log every `entries` applied entries
+    /// (default [`super::raft::SNAPSHOT_ENTRIES`]; 0: never).
+    pub fn with_snapshot_entries(mut self, entries: u64) -> Self {
+        self.raft.set_snapshot_entries(entries);
+        self
+    }
+
+    /// The Raft member's snapshots: taken, installed, sent again.
+    pub fn snapshot_counts(&self) -> super::raft::SnapshotCounts {
+        self.raft.snapshot_counts()
+    }
+
+    /// Check the Raft member's invariants (see [`MapRaft::self_check`]).
+    pub fn self_check(&self) {
+        self.raft.self_check();
     }
 
     /// For a restarted node, the epoch of each extent in the map it restarted
@@ -530,10 +550,28 @@ impl ControlPlane {
         self.drain_raft();
     }
 
+    /// Carry out what the Raft member asks. The map goes to the data path once,
+    /// after every command applied in this round (not a copy per command).
     fn drain_raft(&mut self) {
+        let mut changed = false;
         while let Some(action) = self.raft.poll_action() {
             match action {
                 RaftAction::Persist(record) => self.actions.push_back(PlaneAction::Persist(record)),
+                RaftAction::Rewrite(image) => self.actions.push_back(PlaneAction::Rewrite(image)),
+                RaftAction::Installed { index, bytes } => {
+                    // The log this node missed is gone: what the leader and the
+                    // detector had in flight is decided in the map it installed.
+                    self.proposed.clear();
+                    self.replacing.clear();
+                    self.actions.push_back(PlaneAction::Event(
+                        crate::events::Event::MapInstalled {
+                            node: self.me,
+                            index,
+                            bytes,
+                        },
+                    ));
+                    changed = true;
+                }
                 RaftAction::Send { to, bytes } => self.actions.push_back(PlaneAction::Send {
                     to,
                     msg: Message::Raft { bytes },
@@ -556,13 +594,16 @@ impl ControlPlane {
                                     self.actions.push_back(PlaneAction::Event(event));
                                 }
                             }
-                            let state = self.state().clone();
-                            self.actions.push_back(PlaneAction::Map(state));
+                            changed = true;
                         }
                         Err(refusal) => tracing::debug!(?command, %refusal, "command refused"),
                     }
                 }
             }
+        }
+        if changed {
+            let state = self.state().clone();
+            self.actions.push_back(PlaneAction::Map(state));
         }
     }
 }

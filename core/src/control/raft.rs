@@ -8,23 +8,36 @@
 //! election timeout jitter, is drawn here from a seeded generator after every term or
 //! role change, so a simulated run replays exactly.
 //!
-//! Storage: raft-rs's in-memory `MemStorage`, and, for a member opened with
+//! Storage: [`storage::MapStorage`] in memory, and, for a member opened with
 //! [`MapRaft::open`], a durable copy: every round of new entries and hard state
 //! comes out as a [`RaftAction::Persist`] record ([`persist`]) that the driver makes
 //! durable before it carries out the actions after it (the messages that depend on
 //! it). A restarted member replays its records and applies the committed entries
-//! again, reaching the map it had. The log is never compacted (the map's commands
-//! are few and small), so no snapshots are taken or sent.
+//! again, reaching the map it had.
+//!
+//! Compaction: every [`MapRaft::set_snapshot_entries`] applied entries (default
+//! [`SNAPSHOT_ENTRIES`]) a member snapshots its map (the postcard-encoded
+//! [`ClusterState`] at its applied index) and drops all but the last half of those
+//! entries from its log; a durable member replaces its log file with the snapshot
+//! and what follows it ([`RaftAction::Rewrite`]). So the log, the file and a
+//! restart's replay stay bounded however long the cluster runs. A leader sends its
+//! snapshot to a member that needs entries it no longer holds (one that was down
+//! or cut off); the member checks it ([`MapRaft::handle_message`] refuses one that
+//! does not decode to a valid map), installs it in place of its log and map, and
+//! rewrites its file. A snapshot that is not acknowledged within
+//! [`SNAPSHOT_RETRY_TICKS`] (lost with a connection, or its receiver crashed
+//! during the install) is sent again.
 
 use super::state::{Change, ClusterState, Command, Refusal};
 use crate::ids::NodeId;
 use bytes::Bytes;
 use protobuf::Message as _;
+use raft::prelude::Snapshot;
 use raft::prelude::{ConfState, Entry, EntryType, Message as RaftMessage};
-use raft::storage::MemStorage;
-use raft::{Config, RawNode, StateRole};
+use raft::{Config, ProgressState, RawNode, SnapshotStatus, StateRole, Storage as _};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
 use std::collections::VecDeque;
 
 /// Ticks without hearing from a leader before a follower campaigns (at least; the
@@ -32,6 +45,12 @@ use std::collections::VecDeque;
 pub const ELECTION_TICKS: usize = 10;
 /// Ticks between the leader's heartbeats.
 pub const HEARTBEAT_TICKS: usize = 2;
+/// Applied entries between two snapshots of the map (the daemon's default): the
+/// log holds at most about one and a half times this many committed entries.
+pub const SNAPSHOT_ENTRIES: u64 = 1024;
+/// Ticks a leader waits for a member to acknowledge a snapshot before sending it
+/// again.
+pub const SNAPSHOT_RETRY_TICKS: u32 = 4 * ELECTION_TICKS as u32;
 
 /// Why a Raft input was refused.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +76,9 @@ pub enum RaftError {
 }
 
 pub mod persist;
+pub mod storage;
+
+use storage::MapStorage;
 
 /// Something the driver must do.
 #[derive(Debug)]
@@ -65,6 +87,18 @@ pub enum RaftAction {
     /// carrying out any later action (only for members opened with
     /// [`MapRaft::open`]).
     Persist(Bytes),
+    /// Replace the member's whole log file with this image (a snapshot and what
+    /// follows it), durably and atomically, before carrying out any later action
+    /// (only for members opened with [`MapRaft::open`]).
+    Rewrite(Bytes),
+    /// The leader's snapshot replaced this member's log and map: the map is now
+    /// the state at log index `index`.
+    Installed {
+        /// Index of the last entry the snapshot holds.
+        index: u64,
+        /// Bytes of the encoded map.
+        bytes: usize,
+    },
     /// Send an encoded Raft message to `to` (as `wire::Message::Raft`).
     Send {
         /// Destination.
@@ -99,7 +133,7 @@ pub struct MapRaft {
     me: NodeId,
     /// Every member, voters and learners.
     members: Vec<NodeId>,
-    node: RawNode<MemStorage>,
+    node: RawNode<MapStorage>,
     state: ClusterState,
     rng: SmallRng,
     last_role: (u64, StateRole),
@@ -108,6 +142,23 @@ pub struct MapRaft {
     applied_index: u64,
     /// Whether the driver keeps a durable log ([`RaftAction::Persist`]).
     durable: bool,
+    /// Applied entries between snapshots (0: never compact).
+    snapshot_entries: u64,
+    /// Leader only: ticks each member has waited in the snapshot state.
+    snapshot_waits: BTreeMap<u64, u32>,
+    /// Snapshots taken here, and installed from a leader.
+    snapshots: SnapshotCounts,
+}
+
+/// How many snapshots a member took and installed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotCounts {
+    /// Taken of its own map (each followed by a compaction).
+    pub taken: u64,
+    /// Installed from a leader.
+    pub installed: u64,
+    /// Sent again after no acknowledgement (leader only).
+    pub retried: u64,
 }
 
 impl std::fmt::Debug for MapRaft {
@@ -164,11 +215,22 @@ impl MapRaft {
         };
         let learners = ids(&mut members.iter().filter(|n| !voters.contains(n)));
         let conf = ConfState::from((ids(&mut voters.iter()), learners));
-        let storage = MemStorage::new_with_conf_state(conf);
+        let mut storage = MapStorage::new(conf.clone());
+        let mut state = ClusterState::default();
+        let mut applied_index = 0;
         if let Some(replayed) = durable {
-            let mut store = storage.wl();
-            store.append(&replayed.entries)?;
-            store.set_hardstate(replayed.hard_state.clone());
+            if let Some((index, term, data)) = &replayed.snapshot {
+                // Only this member wrote the file; a snapshot in it that does not
+                // decode is corruption, which stops the member rather than let it
+                // rejoin with a map it never had.
+                state = decode_map(data)?;
+                storage.install(snapshot_of(*index, *term, conf, data.clone()));
+                applied_index = *index;
+            }
+            storage.append(&replayed.entries)?;
+            let mut hs = replayed.hard_state.clone();
+            hs.commit = hs.commit.max(applied_index);
+            storage.set_hard_state(hs);
         }
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let node = RawNode::new(&config, storage, &logger)?;
@@ -177,11 +239,14 @@ impl MapRaft {
             members: members.to_vec(),
             last_role: (node.raft.term, node.raft.state),
             node,
-            state: ClusterState::default(),
+            state,
             rng: SmallRng::seed_from_u64(seed),
             actions: VecDeque::new(),
-            applied_index: 0,
+            applied_index,
             durable: durable.is_some(),
+            snapshot_entries: SNAPSHOT_ENTRIES,
+            snapshot_waits: BTreeMap::new(),
+            snapshots: SnapshotCounts::default(),
         };
         raft.jitter();
         // A replayed log's committed commands are applied at once.
@@ -192,6 +257,44 @@ impl MapRaft {
     /// The applied cluster state.
     pub fn state(&self) -> &ClusterState {
         &self.state
+    }
+
+    /// Take a snapshot (and compact the log) every `entries` applied entries; 0
+    /// never compacts.
+    pub fn set_snapshot_entries(&mut self, entries: u64) {
+        self.snapshot_entries = entries;
+    }
+
+    /// Snapshots taken, installed and sent again.
+    pub fn snapshot_counts(&self) -> SnapshotCounts {
+        self.snapshots
+    }
+
+    /// Index of the latest snapshot (0: none yet).
+    pub fn snapshot_index(&self) -> u64 {
+        self.node.store().latest_snapshot().get_metadata().index
+    }
+
+    /// Index of the first entry this member's log still holds.
+    pub fn first_index(&self) -> u64 {
+        self.node.store().first()
+    }
+
+    /// Assert the storage's invariants and that the map is the applied one: the
+    /// applied index is within the log or at its snapshot, and the log never
+    /// starts past what was applied.
+    pub fn self_check(&self) {
+        let store = self.node.store();
+        store.self_check();
+        assert!(
+            store.first() <= self.applied_index + 1,
+            "the log holds every entry after the applied one"
+        );
+        assert!(
+            self.snapshot_index() <= self.applied_index,
+            "a snapshot holds only applied entries"
+        );
+        assert!(self.applied_index <= store.hard_state().commit.max(self.snapshot_index()));
     }
 
     /// The leader this member knows of.
@@ -228,7 +331,36 @@ impl MapRaft {
     /// One clock tick (the driver ticks at a fixed interval).
     pub fn tick(&mut self) {
         self.node.tick();
+        self.retry_snapshots();
         self.after_input();
+    }
+
+    /// Leader: a member that has waited [`SNAPSHOT_RETRY_TICKS`] for a snapshot
+    /// (the message lost with a connection, or the member crashed during the
+    /// install) goes back to probing, which sends the snapshot again.
+    fn retry_snapshots(&mut self) {
+        if !self.is_leader() {
+            self.snapshot_waits.clear();
+            return;
+        }
+        let waiting: Vec<u64> = self
+            .node
+            .raft
+            .prs()
+            .iter()
+            .filter(|(_, pr)| pr.state == ProgressState::Snapshot)
+            .map(|(&id, _)| id)
+            .collect();
+        self.snapshot_waits.retain(|id, _| waiting.contains(id));
+        for id in waiting {
+            let ticks = self.snapshot_waits.entry(id).or_insert(0);
+            *ticks += 1;
+            if *ticks >= SNAPSHOT_RETRY_TICKS {
+                self.snapshot_waits.remove(&id);
+                self.snapshots.retried += 1;
+                self.node.report_snapshot(id, SnapshotStatus::Failure);
+            }
+        }
     }
 
     /// A Raft message from `from`.
@@ -254,9 +386,7 @@ impl MapRaft {
         use raft::prelude::MessageType as T;
         let log = &self.node.raft.raft_log;
         match msg.get_msg_type() {
-            // weir never compacts its log, so no member sends a snapshot; one would
-            // replace the log without rebuilding the applied state.
-            T::MsgSnapshot => return Err(RaftError::Unexpected("snapshot")),
+            T::MsgSnapshot => self.check_snapshot(msg)?,
             T::MsgAppend
             | T::MsgAppendResponse
             | T::MsgHeartbeat
@@ -311,6 +441,23 @@ impl MapRaft {
         Ok(())
     }
 
+    /// A snapshot replaces this member's map: it must decode to a valid map, of
+    /// this group, at a real (index, term).
+    fn check_snapshot(&self, msg: &RaftMessage) -> Result<(), RaftError> {
+        let snap = msg.get_snapshot();
+        let meta = snap.get_metadata();
+        if meta.index == 0 || meta.term == 0 || meta.term > msg.term {
+            return Err(RaftError::Impossible("snapshot at no entry"));
+        }
+        if meta.get_conf_state() != self.node.store().conf_state() {
+            return Err(RaftError::Impossible("snapshot of another group"));
+        }
+        if decode_map(&snap.data).is_err() {
+            return Err(RaftError::Impossible("snapshot is not a valid map"));
+        }
+        Ok(())
+    }
+
     /// Start an election now instead of waiting for the timeout (used once at
     /// cluster start, so the first map change need not wait for an election).
     pub fn campaign(&mut self) -> Result<(), RaftError> {
@@ -353,32 +500,29 @@ impl MapRaft {
         self.drain_ready();
     }
 
-    /// Process everything raft-rs has ready: send, persist (in memory), apply.
+    /// Process everything raft-rs has ready: send, install, persist (in memory),
+    /// apply; then snapshot the map if it is time.
     fn drain_ready(&mut self) {
         while self.node.has_ready() {
             let mut ready = self.node.ready();
             self.send_all(ready.take_messages());
             if !ready.snapshot().is_empty() {
                 let snapshot = ready.snapshot().clone();
-                self.node
-                    .mut_store()
-                    .wl()
-                    .apply_snapshot(snapshot)
-                    .expect("a snapshot from the leader applies");
+                self.install(snapshot);
             }
             let committed = ready.take_committed_entries();
             self.apply(committed);
             let entries = ready.entries().clone();
             if !entries.is_empty() {
-                self.node
-                    .mut_store()
-                    .wl()
-                    .append(&entries)
-                    .expect("entries from raft append");
+                if let Err(e) = self.node.mut_store().append(&entries) {
+                    // raft-rs hands entries that follow the log; a gap is a bug.
+                    debug_assert!(false, "entries from raft leave a gap: {e}");
+                    tracing::error!(error = %e, "entries from raft not appended");
+                }
             }
             let hs = ready.hs().cloned();
             if let Some(hs) = &hs {
-                self.node.mut_store().wl().set_hardstate(hs.clone());
+                self.node.mut_store().set_hard_state(hs.clone());
             }
             if self.durable && (!entries.is_empty() || hs.is_some()) {
                 let record = persist::encode_record(hs.as_ref(), &entries);
@@ -388,8 +532,8 @@ impl MapRaft {
             self.send_all(ready.take_persisted_messages());
             let mut light = self.node.advance(ready);
             if let Some(commit) = light.commit_index() {
-                let mut store = self.node.mut_store().wl();
-                store.mut_hard_state().set_commit(commit);
+                let store = self.node.mut_store();
+                store.set_commit(commit);
                 if self.durable {
                     let record = persist::encode_record(Some(store.hard_state()), &[]);
                     self.actions
@@ -401,6 +545,73 @@ impl MapRaft {
             self.apply(committed);
             self.node.advance_apply();
         }
+        self.maybe_snapshot();
+    }
+
+    /// Install the leader's snapshot (checked on arrival by
+    /// [`Self::check_snapshot`]): the map becomes the snapshot's, the log restarts
+    /// after it, and a durable member's file is rewritten.
+    fn install(&mut self, snapshot: Snapshot) {
+        let index = snapshot.get_metadata().index;
+        let state = match decode_map(&snapshot.data) {
+            Ok(state) => state,
+            Err(e) => {
+                // Checked when the message arrived; raft-rs hands that snapshot.
+                debug_assert!(false, "a checked snapshot does not decode: {e}");
+                tracing::error!(error = %e, "snapshot not installed");
+                return;
+            }
+        };
+        debug_assert!(
+            index > self.applied_index,
+            "raft-rs installs only newer maps"
+        );
+        let bytes = snapshot.data.len();
+        self.node.mut_store().install(snapshot);
+        self.state = state;
+        self.applied_index = index;
+        self.snapshots.installed += 1;
+        self.rewrite();
+        self.actions
+            .push_back(RaftAction::Installed { index, bytes });
+    }
+
+    /// Take a snapshot of the map at the applied index and compact the log, once
+    /// [`Self::set_snapshot_entries`] entries were applied since the last one.
+    fn maybe_snapshot(&mut self) {
+        let last = self.snapshot_index();
+        if self.snapshot_entries == 0 || self.applied_index < last + self.snapshot_entries {
+            return;
+        }
+        let index = self.applied_index;
+        let Ok(term) = self.node.store().term(index) else {
+            // Applied entries are in the log (it is compacted only up to here).
+            debug_assert!(false, "applied entry {index} not in the log");
+            return;
+        };
+        let conf = self.node.store().conf_state().clone();
+        let data = postcard::to_allocvec(&self.state).expect("a cluster state always encodes");
+        let store = self.node.mut_store();
+        store.set_snapshot(snapshot_of(index, term, conf, data));
+        let keep = self.snapshot_entries / 2;
+        if let Err(e) = store.compact(index.saturating_sub(keep)) {
+            debug_assert!(false, "compaction below the applied index: {e}");
+        }
+        self.snapshots.taken += 1;
+        self.rewrite();
+    }
+
+    /// A durable member's whole file, replaced: its latest snapshot, hard state
+    /// and the entries after the snapshot.
+    fn rewrite(&mut self) {
+        if !self.durable {
+            return;
+        }
+        let store = self.node.store();
+        let image =
+            persist::encode_image(store.latest_snapshot(), store.hard_state(), store.held());
+        self.actions
+            .push_back(RaftAction::Rewrite(Bytes::from(image)));
     }
 
     fn send_all(&mut self, messages: Vec<RaftMessage>) {
@@ -418,7 +629,10 @@ impl MapRaft {
 
     fn apply(&mut self, entries: Vec<Entry>) {
         for entry in entries {
-            self.applied_index = self.applied_index.max(entry.index);
+            if entry.index <= self.applied_index {
+                continue; // In the snapshot the map came from.
+            }
+            self.applied_index = entry.index;
             if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
                 continue; // The leader's empty entry of a new term.
             }
@@ -436,6 +650,29 @@ impl MapRaft {
                 .push_back(RaftAction::Applied { command, outcome });
         }
     }
+}
+
+/// A snapshot of the map `data` at (index, term) of a group with configuration
+/// `conf`.
+fn snapshot_of(index: u64, term: u64, conf: ConfState, data: Vec<u8>) -> Snapshot {
+    let mut snapshot = Snapshot::default();
+    let meta = snapshot.mut_metadata();
+    meta.index = index;
+    meta.term = term;
+    meta.set_conf_state(conf);
+    snapshot.data = data.into();
+    snapshot
+}
+
+/// Decode a snapshot's map and check it: a map from the network (or a file) is
+/// never trusted.
+fn decode_map(data: &[u8]) -> Result<ClusterState, RaftError> {
+    let state: ClusterState = postcard::from_bytes(data)
+        .map_err(|_| RaftError::Impossible("snapshot does not decode"))?;
+    state
+        .validate()
+        .map_err(|_| RaftError::Impossible("snapshot breaks the map's invariants"))?;
+    Ok(state)
 }
 
 #[cfg(test)]

@@ -88,6 +88,9 @@ fn run_logged(
                         PlaneAction::Persist(r) => {
                             logs.entry(id).or_default().extend_from_slice(&r)
                         }
+                        PlaneAction::Rewrite(image) => {
+                            *logs.entry(id).or_default() = image.to_vec()
+                        }
                     }
                 }
             }

@@ -2,11 +2,22 @@ use super::*;
 use crate::ids::VolumeId;
 use std::collections::{BTreeMap, BTreeSet};
 
+mod snapshots;
+
 struct Group {
     members: BTreeMap<NodeId, MapRaft>,
     /// Members cut off from everyone.
     isolated: BTreeSet<NodeId>,
     applied: BTreeMap<NodeId, Vec<Command>>,
+    /// Durable members' log files (none: the members keep no file).
+    files: BTreeMap<NodeId, Vec<u8>>,
+    /// Snapshots each member installed, by index.
+    installed: BTreeMap<NodeId, Vec<u64>>,
+    /// Snapshot messages still to lose in flight.
+    lose_snapshots: usize,
+    /// A member that crashes when a snapshot reaches it: before its file is
+    /// rewritten (false) or just after (true).
+    crash_on_install: Option<(NodeId, bool)>,
 }
 
 fn group(seed: u64) -> Group {
@@ -23,6 +34,10 @@ fn group_of(n: u32, seed: u64) -> Group {
         members,
         isolated: BTreeSet::new(),
         applied: BTreeMap::new(),
+        files: BTreeMap::new(),
+        installed: BTreeMap::new(),
+        lose_snapshots: 0,
+        crash_on_install: None,
     }
 }
 
@@ -31,14 +46,13 @@ impl Group {
     fn settle(&mut self) {
         loop {
             let mut sent = Vec::new();
-            for (&id, m) in self.members.iter_mut() {
-                while let Some(a) = m.poll_action() {
-                    match a {
-                        RaftAction::Send { to, bytes } => sent.push((id, to, bytes)),
-                        RaftAction::Applied { command, .. } => {
-                            self.applied.entry(id).or_default().push(command)
-                        }
-                        RaftAction::Persist(_) => panic!("in-memory members persist nothing"),
+            let ids: Vec<NodeId> = self.members.keys().copied().collect();
+            for id in ids {
+                while let Some(a) = self.members.get_mut(&id).unwrap().poll_action() {
+                    if let RaftAction::Send { to, bytes } = a {
+                        sent.push((id, to, bytes));
+                    } else {
+                        self.carry_out(id, a);
                     }
                 }
             }
@@ -49,13 +63,81 @@ impl Group {
                 if self.isolated.contains(&from) || self.isolated.contains(&to) {
                     continue;
                 }
-                let _ = self
-                    .members
-                    .get_mut(&to)
+                let snapshot = RaftMessage::parse_from_bytes(&bytes)
                     .unwrap()
-                    .handle_message(from, &bytes);
+                    .get_msg_type()
+                    == raft::prelude::MessageType::MsgSnapshot;
+                if snapshot && self.lose_snapshots > 0 {
+                    self.lose_snapshots -= 1;
+                    continue;
+                }
+                let member = self.members.get_mut(&to).unwrap();
+                let _ = member.handle_message(from, &bytes);
+                if let Some((crashing, after_rewrite)) = self.crash_on_install {
+                    if snapshot && crashing == to {
+                        self.crash_on_install = None;
+                        self.crash_during_install(to, after_rewrite);
+                    }
+                }
             }
         }
+    }
+
+    /// Carry out a member's action other than a send.
+    fn carry_out(&mut self, id: NodeId, action: RaftAction) {
+        match action {
+            RaftAction::Send { .. } => unreachable!("sends are delivered by settle"),
+            RaftAction::Applied { command, .. } => {
+                self.applied.entry(id).or_default().push(command)
+            }
+            RaftAction::Persist(record) => self
+                .files
+                .get_mut(&id)
+                .expect("only durable members persist")
+                .extend_from_slice(&record),
+            RaftAction::Rewrite(image) => {
+                *self
+                    .files
+                    .get_mut(&id)
+                    .expect("only durable members rewrite") = image.to_vec()
+            }
+            RaftAction::Installed { index, .. } => {
+                self.installed.entry(id).or_default().push(index)
+            }
+        }
+    }
+
+    /// `id` took a snapshot message and crashes before it sends anything: its file
+    /// is rewritten first if `after_rewrite`, and it restarts from its file.
+    fn crash_during_install(&mut self, id: NodeId, after_rewrite: bool) {
+        let member = self.members.get_mut(&id).unwrap();
+        let mut done = Vec::new();
+        while let Some(a) = member.poll_action() {
+            done.push(a);
+        }
+        let mut rewritten = false;
+        for a in done {
+            match a {
+                RaftAction::Persist(_) | RaftAction::Rewrite(_) if after_rewrite && !rewritten => {
+                    rewritten = matches!(a, RaftAction::Rewrite(_));
+                    self.carry_out(id, a);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(rewritten, after_rewrite, "the install rewrites the file");
+        self.restart(id);
+    }
+
+    /// Restart durable member `id` from its file.
+    fn restart(&mut self, id: NodeId) {
+        let ids: Vec<NodeId> = self.members.keys().copied().collect();
+        let entries = self.members[&id].snapshot_entries;
+        let file = self.files.get_mut(&id).unwrap();
+        let (mut m, replayed) = MapRaft::open(id, &ids, 99 ^ u64::from(id.0), file).unwrap();
+        file.truncate(replayed.valid_len);
+        m.set_snapshot_entries(entries);
+        self.members.insert(id, m);
     }
 
     fn tick_all(&mut self, n: usize) {
@@ -252,6 +334,7 @@ impl Forged {
             T::MsgRequestPreVote,
             T::MsgRequestPreVoteResponse,
             T::MsgTimeoutNow,
+            T::MsgSnapshot,
             T::MsgTransferLeader,
             T::MsgReadIndex,
             T::MsgPropose,
