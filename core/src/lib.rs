@@ -20,6 +20,7 @@ pub mod map;
 pub mod node;
 pub mod record;
 pub mod replication;
+pub mod sched;
 pub mod time;
 pub mod transport;
 pub mod wire;

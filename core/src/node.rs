@@ -16,6 +16,7 @@ use crate::ids::{Lba, NodeId};
 use crate::map::ClusterMap;
 use crate::replication::engine::RebuildProgress;
 use crate::replication::{Action, Audit, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};
+use crate::sched::{DeviceSched, Health};
 use crate::transport::{Transport, TransportError};
 use crate::wire::Message;
 use std::sync::Arc;
@@ -165,18 +166,10 @@ pub struct Node<T, D> {
     scale: u64,
     control: Option<(ControlPlane, std::time::Duration, EventLog)>,
     audit: Option<AuditLog>,
-    /// Device commands in flight, and when each was issued (`None` for flushes: a
-    /// flush waits for the device's write cache to drain, which under a heavy write
-    /// load takes long on a healthy device, so it does not count as a stall).
-    device_inflight: std::collections::BTreeMap<IoId, Option<tokio::time::Instant>>,
-    /// A device command outstanding this long means the device has stalled.
-    device_timeout: std::time::Duration,
-    /// Whether the device answered within `device_timeout` at the last tick.
-    device_healthy: bool,
-    /// Ticks in a row that found a device command older than `device_timeout`.
-    stalled_ticks: u32,
-    /// The device answered `Gone`: the node serves nothing until restarted.
-    device_gone: bool,
+    /// The device's owner: its queues, what is in flight, its health.
+    sched: DeviceSched,
+    /// The origin of the node's monotonic clock (`now_ns`), set when `run` starts.
+    origin: Option<tokio::time::Instant>,
     log_store: Option<Box<dyn LogStore>>,
     /// Where checkpoints go, and the name of the device they describe.
     version_store: Option<(Box<dyn LogStore>, String)>,
@@ -251,11 +244,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             scale,
             control: None,
             audit: None,
-            device_inflight: std::collections::BTreeMap::new(),
-            device_timeout: DEFAULT_DEVICE_TIMEOUT,
-            device_healthy: true,
-            stalled_ticks: 0,
-            device_gone: false,
+            sched: DeviceSched::new(geometry.queues, DEFAULT_DEVICE_TIMEOUT),
+            origin: None,
             log_store: None,
             version_store: None,
             restored_blocks: 0,
@@ -339,9 +329,9 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 .control
                 .as_ref()
                 .map_or(0, |(p, ..)| p.lease_until_ns());
-            r.device_healthy = self.device_healthy;
+            r.device_healthy = self.sched.healthy();
             r.rebuilds = self.engine.rebuild_progress();
-            r.device_inflight = self.device_inflight.len();
+            r.device_inflight = self.sched.inflight();
             r.checkpoints = self.engine.checkpoints_written().0;
             (r.version_bytes, r.applied_records) = self.engine.version_memory();
             r.flow = self.flow.report();
@@ -359,12 +349,15 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// Declare the device stalled when a command is outstanding for `timeout`
     /// (at two ticks in a row).
     pub fn with_device_timeout(mut self, timeout: std::time::Duration) -> Self {
-        assert!(
-            !timeout.is_zero(),
-            "a device timeout of zero would stall every node"
-        );
-        self.device_timeout = timeout;
+        self.sched.set_timeout(timeout);
         self
+    }
+
+    /// The node's monotonic clock, ns since `run` started (for the device's
+    /// owner: a stall is judged on this clock, never on one that NTP may step).
+    fn now_ns(&self) -> u64 {
+        self.origin
+            .map_or(0, |o| (crate::time::now() - o).as_nanos() as u64)
     }
 
     /// This node's cluster clock.
@@ -388,6 +381,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     pub async fn run(mut self) -> Result<(), NodeError> {
         let (done_tx, mut done_rx) = mpsc::channel::<(IoId, IoResult)>(DEVICE_COMPLETIONS_MAX);
         let start = self.events_since.unwrap_or_else(crate::time::now);
+        self.origin = Some(crate::time::now());
         self.announce_restored(start);
         let tick = self
             .control
@@ -403,6 +397,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 // every node is checked.
                 self.engine.self_check();
                 self.flow.self_check();
+                self.sched.self_check();
                 if let Some((plane, ..)) = &self.control {
                     plane.self_check();
                 }
@@ -457,16 +452,10 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
 
     /// A device command completed.
     fn completed(&mut self, io: IoId, result: IoResult) {
-        let was = self.device_inflight.remove(&io);
-        assert!(
-            was.is_some(),
-            "a completion of {io:?}, which was not issued"
-        );
-        if matches!(result, IoResult::Failed(WeirError::Device(DevError::Gone))) {
-            // The device is gone: the node stops heartbeating, so it is
-            // declared down and its replicas leave every in-sync set.
-            self.device_gone = true;
-        }
+        // A gone device: the node stops heartbeating, so it is declared down and
+        // its replicas leave every in-sync set.
+        let gone = matches!(result, IoResult::Failed(WeirError::Device(DevError::Gone)));
+        self.sched.complete(io, gone);
         self.clock();
         self.engine.handle_io(io, result)
     }
@@ -475,31 +464,19 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// and the engine, publish a report.
     fn on_tick(&mut self, start: tokio::time::Instant) {
         let now = self.cluster_ns();
-        // Stalled at two ticks in a row: a node that was itself paused
-        // finds its commands old at its first tick back.
-        let stalled = self
-            .device_inflight
-            .values()
-            .flatten()
-            .min()
-            .is_some_and(|&t| crate::time::now() - t >= self.device_timeout);
-        self.stalled_ticks = if stalled { self.stalled_ticks + 1 } else { 0 };
-        let healthy = self.stalled_ticks < 2 && !self.device_gone;
-        if healthy != self.device_healthy {
-            self.device_healthy = healthy;
+        if let Some(health) = self.sched.tick(self.now_ns()) {
             let node = self.engine.id();
-            let event = if healthy {
-                Event::DeviceAnswers { node }
-            } else if self.device_gone {
-                Event::DeviceGone { node }
-            } else {
-                Event::DeviceStalled {
+            let event = match health {
+                Health::Answers => Event::DeviceAnswers { node },
+                Health::Gone => Event::DeviceGone { node },
+                Health::Stalled => Event::DeviceStalled {
                     node,
-                    timeout: self.device_timeout,
-                }
+                    timeout: self.sched.timeout(),
+                },
             };
             self.event(start, event);
         }
+        let healthy = self.sched.healthy();
         if let Some((plane, ..)) = &mut self.control {
             plane.set_healthy(healthy);
             plane.tick(now);
@@ -700,11 +677,10 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     }
 
     fn issue(&mut self, io: IoId, cmd: IoCmd, done: mpsc::Sender<(IoId, IoResult)>) {
-        let issued = (!matches!(cmd, IoCmd::Flush)).then(crate::time::now);
-        self.device_inflight.insert(io, issued);
+        let queue = self
+            .sched
+            .issue(io, matches!(cmd, IoCmd::Flush), self.now_ns());
         let device = self.device.clone();
-        let queues = u64::from(device.geometry().queues.max(1));
-        let queue = (io.0 % queues) as u16;
         let bs = self.device.geometry().block_size as usize;
         let scale = self.scale;
         let cmd = match cmd {

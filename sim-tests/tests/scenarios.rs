@@ -3,7 +3,7 @@
 
 use weir_core::{Event, NodeId};
 use weir_sim::report::Report;
-use weir_sim::runner::run;
+use weir_sim::runner::{run, Fault};
 use weir_sim::scenario::{Pattern, Scenario};
 
 /// How many of the run's node events match `f`.
@@ -213,7 +213,11 @@ fn losing_the_raft_leader_and_a_replica_of_every_extent_is_survived() {
     let outcome = failover(9, true);
     let r = &outcome.report;
     assert!(r.passed(), "{r}");
-    assert!(r.faults.iter().any(|f| f.contains("n1 crashes")), "{r}");
+    let crash_n1 = |f: &Fault| matches!(f, Fault::Crash { node: NodeId(1) });
+    assert!(
+        outcome.plan.faults.iter().any(|p| crash_n1(&p.fault)),
+        "{r}"
+    );
     let n1_down = |e: &Event| {
         matches!(
             e,
@@ -288,8 +292,9 @@ fn a_paused_node_and_a_cut_off_node_are_survived_and_come_back() {
     let outcome = run(2, &s, "pause-partition");
     let r = &outcome.report;
     assert!(r.passed(), "{r}");
-    assert!(r.faults.iter().any(|f| f.contains("pauses")), "{r}");
-    assert!(r.faults.iter().any(|f| f.contains("cut off")), "{r}");
+    let planned = |f: fn(&Fault) -> bool| outcome.plan.faults.iter().any(|p| f(&p.fault));
+    assert!(planned(|f| matches!(f, Fault::Pause { .. })), "{r}");
+    assert!(planned(|f| matches!(f, Fault::Partition { .. })), "{r}");
     assert_eq!(
         count(r, |e| matches!(e, Event::NodeUp { .. })),
         count(r, |e| matches!(e, Event::NodeDown { .. })),

@@ -1,0 +1,310 @@
+//! Stage 1 of a run: the simulated cluster. The fabric, the map, every storage
+//! node (a simulated SSD, a durable Raft log and block-version checkpoints that
+//! survive its crashes, a clock of its own), the client and checker hosts; it is
+//! given [`WARMUP`] to elect a leader and hand out leases.
+
+use super::plan::Host;
+use super::{CHECKER_HOST, FIRST_CLIENT, WARMUP};
+use crate::scenario::Scenario;
+use madsim::rand::{thread_rng, Rng};
+use madsim::runtime::Handle;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use weir_core::congestion::dcqcn::CnpMode;
+use weir_core::congestion::tcp::Algorithm;
+use weir_core::control::{ControlPlane, Timeouts};
+use weir_core::map::{ClusterMap, VolumeSpec};
+use weir_core::node::{AuditLog, EventLog, Events, Node};
+use weir_core::replication::ReplicationConfig;
+use weir_core::time::Skew;
+use weir_core::{BufPool, NodeId, VolumeId};
+use weir_nvme_sim::{SimSsd, SsdConfig};
+use weir_transport_sim::fabric::config::Topology;
+use weir_transport_sim::{Fabric, FabricConfig, SimTransport};
+
+/// Events a run keeps (every node's, and the faults'): the report lists them all,
+/// and a run far past this would be too long to read anyway.
+const SIM_EVENTS_MAX: usize = 1 << 20;
+/// Each node's buffer budget for device reads.
+const NODE_POOL_BYTES: usize = 256 << 20;
+
+/// A running cluster and what its stages share.
+pub(super) struct Cluster {
+    /// The fabric.
+    pub(super) fabric: Arc<Fabric>,
+    /// The map every node started with.
+    pub(super) map: ClusterMap,
+    /// The nodes' replication settings.
+    pub(super) config: ReplicationConfig,
+    /// Every storage host.
+    pub(super) hosts: Vec<Host>,
+    /// Every node's events (times from [`Cluster::start`]).
+    pub(super) events: EventLog,
+    /// Every node's audit facts, for the invariant checkers.
+    pub(super) audit: AuditLog,
+    /// Each node's clock.
+    pub(super) skews: Vec<(NodeId, Skew)>,
+    /// The read-back's host.
+    pub(super) checker: Arc<SimTransport>,
+    /// The clients' hosts.
+    pub(super) clients: Vec<Arc<SimTransport>>,
+    /// When the cluster started.
+    pub(super) start: Instant,
+}
+
+impl Cluster {
+    /// Build and start the cluster of `scenario`, then wait out the warm-up.
+    pub(super) async fn start(scenario: &Scenario) -> Cluster {
+        let start = Instant::now();
+        let fabric = Fabric::current();
+        fabric
+            .configure(fabric_config(scenario))
+            .expect("validated scenario");
+        let map = build_map(scenario);
+        let config = replication_config(scenario);
+        let events: EventLog = Arc::new(Mutex::new(Events::with_capacity(SIM_EVENTS_MAX)));
+        let audit: AuditLog = Arc::default();
+        let mut skews = Vec::new();
+        let hosts = start_nodes(
+            &fabric,
+            &map,
+            config,
+            scenario,
+            (&events, start),
+            &audit,
+            &mut skews,
+        );
+        // Every host attaches before traffic starts.
+        let checker = Arc::new(fabric.endpoint(NodeId(CHECKER_HOST)).expect("new host"));
+        let clients = (0..scenario.workload.clients)
+            .map(|c| Arc::new(fabric.endpoint(NodeId(FIRST_CLIENT + c)).expect("new host")))
+            .collect();
+        // The cluster comes up before clients connect: a Raft leader, the map, and
+        // a lease on every node (a few heartbeat ticks).
+        tokio::time::sleep(WARMUP).await;
+        Cluster {
+            fabric,
+            map,
+            config,
+            hosts,
+            events,
+            audit,
+            skews,
+            checker,
+            clients,
+            start,
+        }
+    }
+}
+
+/// The nodes' replication settings: the scenario's, with its bug switches.
+fn replication_config(scenario: &Scenario) -> ReplicationConfig {
+    ReplicationConfig {
+        bug_skip_last_replica: scenario.bugs.skip_last_replica,
+        bug_ack_before_slowest: scenario.bugs.ack_before_slowest,
+        bug_serve_before_lease: scenario.bugs.serve_before_lease,
+        bug_rebuild_one_short: scenario.bugs.rebuild_one_short,
+        bug_accept_stale_epoch: scenario.bugs.accept_stale_epoch,
+        bug_ignore_lease_margin: scenario.bugs.ignore_lease_margin,
+        lease_margin_ns: scenario
+            .cluster
+            .clock_bound()
+            .lease_margin_ns(timeouts(scenario).lease_ns),
+        replica_timeout_ns: scenario.cluster.replica_timeout_ms * 1_000_000,
+        audit: true,
+        rebuild_bytes_per_sec: 0,
+        scrub_bytes_per_sec: scenario.cluster.scrub_mib_per_sec << 20,
+        checkpoint_every_ns: scenario.cluster.checkpoint_ms * 1_000_000,
+        version_grain_bytes: scenario.cluster.version_grain_kib << 10,
+    }
+}
+
+/// The fabric of a scenario: a star with a slot for every node, client and the
+/// checker, RoCE v2 with the scenario's DCQCN, CNP and PFC choices.
+fn fabric_config(scenario: &Scenario) -> FabricConfig {
+    let f = &scenario.fabric;
+    let rate_bps = f.link_gbps * 1_000_000_000;
+    let mut config = match f.transport.as_str() {
+        "tcp-reno" => FabricConfig::tcp(rate_bps, Algorithm::Reno),
+        "tcp-dctcp" => FabricConfig::tcp(rate_bps, Algorithm::Dctcp),
+        "tcp-cubic" => FabricConfig::tcp(rate_bps, Algorithm::Cubic),
+        _ => FabricConfig::at_rate(rate_bps),
+    };
+    let hosts = scenario.cluster.nodes + scenario.workload.clients + 1;
+    config.topology = Topology::Star {
+        hosts: hosts as usize,
+    };
+    config.host_link.delay_ns = f.link_delay_ns;
+    config.nic.mtu_bytes = f.mtu_bytes;
+    config.nic.send_queue_bytes_max = f.send_queue_kib << 10;
+    if let Some(tcp) = &mut config.tcp {
+        tcp.params.mss = u64::from(f.mtu_bytes);
+        config.switch.buffer_bytes = f.buffer_mib << 20;
+        config.seed = thread_rng().gen();
+        return config;
+    }
+    // The reaction point with the switches' ECN marking it was tuned with.
+    if !config.set_dcqcn_preset(&f.dcqcn) {
+        config.nic.dcqcn = None; // "off": the scenario check refuses other names
+    }
+    config.nic.cnp = match f.cnp.as_str() {
+        "per-packet" => CnpMode::PerPacket { min_gap_ns: 0 },
+        _ => CnpMode::PerQpInterval {
+            interval_ns: 50_000,
+        },
+    };
+    config.nic.bdp_window = f.bdp_window;
+    config.switch.buffer_bytes = f.buffer_mib << 20;
+    config.switch.pfc.enabled = f.pfc;
+    config.seed = thread_rng().gen();
+    config
+}
+
+fn build_map(scenario: &Scenario) -> ClusterMap {
+    let c = &scenario.cluster;
+    let bs = u64::from(c.block_size);
+    let volume = VolumeSpec {
+        id: VolumeId(1),
+        block_size: c.block_size,
+        capacity_blocks: (c.volume_mib << 20) / bs,
+        extent_blocks: (c.extent_mib << 20) / bs,
+        max_request_blocks: (1 << 20) / c.block_size,
+    };
+    let nodes = (1..=c.nodes).map(NodeId).collect();
+    ClusterMap::new_static(nodes, volume, c.replicas as usize).expect("validated scenario")
+}
+
+/// Control-plane tick.
+const TICK: Duration = Duration::from_millis(10);
+/// Leases and failure detection: a node silent for 100 ms is declared down; its
+/// extents' new primaries serve once its 150 ms lease has run out; it is replaced
+/// after the scenario's `replace_after_ms`.
+fn timeouts(s: &Scenario) -> Timeouts {
+    Timeouts {
+        lease_ns: 150_000_000,
+        detect_ns: 100_000_000,
+        replace_ns: s.cluster.replace_after_ms * 1_000_000,
+    }
+}
+
+/// Start every storage node (data path + control plane); returns the madsim node of
+/// each, for crash faults.
+fn start_nodes(
+    fabric: &Arc<Fabric>,
+    map: &ClusterMap,
+    config: ReplicationConfig,
+    s: &Scenario,
+    (events, cluster_start): (&EventLog, Instant),
+    audit: &AuditLog,
+    skews: &mut Vec<(NodeId, Skew)>,
+) -> Vec<Host> {
+    let voters = map.nodes().to_vec();
+    let timeouts = timeouts(s);
+    let bootstrap = weir_core::control::plane::bootstrap(map, s.cluster.replicas as u8);
+    let mut hosts = Vec::new();
+    let bound = s.cluster.clock_bound();
+    let device_timeout = Duration::from_millis(s.cluster.device_timeout_ms);
+    let since_ns = weir_core::time::cluster_ns();
+    for &id in map.nodes() {
+        let transport = Arc::new(fabric.endpoint(id).expect("new host"));
+        // The node's clock, the same in every incarnation (it is the host's).
+        let skew = Skew {
+            offset_ns: thread_rng()
+                .gen_range(-(bound.offset_max_ns as i64)..=bound.offset_max_ns as i64),
+            drift_ppm: thread_rng()
+                .gen_range(-(bound.drift_max_ppm as i64)..=bound.drift_max_ppm as i64),
+            since_ns,
+        };
+        assert!(skew.within(&bound));
+        skews.push((id, skew));
+        let ssd = SsdConfig {
+            block_size: s.cluster.block_size,
+            ..SsdConfig::default()
+        };
+        let ssd = Arc::new(SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config"));
+        let device = ssd.clone();
+        // What survives a crash: the device, the durable Raft log and the
+        // block-version checkpoints.
+        let log = MemLog::default();
+        let versions = MemLog::default();
+        let volume_blocks = map.volume().capacity_blocks;
+        let snapshot_entries = s.cluster.raft_snapshot_entries;
+        let grain_blocks = config.grain_blocks(map.volume());
+        let (map, voters, bootstrap) = (map.clone(), voters.clone(), bootstrap.clone());
+        let (events, audit) = (events.clone(), audit.clone());
+        // Run at start and again at every restart: a new incarnation of the node
+        // from what survived.
+        let incarnation = move || {
+            let bytes = log.0.lock().expect("raft log").clone();
+            let device = format!("sim-ssd-{id}");
+            let restored = {
+                let file = versions.0.lock().expect("versions");
+                weir_core::replication::versions::replay(
+                    &file,
+                    &device,
+                    volume_blocks,
+                    grain_blocks,
+                )
+                .versions
+            };
+            let (plane, _) = ControlPlane::open(
+                id,
+                &voters,
+                bootstrap.clone(),
+                timeouts,
+                thread_rng().gen(),
+                &bytes,
+            )
+            .expect("valid raft group");
+            let plane = plane.with_snapshot_entries(snapshot_entries);
+            let node = Node::new(
+                transport.clone(),
+                ssd.clone(),
+                map.clone(),
+                config,
+                BufPool::new(NODE_POOL_BYTES),
+            )
+            .expect("node fits")
+            .with_control(plane, TICK, events.clone())
+            .with_events_since(cluster_start)
+            .with_skew(skew)
+            .with_device_timeout(device_timeout)
+            .with_audit(audit.clone())
+            .with_log_store(Box::new(log.clone()))
+            .with_version_store(Box::new(versions.clone()), device, restored);
+            async move {
+                if let Err(e) = node.run().await {
+                    tracing::error!(error = %e, "node stopped");
+                }
+            }
+        };
+        let host = Handle::current()
+            .create_node()
+            .name(format!("node-{}", id.0))
+            .init(incarnation)
+            .build();
+        hosts.push((id, host.id(), device));
+    }
+    hosts
+}
+
+/// A node's durable Raft log, or its block-version checkpoints, in the simulator:
+/// they survive the node's crashes.
+#[derive(Clone, Debug, Default)]
+struct MemLog(Arc<Mutex<Vec<u8>>>);
+
+impl weir_core::node::LogStore for MemLog {
+    fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
+        self.0
+            .lock()
+            .expect("durable file")
+            .extend_from_slice(record);
+        Ok(())
+    }
+
+    fn replace(&mut self, record: &[u8]) -> std::io::Result<()> {
+        *self.0.lock().expect("durable file") = record.to_vec();
+        Ok(())
+    }
+}

@@ -1,0 +1,177 @@
+//! Stage 4 of a run: the read-back. Once the cluster has healed (or the
+//! liveness bound ran out, which is the liveness verdict), every written block is
+//! read from every replica the final map counts as in sync.
+
+use crate::checker::Verdict;
+use crate::history::{decode_block, OpKind, OpRecord, ReplicaRead};
+use madsim::rand::{thread_rng, Rng};
+use madsim::runtime::Handle;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use weir_core::client::{ClientError, Volume};
+use weir_core::device::DevError;
+use weir_core::error::WeirError;
+use weir_core::map::ClusterMap;
+use weir_core::{Lba, NodeId};
+use weir_transport_sim::SimTransport;
+
+/// Concurrent reads of the read-back.
+const READBACK_PARALLEL: usize = 64;
+/// Attempts of one read-back before the replica counts as unreadable (each waits
+/// up to the client's call timeout).
+const READBACK_ATTEMPTS_MAX: usize = 8;
+
+/// How long after the workload and the last fault every replica on an up node must be back in sync.
+const LIVENESS_BOUND: Duration = Duration::from_secs(2);
+
+/// Wait until the cluster has healed (at most [`LIVENESS_BOUND`]): every `live`
+/// node (alive with a device at the end) is up in the map, every other node is
+/// down in it (campaign seeds 9073 and 9409 read back from a node that crashed
+/// for good and that a leader without a quorum had not yet declared down), no up
+/// node is still
+/// rebuilding an extent, and every extent has `replicas` in-sync copies, or one on
+/// every up node where fewer are up (a spare replaced every node down past the
+/// replacement timeout).
+async fn await_in_sync(volume: &Volume<SimTransport>, replicas: usize, live: &[NodeId]) -> Verdict {
+    use weir_core::control::NodeStatus;
+    let start = Instant::now();
+    loop {
+        volume.refresh().await;
+        let map = volume.map();
+        let state = map.state();
+        let want = replicas.min(state.up_nodes().len());
+        let mut behind: Vec<String> = state
+            .extents
+            .iter()
+            .flat_map(|(id, e)| e.rebuilding.iter().map(move |n| (id, n)))
+            .filter(|(_, n)| state.nodes.get(n) == Some(&NodeStatus::Up))
+            .map(|(id, n)| format!("{n} still rebuilding {id}"))
+            .collect();
+        behind.extend(
+            live.iter()
+                .filter(|n| state.nodes.get(n) != Some(&NodeStatus::Up))
+                .map(|n| format!("{n}, alive, is not up")),
+        );
+        // A node lost for good must be declared down: until it is, it stays in
+        // the in-sync sets it was in, and the map does not say where the data is.
+        behind.extend(
+            state
+                .nodes
+                .iter()
+                .filter(|(n, s)| **s == NodeStatus::Up && !live.contains(n))
+                .map(|(n, _)| format!("{n}, lost for good, is still up")),
+        );
+        behind.extend(
+            state
+                .extents
+                .iter()
+                .filter(|(_, e)| e.in_sync.len() < want)
+                .map(|(id, e)| format!("{id} has {} of {want} copies in sync", e.in_sync.len())),
+        );
+        let waited = Instant::now() - start;
+        if behind.is_empty() || waited >= LIVENESS_BOUND {
+            let violations = behind
+                .into_iter()
+                .map(|b| {
+                    format!(
+                        "{b} {} ms after the workload and the faults",
+                        waited.as_millis()
+                    )
+                })
+                .collect();
+            return Verdict {
+                name: "liveness",
+                scope: format!(
+                    "every extent back to {replicas} in-sync copies (or all up nodes) {:.1} ms \
+                     after the workload and the faults (bound {} ms)",
+                    waited.as_secs_f64() * 1e3,
+                    LIVENESS_BOUND.as_millis()
+                ),
+                violations,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Wait for the cluster to heal ([`await_in_sync`]), then read every written block
+/// from every replica that should hold it.
+pub(super) async fn read_back(
+    transport: Arc<SimTransport>,
+    map: ClusterMap,
+    ops: &[OpRecord],
+    replicas: usize,
+    live: Vec<NodeId>,
+) -> (Vec<ReplicaRead>, BTreeMap<u64, usize>, Verdict) {
+    let written: BTreeSet<u64> = ops
+        .iter()
+        .filter(|o| o.kind == OpKind::Write)
+        .flat_map(|o| o.lba..o.lba + o.values.len() as u64)
+        .collect();
+    let host = Handle::current().create_node().name("checker").build();
+    host.spawn(async move {
+        let volume = Volume::open(transport, map, thread_rng().gen());
+        let liveness = await_in_sync(&volume, replicas, &live).await;
+        // Read back from the replicas the final map counts as in sync: the ones that
+        // must hold every acknowledged write.
+        volume.refresh().await;
+        let map = volume.map();
+        let mut work: Vec<(u64, NodeId)> = Vec::new();
+        let mut expected = BTreeMap::new();
+        for &lba in &written {
+            let ext = map.extent(map.extent_of(Lba(lba)));
+            expected.insert(lba, ext.in_sync.len());
+            for &node in &ext.in_sync {
+                work.push((lba, node));
+            }
+        }
+        let work = Arc::new(Mutex::new(work.into_iter()));
+        let results = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
+        for _ in 0..READBACK_PARALLEL {
+            let (volume, work, results) = (volume.clone(), work.clone(), results.clone());
+            readers.push(tokio::spawn(async move {
+                loop {
+                    let next = work.lock().expect("work lock").next();
+                    let Some((lba, node)) = next else { break };
+                    let mut value = None;
+                    // A slow answer (a TCP timeout, a flapping link) is retried; only
+                    // a replica that never answers counts as unreadable.
+                    for _ in 0..READBACK_ATTEMPTS_MAX {
+                        match volume.scrub_read(node, Lba(lba), 1).await {
+                            Ok(data) => {
+                                value = Some(decode_block(&data, lba));
+                                break;
+                            }
+                            Err(ClientError::Timeout(_)) => continue,
+                            // The replica repairs the block from a peer meanwhile.
+                            Err(ClientError::Weir(WeirError::Device(DevError::Media(_)))) => {
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                                continue;
+                            }
+                            Err(e) => {
+                                tracing::warn!(lba, %node, error = %e, "read-back failed");
+                                break;
+                            }
+                        }
+                    }
+                    results.lock().expect("results lock").push(ReplicaRead {
+                        lba,
+                        node: node.0,
+                        value,
+                    });
+                }
+            }));
+        }
+        for r in readers {
+            r.await.expect("reader task");
+        }
+        let mut results = std::mem::take(&mut *results.lock().expect("results lock"));
+        results.sort_by_key(|r| (r.lba, r.node));
+        (results, expected, liveness)
+    })
+    .await
+    .expect("checker task")
+}

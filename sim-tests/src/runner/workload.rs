@@ -1,0 +1,177 @@
+//! Stage 3 of a run: the workload. Each client host opens the volume and runs
+//! `queue_depth` workers until the deadline, each recording every operation it
+//! invokes (and when it completed, if it did) for the history.
+
+use super::cluster::Cluster;
+use crate::history::{decode_block, encode_block, OpKind, OpRecord, Tag, Value};
+use crate::scenario::{Pattern, Scenario};
+use bytes::Bytes;
+use madsim::rand::{thread_rng, Rng};
+use madsim::runtime::Handle;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use weir_core::client::Volume;
+use weir_core::map::ClusterMap;
+use weir_core::Lba;
+use weir_transport_sim::SimTransport;
+
+/// Run every client from `epoch` for the workload's duration; returns every
+/// operation, in completion order (operations that never completed last).
+pub(super) async fn drive(cluster: &Cluster, scenario: &Scenario, epoch: Instant) -> Vec<OpRecord> {
+    let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
+    let mut clients = Vec::new();
+    for (c, transport) in cluster.clients.iter().cloned().enumerate() {
+        let c = c as u32;
+        let (map, spec) = (cluster.map.clone(), scenario.clone());
+        let host = Handle::current()
+            .create_node()
+            .name(format!("client-{c}"))
+            .build();
+        clients.push(host.spawn(async move {
+            run_client(transport, map, spec, c as u16, epoch, deadline).await
+        }));
+    }
+    let mut ops = Vec::new();
+    for client in clients {
+        ops.extend(client.await.expect("client task"));
+    }
+    ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
+    ops
+}
+
+async fn run_client(
+    transport: Arc<SimTransport>,
+    map: ClusterMap,
+    spec: Scenario,
+    client: u16,
+    epoch: Instant,
+    deadline: Instant,
+) -> Vec<OpRecord> {
+    let volume = Volume::open(transport, map, thread_rng().gen());
+    let seq = Arc::new(AtomicU64::new(0));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut workers = Vec::new();
+    for w in 0..spec.workload.queue_depth {
+        let (volume, spec, seq, log) = (volume.clone(), spec.clone(), seq.clone(), log.clone());
+        workers.push(tokio::spawn(async move {
+            let worker = Worker {
+                volume,
+                spec,
+                client,
+                index: w,
+                seq,
+                epoch,
+            };
+            worker.run(deadline, log).await
+        }));
+    }
+    for w in workers {
+        w.await.expect("worker task");
+    }
+    let mut log = log.lock().expect("log lock");
+    std::mem::take(&mut *log)
+}
+
+struct Worker {
+    volume: Arc<Volume<SimTransport>>,
+    spec: Scenario,
+    client: u16,
+    index: u32,
+    seq: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+impl Worker {
+    fn now_ns(&self) -> u64 {
+        (Instant::now() - self.epoch).as_nanos() as u64
+    }
+
+    async fn run(self, deadline: Instant, log: Arc<Mutex<Vec<OpRecord>>>) {
+        let w = &self.spec.workload;
+        let bs = u64::from(self.spec.cluster.block_size);
+        let req_blocks = u64::from(w.block_size) / bs;
+        let capacity = self.volume.map().volume().capacity_blocks;
+        let slots = capacity / req_blocks;
+        // Sequential workers each stream through a region of their own.
+        let workers = u64::from(w.clients * w.queue_depth);
+        let me = u64::from(self.client) * u64::from(w.queue_depth) + u64::from(self.index);
+        let region = (slots / workers).max(1);
+        let mut cursor = 0u64;
+        while Instant::now() < deadline {
+            let slot = match w.pattern {
+                Pattern::Random => thread_rng().gen_range(0..slots),
+                Pattern::Sequential => {
+                    cursor += 1;
+                    (me * region + cursor % region) % slots
+                }
+            };
+            let lba = slot * req_blocks;
+            let is_read = thread_rng().gen_range(0..100) < w.read_percent;
+            let record = if is_read {
+                self.read(lba, req_blocks).await
+            } else {
+                self.write(lba, req_blocks, bs as usize).await
+            };
+            log.lock().expect("log lock").push(record);
+        }
+    }
+
+    async fn read(&self, lba: u64, blocks: u64) -> OpRecord {
+        let invoke_ns = self.now_ns();
+        let result = self.volume.read(Lba(lba), blocks).await;
+        let complete_ns = self.now_ns();
+        let bs = self.volume.block_size();
+        let (values, complete_ns) = match result {
+            Ok(data) => {
+                let values = data
+                    .chunks_exact(bs)
+                    .enumerate()
+                    .map(|(i, b)| decode_block(b, lba + i as u64))
+                    .collect();
+                (values, Some(complete_ns))
+            }
+            Err(e) => {
+                tracing::warn!(lba, error = %e, "read failed");
+                (Vec::new(), None)
+            }
+        };
+        OpRecord {
+            client: self.client,
+            kind: OpKind::Read,
+            lba,
+            values,
+            invoke_ns,
+            complete_ns,
+        }
+    }
+
+    async fn write(&self, lba: u64, blocks: u64, bs: usize) -> OpRecord {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut data = vec![0u8; blocks as usize * bs];
+        let mut values = Vec::with_capacity(blocks as usize);
+        for (i, block) in data.chunks_exact_mut(bs).enumerate() {
+            let tag = Tag::new(self.client, seq, i as u8);
+            encode_block(block, tag, lba + i as u64);
+            values.push(Value::Tag(tag));
+        }
+        let invoke_ns = self.now_ns();
+        let result = self.volume.write(Lba(lba), Bytes::from(data), false).await;
+        let complete_ns = match result {
+            Ok(()) => Some(self.now_ns()),
+            Err(e) => {
+                tracing::warn!(lba, error = %e, "write failed");
+                None
+            }
+        };
+        OpRecord {
+            client: self.client,
+            kind: OpKind::Write,
+            lba,
+            values,
+            invoke_ns,
+            complete_ns,
+        }
+    }
+}
