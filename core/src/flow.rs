@@ -124,6 +124,9 @@ impl Peer {
 #[derive(Debug, Default)]
 pub struct Flow {
     peers: BTreeMap<NodeId, Peer>,
+    /// A peer started or stopped having frames held since the engine was last
+    /// told ([`Flow::congestion_changed`]).
+    changed: bool,
 }
 
 impl Flow {
@@ -142,7 +145,8 @@ impl Flow {
         frame: Frame,
     ) -> Result<Sent, TransportError> {
         let peer = self.peers.entry(to).or_default();
-        let sent = if !peer.held.is_empty() {
+        let was_holding = !peer.held.is_empty();
+        let sent = if was_holding {
             peer.hold(frame)
         } else {
             match transport.send(to, frame) {
@@ -159,6 +163,8 @@ impl Flow {
             }
         };
         peer.stats.held = peer.held.len();
+        let holding = !peer.held.is_empty();
+        self.changed |= holding != was_holding;
         Ok(sent)
     }
 
@@ -167,6 +173,7 @@ impl Flow {
     /// transport is an error.
     pub fn flush<T: Transport>(&mut self, transport: &T) -> Result<(), TransportError> {
         for (&to, peer) in &mut self.peers {
+            let was_holding = !peer.held.is_empty();
             while let Some(frame) = peer.held.pop_front() {
                 let bytes = frame.len();
                 match transport.send(to, frame) {
@@ -190,9 +197,18 @@ impl Flow {
                 }
             }
             peer.stats.held = peer.held.len();
+            let holding = !peer.held.is_empty();
+            self.changed |= holding != was_holding;
         }
         self.self_check();
         Ok(())
+    }
+
+    /// The peers frames are held for now, if that set may have changed since the
+    /// last call (a peer started or stopped having frames held): O(1) otherwise,
+    /// so the node can ask after every send.
+    pub fn congestion_changed(&mut self) -> Option<std::collections::BTreeSet<NodeId>> {
+        std::mem::take(&mut self.changed).then(|| self.congested())
     }
 
     /// The peers frames are held for now.
@@ -355,5 +371,32 @@ mod tests {
         flow.send(&t, NodeId(1), frame(0, 1)).unwrap();
         t.closed = true;
         assert_eq!(flow.flush(&t), Err(TransportError::Closed));
+    }
+
+    #[test]
+    fn the_congested_set_is_reported_only_when_a_peer_starts_or_stops_holding() {
+        let t = Fake::new(1);
+        let mut flow = Flow::new();
+        let (slow, fast) = (NodeId(1), NodeId(2));
+        flow.send(&t, slow, frame(0, 1)).unwrap();
+        assert_eq!(flow.congestion_changed(), None, "taken: nothing held");
+        flow.send(&t, slow, frame(1, 1)).unwrap();
+        assert_eq!(flow.congestion_changed(), Some([slow].into()));
+        flow.send(&t, slow, frame(2, 1)).unwrap();
+        flow.send(&t, fast, frame(3, 1)).unwrap();
+        assert_eq!(flow.congestion_changed(), None, "still holding: no new set");
+        flow.flush(&t).unwrap();
+        assert_eq!(flow.congestion_changed(), None, "the queue is still full");
+        t.drain(slow);
+        flow.flush(&t).unwrap();
+        assert_eq!(flow.congestion_changed(), None, "one of two held went out");
+        t.drain(slow);
+        flow.flush(&t).unwrap();
+        assert_eq!(
+            flow.congestion_changed(),
+            Some([].into()),
+            "nothing held any more"
+        );
+        assert_eq!(flow.congestion_changed(), None);
     }
 }

@@ -159,8 +159,6 @@ pub struct Node<T, D> {
     /// Frames held for peers whose transport queue is full, and each path's
     /// signals.
     flow: Flow,
-    /// Whether the engine was last told that some peer is congested.
-    congested: bool,
     pool: BufPool,
     /// Device blocks per volume block.
     scale: u64,
@@ -239,7 +237,6 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             device,
             engine: Replicator::new(me, map, config),
             flow: Flow::new(),
-            congested: false,
             pool,
             scale,
             control: None,
@@ -637,11 +634,9 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
 
     /// Tell the engine which peers are congested, if that changed.
     fn tell_congestion(&mut self) {
-        let holding = self.flow.holding();
-        if holding || self.congested {
-            self.engine.set_congested(self.flow.congested());
+        if let Some(peers) = self.flow.congestion_changed() {
+            self.engine.set_congested(peers);
         }
-        self.congested = holding;
     }
 
     /// Encode `msg` and send it to `to`, or hold it until `to`'s queue has room.
@@ -659,9 +654,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         // One unreachable peer (a client gone) must not stop the node; only a
         // closed transport does.
         let sent = self.flow.send(&*self.transport, to, frame);
-        if matches!(sent, Ok(Sent::Held | Sent::Dropped)) {
-            self.tell_congestion();
-        }
+        self.tell_congestion();
         match sent {
             Ok(Sent::Taken | Sent::Held) => Ok(()),
             Ok(Sent::Dropped) => {

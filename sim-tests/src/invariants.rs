@@ -5,8 +5,12 @@
 //!   most one node serves an extent in a given epoch, and the epochs an extent is
 //!   served in only grow. A node's entitlement is what it claimed: from the moment it
 //!   may serve (its map says primary, the old lease has run out) to the end of its
-//!   lease, or to its crash if that comes first (a dead process serves nothing,
-//!   and a restarted one claims anew). Checking entitlements rather than the
+//!   lease, or to the first crash after the claim was made if that comes first (a
+//!   dead process serves nothing, and a restarted one claims anew). A claim made
+//!   ahead of its start (a new primary waiting out the old lease) by an
+//!   incarnation that crashed before the start is void: campaign seed 43849265
+//!   once counted such a claim of a node that lost power against the primary
+//!   that took over at its restart. Checking entitlements rather than the
 //!   operations served catches a violation even when no client happened to read
 //!   in the overlap.
 //! - Acknowledged means persisted everywhere: when a primary acknowledges a write,
@@ -46,6 +50,7 @@ pub fn check_leases(audit: &[(NodeId, Audit)], crashes: &[(NodeId, u64)], base_n
         if let Audit::Claim {
             extent,
             epoch,
+            made_ns,
             from_ns,
             until_ns,
         } = *fact
@@ -53,9 +58,12 @@ pub fn check_leases(audit: &[(NodeId, Audit)], crashes: &[(NodeId, u64)], base_n
             // A claim ends with the incarnation that made it.
             let until_ns = crashes
                 .iter()
-                .filter(|&&(n, at)| n == *node && at >= from_ns)
+                .filter(|&&(n, at)| n == *node && at >= made_ns)
                 .map(|&(_, at)| at)
                 .fold(until_ns, u64::min);
+            if until_ns <= from_ns {
+                continue; // That incarnation never reached the start.
+            }
             claims.entry(extent).or_default().push(Claim {
                 node: *node,
                 epoch,
@@ -206,11 +214,22 @@ mod tests {
     use super::*;
 
     fn claim(node: u32, epoch: u64, from_ns: u64, until_ns: u64) -> (NodeId, Audit) {
+        made_ahead(node, epoch, from_ns, from_ns, until_ns)
+    }
+
+    fn made_ahead(
+        node: u32,
+        epoch: u64,
+        made_ns: u64,
+        from_ns: u64,
+        until_ns: u64,
+    ) -> (NodeId, Audit) {
         (
             NodeId(node),
             Audit::Claim {
                 extent: ExtentId(0),
                 epoch: Epoch(epoch),
+                made_ns,
                 from_ns,
                 until_ns,
             },
@@ -241,6 +260,21 @@ mod tests {
         assert!(!check_leases(&shared_epoch, &[], 0).passed());
         let back = [claim(1, 2, 0, 100), claim(2, 1, 100, 200)];
         assert!(!check_leases(&back, &[], 0).passed());
+    }
+
+    #[test]
+    fn a_claim_ahead_of_its_start_ends_with_the_incarnation_that_made_it() {
+        // n2 takes over at 100, once n1's lease ran out, and says so at 40; it
+        // crashes at 60 and restarts, and n3 takes over from 100 instead.
+        let claims = [
+            claim(1, 1, 0, 100),
+            made_ahead(2, 2, 40, 100, 250),
+            claim(3, 3, 100, 300),
+        ];
+        assert!(check_leases(&claims, &[(NodeId(2), 60)], 0).passed());
+        // Had it lived (or crashed only once it served), the overlap is a violation.
+        assert!(!check_leases(&claims, &[], 0).passed());
+        assert!(!check_leases(&claims, &[(NodeId(2), 120)], 0).passed());
     }
 
     #[test]

@@ -9,12 +9,15 @@ use super::*;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Audit {
     /// This node may serve `extent` at `epoch` as its primary from `from_ns` until
-    /// `until_ns` (its lease at that moment).
+    /// `until_ns` (its lease at that moment); it said so at `made_ns` (the start
+    /// may lie ahead: a new primary waits out the old one's lease).
     Claim {
         /// The extent.
         extent: ExtentId,
         /// The map epoch it serves.
         epoch: Epoch,
+        /// When the claim was made.
+        made_ns: u64,
         /// Start of the right to serve.
         from_ns: u64,
         /// End of the right to serve.
@@ -85,11 +88,13 @@ impl Audit {
             Audit::Claim {
                 extent,
                 epoch,
+                made_ns,
                 from_ns,
                 until_ns,
             } => Audit::Claim {
                 extent,
                 epoch,
+                made_ns: f(made_ns),
                 from_ns: f(from_ns),
                 until_ns: f(until_ns),
             },

@@ -85,6 +85,7 @@ impl Replicator {
                 self.actions.push_back(Action::Audit(Audit::Claim {
                     extent,
                     epoch,
+                    made_ns: self.now_ns,
                     from_ns,
                     until_ns,
                 }));
