@@ -91,6 +91,9 @@ pub struct Volume<T> {
     retries: AtomicU64,
     /// Held while the map is being refreshed; when the last refresh ended.
     refreshing: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Where a node's own front end holds its writes' payloads while they run
+    /// (see [`crate::front_end`]); `None` for any other client.
+    held: Option<Arc<crate::front_end::HeldPayloads>>,
 }
 
 impl<T: Transport> Volume<T> {
@@ -100,6 +103,17 @@ impl<T: Transport> Volume<T> {
     /// random each time the client starts, so a restarted client's ids do not
     /// repeat its predecessor's (nodes remember the requests of recent writes).
     pub fn open(transport: Arc<T>, map: ClusterMap, incarnation: u32) -> Arc<Self> {
+        Self::open_holding(transport, map, incarnation, None)
+    }
+
+    /// [`Volume::open`] for a node's own front end, which holds each write's
+    /// payload in `held` until the write is answered.
+    pub fn open_holding(
+        transport: Arc<T>,
+        map: ClusterMap,
+        incarnation: u32,
+        held: Option<Arc<crate::front_end::HeldPayloads>>,
+    ) -> Arc<Self> {
         let waiters: Waiters = Arc::new(Mutex::new(Some(BTreeMap::new())));
         let volume = Arc::new(Volume {
             transport: transport.clone(),
@@ -108,6 +122,7 @@ impl<T: Transport> Volume<T> {
             waiters: waiters.clone(),
             retries: AtomicU64::new(0),
             refreshing: tokio::sync::Mutex::new(None),
+            held,
         });
         tokio::spawn(async move {
             while let Ok((from, frame)) = transport.recv().await {
@@ -267,6 +282,8 @@ impl<T: Transport> Volume<T> {
             let chunk = data.slice(from..from + count as usize * bs);
             // Every attempt of this write carries the same request id.
             let req = self.new_request();
+            // Held until the write is answered or given up (the guard drops).
+            let _held = self.held.as_ref().and_then(|h| h.hold(req, chunk.clone()));
             self.with_retry(|map| {
                 let chunk = chunk.clone();
                 async move {

@@ -60,4 +60,9 @@ pub enum WeirError {
     /// from the control plane, or the previous primary's lease has not run out.
     #[error("{0} holds no lease on this extent right now")]
     NoLease(NodeId),
+    /// A replica write sent without its payload, to the node whose own front end
+    /// sent the write (see [`crate::front_end`]), found no payload held there: the
+    /// primary sends it again with its data.
+    #[error("the replica write's payload is not held by its front end")]
+    PayloadNotHeld,
 }

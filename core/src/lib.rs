@@ -15,6 +15,7 @@ pub mod device;
 pub mod error;
 pub mod events;
 pub mod flow;
+pub mod front_end;
 pub mod ids;
 pub mod map;
 pub mod node;

@@ -98,6 +98,9 @@ pub struct NodeReport {
     /// The flow towards each peer it sent to: frames sent, held, dropped, and
     /// the transport's congestion signals.
     pub flow: Vec<(NodeId, crate::flow::PeerFlow)>,
+    /// Replica writes that took their data from this node's own front end, and
+    /// ones that found none held (sent again whole): see [`crate::front_end`].
+    pub front_end_payloads: (u64, u64),
 }
 
 /// The daemon's handle on a running node: ask for map changes, watch its reports.
@@ -182,6 +185,8 @@ pub struct Node<T, D> {
     /// This node's clock against the true cluster clock (the simulator's clock
     /// skew; none on real nodes, whose clock is what NTP made it).
     skew: crate::time::Skew,
+    /// The payloads this node's own front end holds (see [`crate::front_end`]).
+    held: Option<Arc<crate::front_end::HeldPayloads>>,
 }
 
 /// Device completions waiting for the node's loop; a device task past this
@@ -251,6 +256,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             checkpoint_waiters: Vec::new(),
             reports: None,
             skew: crate::time::Skew::default(),
+            held: None,
         })
     }
 
@@ -288,6 +294,13 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         self.restored_blocks = restored.len() * self.engine.grain_blocks() as usize;
         self.engine.restore_versions(restored);
         self.version_store = Some((store, device));
+        self
+    }
+
+    /// This node's own front end holds its writes' payloads in `held`: a replica
+    /// write sent without its data takes it from there (see [`crate::front_end`]).
+    pub fn with_held_payloads(mut self, held: Arc<crate::front_end::HeldPayloads>) -> Self {
+        self.held = Some(held);
         self
     }
 
@@ -332,6 +345,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             r.checkpoints = self.engine.checkpoints_written().0;
             (r.version_bytes, r.applied_records) = self.engine.version_memory();
             r.flow = self.flow.report();
+            r.front_end_payloads = self.held.as_ref().map_or((0, 0), |h| h.counts());
         });
     }
 
@@ -545,10 +559,37 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             (Message::Propose { command }, Some((plane, ..))) => {
                 plane.handle_propose(from, &command)
             }
-            (msg, _) => {
+            (mut msg, _) => {
+                self.take_held(&mut msg);
                 self.clock();
                 self.engine.handle_message(from, msg)
             }
+        }
+    }
+
+    /// A replica write sent without its data, for a write of this node's own
+    /// front end, takes the data from the front end's memory (if still held; if
+    /// not, the engine answers so and the primary sends it again).
+    fn take_held(&self, msg: &mut Message) {
+        let Message::ReplicaWrite {
+            origin: (client, req),
+            data,
+            ..
+        } = msg
+        else {
+            return;
+        };
+        if !data.is_empty() {
+            return;
+        }
+        let me = self.engine.id();
+        match &self.held {
+            Some(held) if *client == crate::front_end::front_end_of(me) => {
+                if let Some(payload) = held.take(*req) {
+                    *data = payload;
+                }
+            }
+            _ => tracing::warn!(%client, "a replica write without data for another front end"),
         }
     }
 

@@ -139,7 +139,9 @@ pub enum Message {
         origin: (NodeId, RequestId),
         /// First block.
         lba: Lba,
-        /// Whole blocks of data (the frame's payload).
+        /// Whole blocks of data (the frame's payload). Empty when sent to the
+        /// node whose own front end is `origin`'s client: that node takes the
+        /// data from its front end (see [`crate::front_end`]).
         #[serde(skip)]
         data: Bytes,
         /// Force unit access.

@@ -53,3 +53,12 @@ pub fn post(addr: &str, path: &str) -> Result<String, AdminError> {
 pub fn delete(addr: &str, path: &str) -> Result<String, AdminError> {
     call("DELETE", addr, path)
 }
+
+/// The value of sample `name` (with its labels, as `/metrics` prints them) at
+/// the node at `addr`; `None` if it exports no such sample.
+pub fn metric(addr: &str, name: &str) -> Result<Option<u64>, AdminError> {
+    let text = get(addr, "/metrics")?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()))
+}

@@ -158,7 +158,7 @@ pub async fn run(
         .await
         .with_context(|| format!("listening on {}", config.my_addr()))?;
 
-    let client_id = NodeId(crate::CLIENT_ID_BASE + me.0);
+    let client_id = weir_core::front_end::front_end_of(me);
     let client = TcpTransport::bind(client_id, None, peers, tcp)
         .await
         .context("starting the NBD front end's client endpoint")?;
@@ -169,6 +169,9 @@ pub async fn run(
     let events: EventLog = Arc::new(std::sync::Mutex::new(Events::with_capacity(
         crate::admin::EVENTS_KEPT,
     )));
+    // The front end's write payloads, which its node takes instead of receiving
+    // them back from another primary.
+    let held = Arc::new(weir_core::front_end::HeldPayloads::default());
     let mut node = Node::new(
         node_side,
         device.clone(),
@@ -178,6 +181,7 @@ pub async fn run(
             checkpoint_every_ns: config.device.checkpoint_ms * 1_000_000,
             lease_margin_ns: t.lease_margin_ns(),
             replica_timeout_ns: t.replica_ms * 1_000_000,
+            front_end_payloads: true,
             ..ReplicationConfig::default()
         },
         BufPool::new(POOL_BYTES),
@@ -185,11 +189,12 @@ pub async fn run(
     .with_control(plane, Duration::from_millis(t.tick_ms), events.clone())
     .with_device_timeout(Duration::from_millis(t.device_ms))
     .with_log_store(Box::new(log))
-    .with_version_store(Box::new(versions_file), identity, restored.versions);
+    .with_version_store(Box::new(versions_file), identity, restored.versions)
+    .with_held_payloads(held.clone());
     let handle = node.handle();
     let mut node_task = tokio_real::spawn(node.run());
 
-    let volume = Volume::open(client_side, map.clone(), rand::random());
+    let volume = Volume::open_holding(client_side, map.clone(), rand::random(), Some(held));
     let metrics = Arc::new(Metrics::new());
     let extent_bytes = config.cluster.extent_size.0;
     let backend = Arc::new(WeirBackend::new(

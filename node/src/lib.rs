@@ -18,5 +18,5 @@ pub mod nbd;
 pub mod splice;
 
 /// Node ids from here up are the NBD front ends' client endpoints (node `n`'s is
-/// `CLIENT_ID_BASE + n`); members are below.
-pub const CLIENT_ID_BASE: u32 = 1 << 20;
+/// `CLIENT_ID_BASE + n`, [`weir_core::front_end::front_end_of`]); members are below.
+pub const CLIENT_ID_BASE: u32 = weir_core::front_end::FRONT_END_ID_BASE;

@@ -22,6 +22,13 @@ pub struct Op {
     pub op: String,
 }
 
+/// A label naming what became of something: taken, missed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    /// taken, missed.
+    pub outcome: String,
+}
+
 /// A label naming a replica state.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct State {
@@ -58,6 +65,8 @@ pub struct Metrics {
     applied_records: Gauge,
     payload_copies: Gauge,
     payload_copies_beyond_receive: Gauge,
+    /// Replica writes whose data came from this node's front end: (taken, missed).
+    front_end_payloads: Family<Outcome, Gauge>,
     nodes_up: Gauge,
     leader: Gauge,
     volumes: Gauge,
@@ -96,6 +105,7 @@ impl Metrics {
             applied_records: Gauge::default(),
             payload_copies: Gauge::default(),
             payload_copies_beyond_receive: Gauge::default(),
+            front_end_payloads: Family::default(),
             device_healthy: Gauge::default(),
             nodes_up: Gauge::default(),
             leader: Gauge::default(),
@@ -192,6 +202,12 @@ impl Metrics {
                 m.payload_copies_beyond_receive.clone(),
             );
             r.register(
+                "front_end_payloads",
+                "Replica writes of this node's own front end's writes, sent without \
+                 their data: taken from the front end, or missed (sent again whole)",
+                m.front_end_payloads.clone(),
+            );
+            r.register(
                 "applied_log_records",
                 "Writes in the applied log behind idempotent retries (at most 65536)",
                 m.applied_records.clone(),
@@ -268,6 +284,14 @@ impl Metrics {
             .set(weir_core::copies::total().0.min(i64::MAX as u64) as i64);
         self.payload_copies_beyond_receive
             .set(weir_core::copies::beyond_receive().min(i64::MAX as u64) as i64);
+        let (taken, missed) = report.front_end_payloads;
+        for (outcome, n) in [("taken", taken), ("missed", missed)] {
+            self.front_end_payloads
+                .get_or_create(&Outcome {
+                    outcome: outcome.into(),
+                })
+                .set(n.min(i64::MAX as u64) as i64);
+        }
         let up = report
             .state
             .nodes

@@ -365,6 +365,18 @@ fn real_clients_on_a_three_node_cluster_and_a_restart() {
         5 * MINUTE,
     );
     assert_fio_clean(&out);
+    // Node 1's front end held its writes' data, so the primaries of the extents
+    // node 1 does not lead sent it their replica writes without it.
+    let taken = weir_node::admin_client::metric(
+        &cluster.admin(),
+        "weir_front_end_payloads{outcome=\"taken\"}",
+    )
+    .expect("node 1 answers")
+    .expect("node 1 exports the count");
+    assert!(
+        taken > 1000,
+        "{taken} replica writes took their data from the front end"
+    );
 
     // nbdfuse: the volume as a file; mkfs.ext4 on it and e2fsck finds it clean.
     let mnt = dir.join("mnt");

@@ -34,6 +34,7 @@ mod client;
 mod config;
 mod lease;
 mod map_change;
+mod ops;
 mod rebuild;
 mod reconcile;
 mod repair;
@@ -50,167 +51,11 @@ pub use actions::{Action, IoCmd, IoId, IoResult};
 pub use audit::Audit;
 use bytes::Bytes;
 pub use config::{ReplicationConfig, DEFAULT_REPLICA_TIMEOUT_NS};
+use ops::{Acks, FetchOp, FlushOp, Forwarded, Kind, ReadOp, WriteBack, WriteOp};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Most client operations a node holds at once (queued or running); more get `Busy`.
 pub const MAX_OPS_IN_FLIGHT: usize = 4096;
-
-/// A client operation this node coordinates.
-#[derive(Debug)]
-enum Op {
-    Write {
-        client: NodeId,
-        req: RequestId,
-        extent: ExtentId,
-        lba: Lba,
-        data: Bytes,
-        fua: bool,
-        /// Given when the write starts.
-        version: Version,
-        /// Acks expected from the replicas and the local device; `None` until the
-        /// write holds its range lock and has been sent out.
-        acks: Option<Acks>,
-        /// When it was sent out (the engine's clock).
-        started_ns: u64,
-    },
-    Read {
-        client: NodeId,
-        req: RequestId,
-        extent: ExtentId,
-        lba: Lba,
-        blocks: u64,
-    },
-    Flush {
-        client: NodeId,
-        req: RequestId,
-        acks: Acks,
-    },
-    /// A media error being repaired from a peer (see `repair`).
-    Repair(repair::Repair),
-    /// A primary reading blocks for an in-sync replica's repair, under a shared
-    /// range lock until the answer is sent.
-    Fetch {
-        to: NodeId,
-        remote: OpId,
-        extent: ExtentId,
-        lba: Lba,
-        blocks: u64,
-    },
-    /// A rebuild chunk, under a shared range lock from its probe until the replica
-    /// acknowledges it.
-    Rebuild(rebuild::Chunk),
-    /// A new primary writing back its copy of blocks an earlier primary's
-    /// unanswered write may have touched (see `reconcile`): read under an exclusive
-    /// range lock, then written like a client write from this node.
-    Reconcile {
-        extent: ExtentId,
-        lba: Lba,
-        blocks: u64,
-    },
-}
-
-impl Op {
-    /// A write of `data` at `lba` for (`client`, `req`), not started yet.
-    fn write(
-        (client, req): (NodeId, RequestId),
-        extent: ExtentId,
-        lba: Lba,
-        data: Bytes,
-        fua: bool,
-    ) -> Op {
-        Op::Write {
-            client,
-            req,
-            extent,
-            lba,
-            data,
-            fua,
-            version: Version::default(),
-            acks: None,
-            started_ns: 0,
-        }
-    }
-}
-
-/// The acknowledgements a fan-out still waits for, by sender, and the first error
-/// among them. Only a node asked, and only once, can acknowledge: a stray or forged
-/// ack is refused, never counted.
-#[derive(Debug)]
-struct Acks {
-    waiting: Vec<NodeId>,
-    /// Also asked but not waited for (rebuilding replicas): their acks are taken
-    /// quietly and change nothing.
-    extra: Vec<NodeId>,
-    error: Option<WeirError>,
-}
-
-impl Acks {
-    fn new(waiting: Vec<NodeId>, extra: Vec<NodeId>) -> Self {
-        assert!(!waiting.is_empty(), "a fan-out to nobody");
-        Acks {
-            waiting,
-            extra,
-            error: None,
-        }
-    }
-
-    /// Stop waiting for nodes no longer in `keep` (a map change removed them from
-    /// the in-sync set). `Some(outcome)` if nothing is left to wait for.
-    fn retain(&mut self, keep: impl Fn(NodeId) -> bool) -> Option<Result<(), WeirError>> {
-        // A dropped replica may still answer late; its ack is then taken quietly.
-        let (kept, dropped): (Vec<NodeId>, Vec<NodeId>) =
-            self.waiting.iter().partition(|n| keep(**n));
-        self.waiting = kept;
-        self.extra.extend(dropped);
-        self.waiting
-            .is_empty()
-            .then(|| self.error.take().map_or(Ok(()), Err))
-    }
-
-    /// Wait for `node` too, if it was asked as an extra and has not answered (a
-    /// rebuilt replica joined the in-sync set while this fan-out ran).
-    fn promote(&mut self, node: NodeId) {
-        if let Some(at) = self.extra.iter().position(|n| *n == node) {
-            self.extra.swap_remove(at);
-            self.waiting.push(node);
-        }
-    }
-
-    /// Count `from`'s acknowledgement. `Err` if `from` was not asked (or already
-    /// answered); `Ok(Some(outcome))` once the last is in.
-    fn record(
-        &mut self,
-        from: NodeId,
-        result: Result<(), WeirError>,
-    ) -> Result<Option<Result<(), WeirError>>, ()> {
-        let Some(at) = self.waiting.iter().position(|n| *n == from) else {
-            let extra = self.extra.iter().position(|n| *n == from).ok_or(())?;
-            self.extra.swap_remove(extra);
-            return Ok(None);
-        };
-        self.waiting.swap_remove(at);
-        if let Err(e) = result {
-            self.error.get_or_insert(e);
-        }
-        Ok(self
-            .waiting
-            .is_empty()
-            .then(|| self.error.take().map_or(Ok(()), Err)))
-    }
-
-    /// [`Acks::record`], with a stray ack logged and dropped.
-    fn count(
-        &mut self,
-        from: NodeId,
-        op: OpId,
-        result: Result<(), WeirError>,
-    ) -> Option<Result<(), WeirError>> {
-        self.record(from, result).unwrap_or_else(|()| {
-            tracing::warn!(%from, %op, "ack from a node not asked; dropped");
-            None
-        })
-    }
-}
 
 /// What a device command was for.
 #[derive(Debug)]
@@ -269,7 +114,8 @@ pub struct Replicator {
     grains: crate::replication::grains::Grains,
     /// Recently applied writes by client request, so a retry is not applied twice.
     applied: applied::AppliedWrites,
-    ops: BTreeMap<OpId, Op>,
+    /// The ops this node coordinates, by kind.
+    ops: ops::Ops,
     ios: BTreeMap<IoId, IoPurpose>,
     next_op: u64,
     next_io: u64,
@@ -290,17 +136,9 @@ pub struct Replicator {
     /// The device answered `Gone`: what this node holds is lost, whatever its
     /// versions say (a rebuild's probe is refused).
     device_gone: bool,
-    /// Device writes of this node, ordered per block: a write waits for any earlier
-    /// one to overlapping blocks (a deposed primary's write still on the device and
-    /// the new primary's must land in version order). Keyed by `IoId` as `OpId`.
-    device_lock: RangeLock,
-    /// Device writes in flight (issued, or waiting in `device_lock`): first
-    /// block and blocks.
-    device_writes: BTreeMap<IoId, (Lba, u64)>,
-    /// Device writes in flight per grain: a grain's version is what its device
-    /// holds (to checkpoint) only once none is.
-    grains_writing: BTreeMap<u64, u32>,
-    deferred: BTreeMap<IoId, IoCmd>,
+    /// Device writes of this node, in order per block, and what is in flight per
+    /// block and grain.
+    writes: crate::sched::WriteOrder,
     /// After a restart: each extent's epoch in the map the node restarted with. It
     /// serves as a primary only at later epochs (of its versions from before it
     /// knows only lower bounds, from its checkpoints; the control plane's
@@ -321,10 +159,8 @@ impl Replicator {
     /// The engine of node `me` under `map`.
     pub fn new(me: NodeId, map: ClusterMap, config: ReplicationConfig) -> Self {
         let volume = map.volume();
-        let grains = crate::replication::grains::Grains::new(
-            config.grain_blocks(volume),
-            volume.extent_blocks,
-        );
+        let grain_blocks = config.grain_blocks(volume);
+        let grains = crate::replication::grains::Grains::new(grain_blocks, volume.extent_blocks);
         let mut engine = Replicator {
             me,
             map,
@@ -332,7 +168,7 @@ impl Replicator {
             primary: BTreeMap::new(),
             grains,
             applied: applied::AppliedWrites::default(),
-            ops: BTreeMap::new(),
+            ops: ops::Ops::default(),
             ios: BTreeMap::new(),
             next_op: 0,
             next_io: 0,
@@ -344,10 +180,7 @@ impl Replicator {
             scrub: scrub::Scrubber::default(),
             checkpoint: checkpoint::Checkpoints::default(),
             device_gone: false,
-            device_lock: RangeLock::default(),
-            device_writes: BTreeMap::new(),
-            grains_writing: BTreeMap::new(),
-            deferred: BTreeMap::new(),
+            writes: crate::sched::WriteOrder::new(grain_blocks),
             restored: BTreeMap::new(),
             seen_in_sync: std::collections::BTreeSet::new(),
             reconcile: reconcile::Reconciler::default(),
@@ -379,22 +212,16 @@ impl Replicator {
         self.checkpoint_tick();
         self.reconcile_tick();
         let mut asks = Vec::new();
-        for op in self.ops.values() {
-            let Op::Write {
-                extent,
-                acks: Some(acks),
-                started_ns,
-                ..
-            } = op
-            else {
+        for w in self.ops.writes.values() {
+            let Some(acks) = &w.acks else {
                 continue;
             };
-            if now_ns.saturating_sub(*started_ns) < self.config.replica_timeout_ns {
+            if now_ns.saturating_sub(w.started_ns) < self.config.replica_timeout_ns {
                 continue;
             }
-            let epoch = self.map.extent(*extent).epoch;
+            let (extent, epoch) = (w.extent, self.map.extent(w.extent).epoch);
             for &node in acks.waiting.iter().filter(|n| **n != self.me) {
-                asks.push((*extent, epoch, node));
+                asks.push((extent, epoch, node));
             }
         }
         for (extent, epoch, node) in asks {
@@ -446,35 +273,16 @@ impl Replicator {
 
     /// Check the engine's own bookkeeping; panics on a broken invariant. The node
     /// runs it after every step in debug builds (the simulator's and the tests'):
-    /// - every deferred device write is one in flight;
-    /// - the per-grain counts of device writes in flight are exactly those of the
-    ///   writes in `device_writes` (so a grain is checkpointed only when idle);
-    /// - every op and io id was handed out.
+    /// - the device writes in flight are in order (their owner's own check);
+    /// - the op tables are consistent (their own check);
+    /// - every io id was handed out.
     pub fn self_check(&self) {
-        for io in self.deferred.keys() {
-            assert!(
-                self.device_writes.contains_key(io),
-                "deferred {io:?} not in flight"
-            );
-        }
-        let mut writing: BTreeMap<u64, u32> = BTreeMap::new();
-        for (io, &(lba, blocks)) in &self.device_writes {
-            assert!(io.0 <= self.next_io, "{io:?} not handed out");
-            assert!(blocks > 0, "{io:?} writes nothing");
-            for g in self.grains.touched(lba, blocks) {
-                *writing.entry(g).or_default() += 1;
-            }
-        }
-        assert_eq!(
-            writing, self.grains_writing,
-            "grains with device writes in flight"
-        );
-        if let Some((op, _)) = self.ops.last_key_value() {
-            assert!(op.0 <= self.next_op, "{op:?} not handed out");
-        }
+        self.writes.self_check();
+        self.ops.self_check(self.next_op);
         if let Some((io, _)) = self.ios.last_key_value() {
             assert!(io.0 <= self.next_io, "{io:?} not handed out");
         }
+        assert!(self.writes.len() <= self.ios.len(), "writes not in flight");
     }
 
     /// The peers whose transport queue is full now (back-pressure from the
@@ -594,22 +402,15 @@ impl Replicator {
         });
     }
 
-    /// If `io` was a device write: forget it, note its versions as held (or
-    /// forget them, if it failed), and issue the writes that waited for it.
+    /// If `io` was a device write: note its versions as held (or forget them,
+    /// if it failed), and issue the writes that waited for it.
     fn device_write_finished(&mut self, io: IoId, result: &IoResult) -> bool {
-        let Some((lba, blocks)) = self.device_writes.remove(&io) else {
+        let Some(done) = self.writes.finish(io) else {
             return false;
         };
-        self.device_write_done(lba, blocks, !matches!(result, IoResult::Failed(_)));
-        for next in self.device_lock.release(OpId(io.0)) {
-            let cmd = self
-                .deferred
-                .remove(&IoId(next.0))
-                .expect("a deferred write");
-            self.actions.push_back(Action::Io {
-                io: IoId(next.0),
-                cmd,
-            });
+        self.device_write_done(&done, !matches!(result, IoResult::Failed(_)));
+        for (io, cmd) in done.ready {
+            self.actions.push_back(Action::Io { io, cmd });
         }
         true
     }

@@ -1,6 +1,7 @@
 //! The per-device owner: every command the node gives its device passes through
 //! one [`DeviceSched`], which chooses its queue, knows what is in flight on each,
-//! and judges whether the device still answers.
+//! and judges whether the device still answers. The engine's device writes pass
+//! first through the node's [`WriteOrder`], which keeps them in order per block.
 //!
 //! Sans-IO and without a runtime: inputs take `now_ns` (the node's monotonic
 //! clock), and the node carries the commands out. The policy is FIFO: commands go
@@ -15,8 +16,11 @@
 //! tick back); one that answered `Gone` is gone until the node restarts.
 
 use crate::replication::IoId;
+pub use order::{Finished, WriteOrder};
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+mod order;
 
 /// What the device's health became at a tick.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,6 +23,7 @@ fn weir_error() -> impl Strategy<Value = WeirError> {
         any::<u64>().prop_map(|l| WeirError::Device(DevError::Media(Lba(l)))),
         Just(WeirError::Busy),
         any::<u32>().prop_map(|n| WeirError::NoLease(NodeId(n))),
+        Just(WeirError::PayloadNotHeld),
     ]
 }
 
@@ -52,7 +53,7 @@ fn message() -> impl Strategy<Value = Message> {
                 epoch: Epoch(e),
                 lba: Lba(l),
                 data,
-                fua
+                fua,
             }),
         (id, any::<u32>()).prop_map(|(r, v)| Message::Flush {
             req: RequestId(r),
@@ -87,7 +88,7 @@ fn message() -> impl Strategy<Value = Message> {
                 origin: (NodeId(c), RequestId(r)),
                 lba: Lba(l),
                 data,
-                fua
+                fua,
             }),
         (id, prop::option::of(weir_error())).prop_map(|(o, e)| Message::ReplicaWriteAck {
             op: OpId(o),

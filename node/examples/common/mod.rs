@@ -91,13 +91,8 @@ pub(crate) fn weir_cluster(
 /// A gauge or counter `name` from the `/metrics` of the node whose admin API
 /// listens on `admin`.
 pub(crate) fn metric(admin: &str, name: &str) -> u64 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(admin).expect("the admin API answers");
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {admin}\r\n\r\n").expect("sending");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("reading /metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    weir_node::admin_client::metric(admin, name)
+        .expect("the admin API answers")
         .unwrap_or_else(|| panic!("{name} in /metrics of {admin}"))
 }
 

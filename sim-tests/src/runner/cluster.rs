@@ -117,6 +117,8 @@ fn replication_config(scenario: &Scenario) -> ReplicationConfig {
         scrub_bytes_per_sec: scenario.cluster.scrub_mib_per_sec << 20,
         checkpoint_every_ns: scenario.cluster.checkpoint_ms * 1_000_000,
         version_grain_bytes: scenario.cluster.version_grain_kib << 10,
+        // Simulated clients are hosts of their own, not nodes' front ends.
+        front_end_payloads: false,
     }
 }
 

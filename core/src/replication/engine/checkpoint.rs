@@ -105,23 +105,14 @@ impl Replicator {
         (self.checkpoint.written, self.checkpoint.blocks_written)
     }
 
-    /// A device write of `[lba, lba + blocks)` finished: each grain it touched
-    /// with no other write in flight holds its version now (dirty); if it failed,
-    /// the grains are broken and forgotten (here, in the checkpoint in flight,
-    /// and in the file at once).
-    pub(super) fn device_write_done(&mut self, lba: Lba, blocks: u64, ok: bool) {
+    /// A device write finished: each grain it touched with no other write in
+    /// flight holds its version now (dirty); if it failed, the grains are broken
+    /// and forgotten (here, in the checkpoint in flight, and in the file at once).
+    pub(super) fn device_write_done(&mut self, done: &crate::sched::Finished, ok: bool) {
+        debug_assert_eq!(done.grains, self.grains.touched(done.lba, done.blocks));
         let enabled = self.config.checkpoint_every_ns > 0;
         let mut forgotten = BTreeMap::new();
-        for g in self.grains.touched(lba, blocks) {
-            let left = self
-                .grains_writing
-                .get_mut(&g)
-                .expect("counted when issued");
-            *left -= 1;
-            let idle = *left == 0;
-            if idle {
-                self.grains_writing.remove(&g);
-            }
+        for g in done.grains.clone() {
             if !ok {
                 self.grains.break_grain(g);
                 if enabled {
@@ -131,7 +122,7 @@ impl Replicator {
                     }
                     forgotten.insert(g, Version(0));
                 }
-            } else if enabled && idle {
+            } else if enabled && done.idle.contains(&g) {
                 self.checkpoint.dirty.insert(g, self.grains.get(g).held());
             }
         }
@@ -200,7 +191,7 @@ impl Replicator {
         let versions = if full {
             self.grains
                 .written(0, u64::MAX)
-                .filter(|(g, s)| s.whole && !self.grains_writing.contains_key(g))
+                .filter(|(g, s)| s.whole && !self.writes.grain_busy(*g))
                 .map(|(g, s)| (g, s.version))
                 .collect()
         } else {

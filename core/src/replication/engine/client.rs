@@ -63,8 +63,8 @@ impl Replicator {
             return self.fail(client, req, WeirError::Busy);
         }
         let op = self.op_id();
-        self.ops
-            .insert(op, Op::write((client, req), extent, lba, data, fua));
+        let write = WriteOp::new((client, req), extent, lba, data, fua);
+        self.ops.writes.insert(op, write);
         let lock = &mut self.primary_state(extent).lock;
         if lock.acquire(op, lba, lba.offset(blocks), Mode::Exclusive) {
             self.run_ready(vec![op]);
@@ -85,16 +85,14 @@ impl Replicator {
             Err(e) => return self.fail(client, req, e),
         };
         let op = self.op_id();
-        self.ops.insert(
-            op,
-            Op::Read {
-                client,
-                req,
-                extent,
-                lba,
-                blocks,
-            },
-        );
+        let read = ReadOp {
+            client,
+            req,
+            extent,
+            lba,
+            blocks,
+        };
+        self.ops.reads.insert(op, read);
         let lock = &mut self.primary_state(extent).lock;
         if lock.acquire(op, lba, lba.offset(blocks), Mode::Shared) {
             self.run_ready(vec![op]);
@@ -112,14 +110,12 @@ impl Replicator {
         // Every node holds replicas of the one volume, so a flush reaches every node
         // that is up.
         let nodes = self.map.state().up_nodes();
-        self.ops.insert(
-            op,
-            Op::Flush {
-                client,
-                req,
-                acks: Acks::new(nodes.clone(), Vec::new()),
-            },
-        );
+        let flush = FlushOp {
+            client,
+            req,
+            acks: Acks::new(nodes.clone(), Vec::new()),
+        };
+        self.ops.flushes.insert(op, flush);
         for node in nodes {
             if node == self.me {
                 let io = self.io(IoPurpose::Op(op));

@@ -50,6 +50,10 @@ pub struct ReplicationConfig {
     /// [`crate::replication::grains::DEFAULT_GRAIN_BYTES`]. Every node of a
     /// cluster must use the same.
     pub version_grain_bytes: u64,
+    /// Every node runs a front end of its own ([`crate::front_end`]) that holds
+    /// its writes' payloads: a primary sends a replica write to the node whose
+    /// front end is the write's client without its data.
+    pub front_end_payloads: bool,
 }
 
 impl ReplicationConfig {
@@ -83,6 +87,7 @@ impl Default for ReplicationConfig {
             scrub_bytes_per_sec: 0,
             checkpoint_every_ns: 0,
             version_grain_bytes: 0,
+            front_end_payloads: false,
         }
     }
 }

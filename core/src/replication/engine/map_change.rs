@@ -14,20 +14,11 @@ impl Replicator {
         self.claim_all();
         // A flush waits only for nodes still up.
         let up = self.map.state().up_nodes();
-        let flushes: Vec<OpId> = self
-            .ops
-            .iter()
-            .filter(|(_, o)| matches!(o, Op::Flush { .. }))
-            .map(|(&id, _)| id)
-            .collect();
+        let flushes: Vec<OpId> = self.ops.flushes.keys().copied().collect();
         for op in flushes {
-            let Some(Op::Flush { acks, .. }) = self.ops.get_mut(&op) else {
-                continue;
-            };
+            let acks = &mut self.ops.flushes.get_mut(&op).expect("listed").acks;
             if let Some(outcome) = acks.retain(|n| up.contains(&n)) {
-                let Some(Op::Flush { client, req, .. }) = self.ops.remove(&op) else {
-                    unreachable!("matched a flush above");
-                };
+                let FlushOp { client, req, .. } = self.ops.flushes.remove(&op).expect("listed");
                 self.reply(client, req, outcome.map(|()| Message::FlushOk { req }));
             }
         }
@@ -43,15 +34,14 @@ impl Replicator {
             in_sync.extend(self.joining(extent));
             let writes: Vec<OpId> = self
                 .ops
+                .writes
                 .iter()
-                .filter(|(_, o)| matches!(o, Op::Write { extent: e, acks: Some(_), .. } if *e == extent))
+                .filter(|(_, w)| w.extent == extent && w.acks.is_some())
                 .map(|(&id, _)| id)
                 .collect();
             for op in writes {
-                let Some(Op::Write {
-                    acks: Some(acks), ..
-                }) = self.ops.get_mut(&op)
-                else {
+                // Each finished write unlocks others, which may finish at once.
+                let Some(acks) = self.ops.writes.get_mut(&op).and_then(|w| w.acks.as_mut()) else {
                     continue;
                 };
                 // A replica that joined the in-sync set while this write ran is
@@ -70,33 +60,29 @@ impl Replicator {
 
     /// Fail every operation of `extent` and forget its primary state.
     pub(super) fn abandon(&mut self, extent: ExtentId, error: WeirError) {
-        let ops: Vec<OpId> = self
-            .ops
-            .iter()
-            .filter(|(_, o)| match o {
-                Op::Write { extent: e, .. }
-                | Op::Read { extent: e, .. }
-                | Op::Fetch { extent: e, .. }
-                | Op::Rebuild(rebuild::Chunk { extent: e, .. })
-                | Op::Reconcile { extent: e, .. } => *e == extent,
-                Op::Repair(r) => r.locked && r.extent == extent,
-                Op::Flush { .. } => false,
-            })
-            .map(|(&id, _)| id)
-            .collect();
-        for op in ops {
-            match self.ops.remove(&op) {
-                Some(Op::Write { client, req, .. } | Op::Read { client, req, .. }) => {
-                    self.fail(client, req, error.clone())
-                }
-                Some(Op::Repair(r)) => {
-                    if let Some((client, req)) = r.waiter {
-                        self.fail(client, req, error.clone());
-                    }
-                }
+        for op in self.ops.of_extent(extent) {
+            let waiter = match self.ops.kind(op) {
+                Some(Kind::Write) => self.ops.writes.remove(&op).map(|w| (w.client, w.req)),
+                Some(Kind::Read) => self.ops.reads.remove(&op).map(|r| (r.client, r.req)),
+                Some(Kind::Repair) => self.ops.repairs.remove(&op).and_then(|r| r.waiter),
                 // The new primary rebuilds afresh; an asking replica asks it.
-                Some(Op::Rebuild(_) | Op::Fetch { .. } | Op::Reconcile { .. }) => {}
-                _ => unreachable!("selected above"),
+                Some(Kind::Rebuild) => {
+                    self.ops.chunks.remove(&op);
+                    None
+                }
+                Some(Kind::Fetch) => {
+                    self.ops.fetches.remove(&op);
+                    None
+                }
+                Some(Kind::WriteBack) => {
+                    self.ops.write_backs.remove(&op);
+                    None
+                }
+                // A flush holds no range lock; an op already gone is let be.
+                Some(Kind::Flush) | None => None,
+            };
+            if let Some((client, req)) = waiter {
+                self.fail(client, req, error.clone());
             }
         }
         self.primary.remove(&extent);

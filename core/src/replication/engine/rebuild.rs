@@ -238,9 +238,7 @@ impl Replicator {
     /// (or writes to those blocks would wait for an ack that never comes); the
     /// chunk's first block if it was out.
     fn withdraw_chunk(&mut self, extent: ExtentId, op: OpId) -> Option<Lba> {
-        let Some(Op::Rebuild(Chunk { lba, .. })) = self.ops.remove(&op) else {
-            return None;
-        };
+        let Chunk { lba, .. } = self.ops.chunks.remove(&op)?;
         let state = self.primary.get_mut(&extent).expect("a chunk holds a lock");
         let ready = state.lock.withdraw(op);
         self.run_ready(ready);
@@ -462,16 +460,14 @@ impl Replicator {
         c.cursor = end;
         c.chunks.insert(op, now);
         *in_flight += 1;
-        self.ops.insert(
-            op,
-            Op::Rebuild(Chunk {
-                extent,
-                node,
-                lba: first,
-                versions,
-                phase: ChunkPhase::Locking,
-            }),
-        );
+        let chunk = Chunk {
+            extent,
+            node,
+            lba: first,
+            versions,
+            phase: ChunkPhase::Locking,
+        };
+        self.ops.chunks.insert(op, chunk);
         let lock = &mut self.primary_state(extent).lock;
         if lock.acquire(op, first, end, Mode::Shared) {
             self.run_ready(vec![op]);
@@ -549,18 +545,13 @@ impl Replicator {
 
     /// Rebuild chunk `op`, if it is one still out.
     fn chunk_mut(&mut self, op: OpId) -> Option<&mut Chunk> {
-        match self.ops.get_mut(&op) {
-            Some(Op::Rebuild(chunk)) => Some(chunk),
-            _ => None,
-        }
+        self.ops.chunks.get_mut(&op)
     }
 
     /// What to send the replica for chunk `op` (`data` empty for a probe), at its
     /// copy's epoch; `None` if the copy has ended.
     fn chunk_copy(&self, op: OpId, data: Bytes) -> Option<(NodeId, RebuildCopy)> {
-        let Some(Op::Rebuild(chunk)) = self.ops.get(&op) else {
-            unreachable!("a rebuild chunk");
-        };
+        let chunk = &self.ops.chunks[&op];
         let copy = self.rebuild.copies.get(&(chunk.extent, chunk.node))?;
         let run = RebuildCopy {
             extent: chunk.extent,
@@ -598,7 +589,7 @@ impl Replicator {
         let Some((node, copy)) = self.chunk_copy(op, Bytes::new()) else {
             // The copy was dropped while this chunk waited (its withdrawal let an
             // earlier op go, which let this one go): nothing to send.
-            self.ops.remove(&op);
+            self.ops.chunks.remove(&op);
             return self.release(extent, op);
         };
         self.send(node, Message::RebuildProbe { op, copy });
@@ -631,9 +622,7 @@ impl Replicator {
             Err(e) => return self.finish_chunk(op, Err(e)),
         };
         let gb = self.grains.grain_blocks();
-        let Some(chunk) = self.chunk_mut(op) else {
-            unreachable!("looked up above");
-        };
+        let chunk = self.chunk_mut(op).expect("looked up above");
         let skipped = (len - (to_block - from_block)) as u64 * gb * bs;
         chunk.lba = chunk.lba.offset(from_block as u64 * gb);
         chunk.versions = chunk.versions[from_block..to_block].to_vec();
@@ -681,27 +670,24 @@ impl Replicator {
 
     /// The rebuilding replica answered chunk `op`.
     pub(super) fn rebuild_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
-        match self.ops.get(&op) {
-            Some(Op::Rebuild(Chunk {
+        match self.ops.chunks.get(&op) {
+            Some(Chunk {
                 node,
                 phase: ChunkPhase::Sent,
                 ..
-            })) if *node == from => self.finish_chunk(op, result),
+            }) if *node == from => self.finish_chunk(op, result),
             _ => tracing::warn!(%from, %op, "rebuild ack for no chunk sent there; dropped"),
         }
     }
 
     fn finish_chunk(&mut self, op: OpId, result: Result<(), WeirError>) {
-        let Some(Op::Rebuild(Chunk {
+        let Chunk {
             extent,
             node,
             lba,
             versions,
             ..
-        })) = self.ops.remove(&op)
-        else {
-            unreachable!("matched a rebuild chunk");
-        };
+        } = self.ops.chunks.remove(&op).expect("a chunk still out");
         let bs = u64::from(self.map.volume().block_size);
         let now = self.now_ns;
         if let Some(c) = self.rebuild.copies.get_mut(&(extent, node)) {

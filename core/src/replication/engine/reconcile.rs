@@ -369,14 +369,12 @@ impl Replicator {
         for (first, blocks, _) in runs {
             let lba = Lba(first);
             let op = self.op_id();
-            self.ops.insert(
-                op,
-                Op::Reconcile {
-                    extent,
-                    lba,
-                    blocks,
-                },
-            );
+            let write_back = WriteBack {
+                extent,
+                lba,
+                blocks,
+            };
+            self.ops.write_backs.insert(op, write_back);
             let lock = &mut self.primary_state(extent).lock;
             if lock.acquire(op, lba, lba.offset(blocks), Mode::Exclusive) {
                 self.run_ready(vec![op]);
@@ -428,7 +426,7 @@ impl Replicator {
     /// Start the write-back reads no device write holds up any more.
     pub(super) fn retry_reconcile_reads(&mut self) {
         for op in std::mem::take(&mut self.reconcile.deferred) {
-            if let Some(&Op::Reconcile { lba, blocks, .. }) = self.ops.get(&op) {
+            if let Some(&WriteBack { lba, blocks, .. }) = self.ops.write_backs.get(&op) {
                 self.start_reconcile_read(op, lba, blocks);
             }
         }
@@ -437,20 +435,17 @@ impl Replicator {
     /// A write-back's read finished: write the data to every replica at a new
     /// version, as a client write would be.
     pub(super) fn reconcile_read_done(&mut self, op: OpId, result: IoResult) {
-        let Some(&Op::Reconcile {
+        let &WriteBack {
             extent,
             lba,
             blocks,
-        }) = self.ops.get(&op)
-        else {
-            unreachable!("matched a reconcile op");
-        };
+        } = &self.ops.write_backs[&op];
         if matches!(result, IoResult::Failed(WeirError::Busy)) {
             // No buffer to read into now: read again at the next tick.
             self.reconcile.deferred.push(op);
             return;
         }
-        self.ops.remove(&op);
+        self.ops.write_backs.remove(&op);
         match result {
             IoResult::Read(data) => {
                 // The version of the data read: the oldest of its blocks' (a run
@@ -461,8 +456,8 @@ impl Replicator {
                     .min()
                     .unwrap_or_default();
                 let origin = (self.me, RequestId(data_version.0));
-                self.ops
-                    .insert(op, Op::write(origin, extent, lba, data, false));
+                let write = WriteOp::new(origin, extent, lba, data, false);
+                self.ops.writes.insert(op, write);
                 self.start_write(op);
             }
             IoResult::Failed(e) => {

@@ -52,16 +52,13 @@ impl Replicator {
     /// A primary's client read `op` failed with a media error: repair instead, still
     /// holding its lock, and answer the client from the copy.
     pub(super) fn repair_read(&mut self, op: OpId, error: WeirError) {
-        let Some(Op::Read {
+        let ReadOp {
             client,
             req,
             extent,
             lba,
             blocks,
-        }) = self.ops.remove(&op)
-        else {
-            unreachable!("a read failed");
-        };
+        } = self.ops.reads.remove(&op).expect("a read failed");
         tracing::warn!(%extent, %lba, blocks, %error, "media error on a read; fetching from a replica");
         let repair = Repair {
             extent,
@@ -75,7 +72,7 @@ impl Replicator {
             error,
             writing: false,
         };
-        self.ops.insert(op, Op::Repair(repair));
+        self.ops.repairs.insert(op, repair);
         self.ask_next_peer(op);
     }
 
@@ -107,7 +104,7 @@ impl Replicator {
             error,
             writing: false,
         };
-        self.ops.insert(op, Op::Repair(repair));
+        self.ops.repairs.insert(op, repair);
         if !primary {
             return self.ask_next_peer(op);
         }
@@ -119,7 +116,7 @@ impl Replicator {
 
     /// Ask the next peer for repair `op`'s blocks, or give up if none is left.
     pub(super) fn ask_next_peer(&mut self, op: OpId) {
-        let Some(Op::Repair(r)) = self.ops.get(&op) else {
+        let Some(r) = self.ops.repairs.get(&op) else {
             return;
         };
         let placement = self.map.extent(r.extent);
@@ -143,7 +140,7 @@ impl Replicator {
             lba: r.lba,
             blocks: r.blocks as u32,
         };
-        if let Some(Op::Repair(r)) = self.ops.get_mut(&op) {
+        if let Some(r) = self.ops.repairs.get_mut(&op) {
             r.tried.push(peer);
             r.asked_ns = self.now_ns;
         }
@@ -151,7 +148,7 @@ impl Replicator {
     }
 
     fn give_up_repair(&mut self, op: OpId) {
-        let Some(Op::Repair(r)) = self.ops.remove(&op) else {
+        let Some(r) = self.ops.repairs.remove(&op) else {
             return;
         };
         tracing::warn!(extent = %r.extent, lba = %r.lba, "no peer could supply the blocks; not repaired");
@@ -168,10 +165,10 @@ impl Replicator {
         let (now, timeout_ns) = (self.now_ns, self.config.replica_timeout_ns);
         let stale: Vec<OpId> = self
             .ops
+            .repairs
             .iter()
-            .filter(|(_, o)| {
-                matches!(o, Op::Repair(r) if !r.writing && !r.tried.is_empty()
-                    && now.saturating_sub(r.asked_ns) >= timeout_ns)
+            .filter(|(_, r)| {
+                !r.writing && !r.tried.is_empty() && now.saturating_sub(r.asked_ns) >= timeout_ns
             })
             .map(|(&op, _)| op)
             .collect();
@@ -199,14 +196,14 @@ impl Replicator {
             // An in-sync replica asks its primary: answered under a shared lock.
             Ok(FetchRole::Primary) => {
                 let mine = self.op_id();
-                let fetch = Op::Fetch {
+                let fetch = FetchOp {
                     to: from,
                     remote: op,
                     extent,
                     lba,
                     blocks,
                 };
-                self.ops.insert(mine, fetch);
+                self.ops.fetches.insert(mine, fetch);
                 let lock = &mut self.primary_state(extent).lock;
                 if lock.acquire(mine, lba, lba.offset(blocks), Mode::Shared) {
                     self.run_ready(vec![mine]);
@@ -272,12 +269,9 @@ impl Replicator {
     /// A primary's answer to a replica's fetch finished its read: answer, then
     /// let go of the range (so the answer goes before any later write).
     pub(super) fn fetch_read_done(&mut self, op: OpId, result: IoResult) {
-        let Some(Op::Fetch {
+        let FetchOp {
             to, remote, extent, ..
-        }) = self.ops.remove(&op)
-        else {
-            unreachable!("matched a fetch");
-        };
+        } = self.ops.fetches.remove(&op).expect("a fetch read");
         let result = io_data(result);
         self.send(to, Message::fetched(remote, result));
         self.unlock(extent, op);
@@ -286,7 +280,7 @@ impl Replicator {
     /// A peer answered repair `op`.
     pub(super) fn fetched(&mut self, from: NodeId, op: OpId, result: Result<Bytes, WeirError>) {
         let bs = self.map.volume().block_size as usize;
-        let Some(Op::Repair(r)) = self.ops.get_mut(&op) else {
+        let Some(r) = self.ops.repairs.get_mut(&op) else {
             return tracing::debug!(%from, %op, "blocks for no repair; dropped");
         };
         if r.writing || r.tried.last() != Some(&from) {
@@ -323,9 +317,7 @@ impl Replicator {
 
     /// Repair `op`'s write-back finished.
     pub(super) fn repair_written(&mut self, op: OpId, result: IoResult) {
-        let Some(Op::Repair(r)) = self.ops.remove(&op) else {
-            unreachable!("matched a repair");
-        };
+        let r = self.ops.repairs.remove(&op).expect("a repair's write-back");
         match io_unit(result) {
             Ok(()) => {
                 let from = r.tried.last().copied().expect("a peer answered");

@@ -17,6 +17,11 @@ impl Replicator {
         data: Bytes,
         fua: bool,
     ) {
+        if data.is_empty() && origin.0 .0 >= crate::front_end::FRONT_END_ID_BASE {
+            // The node took no data from its front end for it (see `front_end`).
+            let result = Err(WeirError::PayloadNotHeld);
+            return self.send(primary, Message::ReplicaWriteAck { op, result });
+        }
         let checked = self.check_replica_write(primary, extent, epoch, lba, &data);
         let result = checked.and_then(|blocks| self.grains.claim(lba, blocks, version, prev));
         if let Err(e) = result {

@@ -97,9 +97,11 @@ impl Replicator {
         self.scrub.reading = false;
         self.scrub.bytes += blocks * u64::from(self.map.volume().block_size);
         if let IoResult::Failed(e @ WeirError::Device(DevError::Media(_))) = result {
-            let repairing = self.ops.values().any(|op| {
-                matches!(op, Op::Repair(r) if r.lba.0 < lba.0 + blocks && lba.0 < r.lba.0 + r.blocks)
-            });
+            let repairing = self
+                .ops
+                .repairs
+                .values()
+                .any(|r| r.lba.0 < lba.0 + blocks && lba.0 < r.lba.0 + r.blocks);
             if repairing {
                 // Found on an earlier pass; that repair is under way.
                 return self.scrub_tick();

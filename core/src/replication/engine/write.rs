@@ -8,31 +8,19 @@ impl Replicator {
     /// Issue device write `io` once no earlier write to overlapping blocks is still
     /// on the device.
     pub(super) fn write_device(&mut self, io: IoId, cmd: IoCmd) {
-        let IoCmd::Write { lba, data, .. } = &cmd else {
+        let IoCmd::Write { data, .. } = &cmd else {
             panic!("{io:?} is not a write");
         };
-        let (lba, blocks) = (*lba, self.blocks_of(data));
-        for g in self.grains.touched(lba, blocks) {
-            *self.grains_writing.entry(g).or_default() += 1;
-        }
-        let before = self.device_writes.insert(io, (lba, blocks));
-        assert!(before.is_none(), "{io:?} issued twice");
-        if self
-            .device_lock
-            .acquire(OpId(io.0), lba, lba.offset(blocks), Mode::Exclusive)
-        {
+        let blocks = self.blocks_of(data);
+        if let Some(cmd) = self.writes.submit(io, blocks, cmd) {
             self.actions.push_back(Action::Io { io, cmd });
-        } else {
-            self.deferred.insert(io, cmd);
         }
     }
 
     /// Whether a device write to any of `[lba, lba + blocks)` is in flight here:
     /// its versions are claimed already, and a failed one breaks their grains.
     pub(super) fn writing_to(&self, lba: Lba, blocks: u64) -> bool {
-        self.device_writes
-            .values()
-            .any(|&(l, n)| l.0 < lba.0 + blocks && lba.0 < l.0 + n)
+        self.writes.writing_to(lba, blocks)
     }
 
     /// Start `ready` ops (they hold their range locks), and any that become ready
@@ -47,70 +35,86 @@ impl Replicator {
     /// `op` holds its range lock: issue its I/O, unless the lease ran out while it
     /// queued; then fail it and return the ops its lock release makes ready.
     pub(super) fn start(&mut self, op: OpId) -> Vec<OpId> {
-        let extent = match self.ops.get(&op) {
-            Some(Op::Write { extent, .. } | Op::Read { extent, .. }) => *extent,
-            Some(Op::Rebuild(_)) => {
-                // A copy reads the primary's own data for a replica that checks the
-                // epoch itself: no lease needed. First the replica is asked which
-                // blocks it lacks.
-                return self.probe_chunk(op);
-            }
-            Some(Op::Repair(_)) => {
+        match self.ops.kind(op) {
+            Some(Kind::Write) => self.start_client_write(op),
+            Some(Kind::Read) => self.start_read(op),
+            // A copy reads the primary's own data for a replica that checks the
+            // epoch itself: no lease needed. First the replica is asked which
+            // blocks it lacks.
+            Some(Kind::Rebuild) => self.probe_chunk(op),
+            Some(Kind::Repair) => {
                 self.ask_next_peer(op);
-                return Vec::new();
+                Vec::new()
             }
-            Some(&Op::Fetch { lba, blocks, .. }) => {
-                let io = self.io(IoPurpose::Op(op));
-                let cmd = IoCmd::Read { lba, blocks };
-                self.actions.push_back(Action::Io { io, cmd });
-                return Vec::new();
-            }
-            Some(&Op::Reconcile { lba, blocks, .. }) => {
-                self.start_reconcile_read(op, lba, blocks);
-                return Vec::new();
-            }
-            Some(Op::Flush { .. }) => panic!("{op} cannot be started"),
-            None => return Vec::new(),
-        };
-        let refused = self.may_serve(extent).and_then(|()| {
-            // A write may not widen the replicas' uncertain tails past what they
-            // keep (see `reconcile`): it waits for the oldest to be answered.
-            match self.ops.get(&op) {
-                Some(Op::Write { .. }) if !self.tail_has_room(extent) => Err(WeirError::Busy),
-                _ => Ok(()),
-            }
-        });
-        if let Err(e) = refused {
-            let Some(Op::Write { client, req, .. } | Op::Read { client, req, .. }) =
-                self.ops.remove(&op)
-            else {
-                unreachable!("matched above");
-            };
-            self.fail(client, req, e);
-            return self.release(extent, op);
-        }
-        match self.ops.get(&op) {
-            Some(&Op::Write {
-                client, req, lba, ..
-            }) if self.superseded(client, req, lba) => {
-                // Answered as done: it took effect before the writes that
-                // overwrote it (see `applied`). It holds the range lock, so none of
-                // those is still in flight here.
-                self.ops.remove(&op);
-                self.reply(client, req, Ok(Message::WriteOk { req }));
-                return self.release(extent, op);
-            }
-            Some(Op::Write { .. }) => self.start_write(op),
-            Some(Op::Read { lba, blocks, .. }) => {
+            Some(Kind::Fetch) => {
+                let f = &self.ops.fetches[&op];
                 let cmd = IoCmd::Read {
-                    lba: *lba,
-                    blocks: *blocks,
+                    lba: f.lba,
+                    blocks: f.blocks,
                 };
                 let io = self.io(IoPurpose::Op(op));
                 self.actions.push_back(Action::Io { io, cmd });
+                Vec::new()
             }
-            _ => unreachable!("matched above"),
+            Some(Kind::WriteBack) => {
+                let w = &self.ops.write_backs[&op];
+                let (lba, blocks) = (w.lba, w.blocks);
+                self.start_reconcile_read(op, lba, blocks);
+                Vec::new()
+            }
+            Some(Kind::Flush) => panic!("{op} cannot be started"),
+            // Failed by a map change while it waited.
+            None => Vec::new(),
         }
+    }
+
+    /// Write `op` holds its range lock: send it out, unless it may not be served
+    /// now or was superseded (then answered at once).
+    fn start_client_write(&mut self, op: OpId) -> Vec<OpId> {
+        let w = &self.ops.writes[&op];
+        let (client, req, extent, lba) = (w.client, w.req, w.extent, w.lba);
+        // A write may not widen the replicas' uncertain tails past what they keep
+        // (see `reconcile`): it waits for the oldest to be answered.
+        let refused = self.may_serve(extent).and_then(|()| {
+            if self.tail_has_room(extent) {
+                Ok(())
+            } else {
+                Err(WeirError::Busy)
+            }
+        });
+        if let Err(e) = refused {
+            self.ops.writes.remove(&op);
+            self.fail(client, req, e);
+            return self.release(extent, op);
+        }
+        if self.superseded(client, req, lba) {
+            // Answered as done: it took effect before the writes that overwrote
+            // it (see `applied`). It holds the range lock, so none of those is
+            // still in flight here.
+            self.ops.writes.remove(&op);
+            self.reply(client, req, Ok(Message::WriteOk { req }));
+            return self.release(extent, op);
+        }
+        self.start_write(op);
+        Vec::new()
+    }
+
+    /// Read `op` holds its range lock: read the device, unless it may not be
+    /// served now.
+    fn start_read(&mut self, op: OpId) -> Vec<OpId> {
+        let r = &self.ops.reads[&op];
+        let (client, req, extent) = (r.client, r.req, r.extent);
+        let cmd = IoCmd::Read {
+            lba: r.lba,
+            blocks: r.blocks,
+        };
+        if let Err(e) = self.may_serve(extent) {
+            self.ops.reads.remove(&op);
+            self.fail(client, req, e);
+            return self.release(extent, op);
+        }
+        let io = self.io(IoPurpose::Op(op));
+        self.actions.push_back(Action::Io { io, cmd });
         Vec::new()
     }
 
@@ -120,10 +124,15 @@ impl Replicator {
         let settled = self.settled(extent);
         let blocks = self.blocks_of(&data);
         let prev = self.grains.prev(lba, blocks);
-        if let Some(Op::Write { version: v, .. }) = self.ops.get_mut(&op) {
-            *v = version;
-        }
         let placement = self.map.extent(extent).clone();
+        let sent = Forwarded {
+            epoch: placement.epoch,
+            prev,
+            settled,
+        };
+        let w = self.ops.writes.get_mut(&op).expect("a write being started");
+        w.version = version;
+        w.sent = Some(sent);
         let forward = self.forward_to(&placement);
         self.expect_acks(op, extent, &placement, &forward);
         self.note_write(
@@ -143,43 +152,41 @@ impl Replicator {
             },
         );
         for to in forward {
-            let msg = Message::ReplicaWrite {
-                op,
-                extent,
-                epoch: placement.epoch,
-                version,
-                prev,
-                settled,
-                origin: (client, req),
-                lba,
-                data: data.clone(),
-                fua,
-            };
-            self.send(to, msg);
+            let elide =
+                self.config.front_end_payloads && client == crate::front_end::front_end_of(to);
+            self.forward_write(op, to, elide);
         }
+    }
+
+    /// Send write `op` to replica `to`, without its data if `elide` (`to` is the
+    /// node of the write's own front end, which holds the data).
+    fn forward_write(&mut self, op: OpId, to: NodeId, elide: bool) {
+        let w = &self.ops.writes[&op];
+        let sent = w.sent.expect("a write sent out");
+        assert!(to != self.me, "{op} forwarded to its own primary");
+        let msg = Message::ReplicaWrite {
+            op,
+            extent: w.extent,
+            epoch: sent.epoch,
+            version: w.version,
+            prev: sent.prev,
+            settled: sent.settled,
+            origin: (w.client, w.req),
+            lba: w.lba,
+            data: if elide { Bytes::new() } else { w.data.clone() },
+            fua: w.fua,
+        };
+        self.send(to, msg);
     }
 
     /// Mark write `op` started now; its client, request, extent, first block,
     /// data and FUA flag.
     fn begin_write(&mut self, op: OpId) -> (NodeId, RequestId, ExtentId, Lba, Bytes, bool) {
         let now_ns = self.now_ns;
-        let Some(Op::Write {
-            client,
-            req,
-            extent,
-            lba,
-            data,
-            fua,
-            acks,
-            started_ns,
-            ..
-        }) = self.ops.get_mut(&op)
-        else {
-            panic!("{op} is not a write");
-        };
-        assert!(acks.is_none(), "{op} started twice");
-        *started_ns = now_ns;
-        (*client, *req, *extent, *lba, data.clone(), *fua)
+        let w = self.ops.writes.get_mut(&op).expect("a write being started");
+        assert!(w.acks.is_none(), "{op} started twice");
+        w.started_ns = now_ns;
+        (w.client, w.req, w.extent, w.lba, w.data.clone(), w.fua)
     }
 
     /// The extent's next version, given out in order under its lock.
@@ -243,10 +250,8 @@ impl Replicator {
                 .or_default()
                 .insert(op, extent);
         }
-        let Some(Op::Write { acks: slot, .. }) = self.ops.get_mut(&op) else {
-            panic!("{op} is not a write");
-        };
-        *slot = Some(acks);
+        let w = self.ops.writes.get_mut(&op).expect("a write being started");
+        w.acks = Some(acks);
     }
 
     /// Record write `origin` of `version` to `blocks` at `lba` (`prev`: the
@@ -300,43 +305,34 @@ impl Replicator {
     }
 
     pub(super) fn local_io_done(&mut self, op: OpId, result: IoResult) {
-        match self.ops.get(&op) {
-            Some(Op::Write {
-                lba, data, version, ..
-            }) => {
+        match self.ops.kind(op) {
+            Some(Kind::Write) => {
+                let w = &self.ops.writes[&op];
                 let result = io_unit(result);
                 if result.is_ok() {
                     let fact = Audit::Persisted {
-                        lba: *lba,
-                        blocks: self.blocks_of(data),
-                        version: *version,
+                        lba: w.lba,
+                        blocks: self.blocks_of(&w.data),
+                        version: w.version,
                         at_ns: self.now_ns,
                     };
                     self.audit(fact);
                 }
                 self.write_acked(self.me, op, result)
             }
-            Some(Op::Flush { .. }) => self.flush_acked(self.me, op, io_unit(result)),
-            Some(Op::Read { .. }) => {
+            Some(Kind::Flush) => self.flush_acked(self.me, op, io_unit(result)),
+            Some(Kind::Read) => {
                 if let IoResult::Failed(e @ WeirError::Device(DevError::Media(_))) = &result {
                     return self.repair_read(op, e.clone());
                 }
-                let Some(Op::Read {
-                    client,
-                    req,
-                    extent,
-                    ..
-                }) = self.ops.remove(&op)
-                else {
-                    unreachable!("matched a read above");
-                };
-                self.reply_read(client, req, result);
-                self.unlock(extent, op);
+                let r = self.ops.reads.remove(&op).expect("a read");
+                self.reply_read(r.client, r.req, result);
+                self.unlock(r.extent, op);
             }
-            Some(Op::Rebuild(_)) => self.rebuild_read_done(op, result),
-            Some(Op::Repair(_)) => self.repair_written(op, result),
-            Some(Op::Fetch { .. }) => self.fetch_read_done(op, result),
-            Some(Op::Reconcile { .. }) => self.reconcile_read_done(op, result),
+            Some(Kind::Rebuild) => self.rebuild_read_done(op, result),
+            Some(Kind::Repair) => self.repair_written(op, result),
+            Some(Kind::Fetch) => self.fetch_read_done(op, result),
+            Some(Kind::WriteBack) => self.reconcile_read_done(op, result),
             // The op was failed by a map change while its I/O ran.
             None => tracing::debug!(%op, "completion for an op already failed"),
         }
@@ -344,18 +340,26 @@ impl Replicator {
 
     /// One replica (or the local device) reported on write `op`.
     pub(super) fn write_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
-        if self.rebuild_replica_acked(from, op, result.is_err()) && !self.ops.contains_key(&op) {
+        if self.rebuild_replica_acked(from, op, result.is_err()) && !self.ops.contains(op) {
             return; // A rebuilding replica's late ack of a finished write.
         }
-        let Some(Op::Write {
+        let Some(WriteOp {
             acks: Some(acks),
             extent,
             ..
-        }) = self.ops.get_mut(&op)
+        }) = self.ops.writes.get_mut(&op)
         else {
             tracing::warn!(%from, %op, "ack for no running write; dropped");
             return;
         };
+        if from != self.me
+            && result == Err(WeirError::PayloadNotHeld)
+            && (acks.waiting.contains(&from) || acks.extra.contains(&from))
+        {
+            // Sent without its data to the node of its front end, which no longer
+            // holds it: sent again, whole. Still waited for, as before.
+            return self.forward_write(op, from, false);
+        }
         if from != self.me
             && matches!(result, Err(WeirError::Device(_)))
             && acks.waiting.contains(&from)
@@ -378,7 +382,7 @@ impl Replicator {
 
     /// Every in-sync replica has answered write `op`: reply and release its range.
     pub(super) fn finish_write(&mut self, op: OpId, outcome: Result<(), WeirError>) {
-        let Some(Op::Write {
+        let WriteOp {
             client,
             req,
             extent,
@@ -386,10 +390,7 @@ impl Replicator {
             data,
             version,
             ..
-        }) = self.ops.remove(&op)
-        else {
-            unreachable!("matched a write above");
-        };
+        } = self.ops.writes.remove(&op).expect("a running write");
         if outcome.is_ok() {
             let placement = self.map.extent(extent);
             let fact = Audit::Acked {
@@ -415,16 +416,14 @@ impl Replicator {
     }
 
     pub(super) fn flush_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
-        let Some(Op::Flush { acks, .. }) = self.ops.get_mut(&op) else {
+        let Some(FlushOp { acks, .. }) = self.ops.flushes.get_mut(&op) else {
             tracing::warn!(%from, %op, "ack for no running flush; dropped");
             return;
         };
         let Some(outcome) = acks.count(from, op, result) else {
             return;
         };
-        let Some(Op::Flush { client, req, .. }) = self.ops.remove(&op) else {
-            unreachable!("matched a flush above");
-        };
+        let FlushOp { client, req, .. } = self.ops.flushes.remove(&op).expect("found above");
         self.reply(client, req, outcome.map(|()| Message::FlushOk { req }));
     }
 
