@@ -274,11 +274,12 @@ impl Replicator {
     /// Check the engine's own bookkeeping; panics on a broken invariant. The node
     /// runs it after every step in debug builds (the simulator's and the tests'):
     /// - the device writes in flight are in order (their owner's own check);
-    /// - the op tables are consistent (their own check);
+    /// - the op tables and the checkpoints are consistent (their own checks);
     /// - every io id was handed out.
     pub fn self_check(&self) {
         self.writes.self_check();
         self.ops.self_check(self.next_op);
+        self.checkpoint.self_check();
         if let Some((io, _)) = self.ios.last_key_value() {
             assert!(io.0 <= self.next_io, "{io:?} not handed out");
         }

@@ -62,6 +62,133 @@ pub(super) struct Checkpoints {
     again: bool,
 }
 
+impl Checkpoints {
+    /// The last write in flight to grain `g` completed: the device holds
+    /// `version` there now (not yet durable for sure).
+    fn completed(&mut self, g: u64, version: Version) {
+        self.dirty.insert(g, version);
+    }
+
+    /// Grain `g`'s contents are unknown (a write to it failed): forget it, in
+    /// the next checkpoint and in the one in flight, which must not write it.
+    fn forget(&mut self, g: u64) {
+        self.dirty.insert(g, Version(0));
+        if let Some((_, pending, _)) = &mut self.pending {
+            pending.remove(&g);
+        }
+    }
+
+    /// Whether a checkpoint is due at `now_ns`: none in flight, the interval
+    /// passed, and something to write (a first, full one always has).
+    fn due(&self, now_ns: u64) -> bool {
+        self.pending.is_none() && now_ns >= self.next_ns && !(self.based && self.dirty.is_empty())
+    }
+
+    /// Whether the next checkpoint must be full: the first since the start, or
+    /// the deltas since the last full one have outgrown it.
+    fn next_is_full(&self) -> bool {
+        !self.based || self.delta_runs > 2 * self.full_runs + FULL_SLACK_RUNS
+    }
+
+    /// Checkpoint `flush` is taken, of `versions` (the dirty ones if `None`):
+    /// its flush goes to the device now; the next is due `every_ns` after `now_ns`.
+    fn take(
+        &mut self,
+        flush: IoId,
+        all: Option<BTreeMap<u64, Version>>,
+        now_ns: u64,
+        every_ns: u64,
+    ) {
+        assert!(self.pending.is_none(), "one checkpoint at a time");
+        let dirty = std::mem::take(&mut self.dirty);
+        let full = all.is_some();
+        self.pending = Some((flush, all.unwrap_or(dirty), full));
+        self.taken += 1;
+        self.next_ns = now_ns + every_ns;
+    }
+
+    /// The flush of the checkpoint in flight finished: its versions and whether
+    /// it is full, if `io` was that flush.
+    fn flushed(&mut self, io: IoId) -> Option<(BTreeMap<u64, Version>, bool)> {
+        let (flush, versions, full) = self.pending.take()?;
+        assert_eq!(flush, io, "one checkpoint at a time");
+        Some((versions, full))
+    }
+
+    /// The flush of a delta failed: its versions are taken again next time,
+    /// unless a later completion or forget replaced them.
+    fn put_back(&mut self, versions: BTreeMap<u64, Version>) {
+        for (g, v) in versions {
+            self.dirty.entry(g).or_insert(v);
+        }
+    }
+
+    /// A checkpoint of `runs` runs (full or a delta) whose versions cover
+    /// `blocks` blocks is written down (a delta of no runs is not written).
+    fn written(&mut self, runs: usize, full: bool, blocks: u64) {
+        if full {
+            self.based = true;
+            self.full_runs = runs;
+            self.delta_runs = 0;
+        } else {
+            self.delta_runs += runs;
+        }
+        if runs > 0 || full {
+            self.written += 1;
+            self.blocks_written += blocks;
+        }
+    }
+
+    /// Forgotten grains were written down at once, in `runs` runs: counted like
+    /// a delta's, so a device that keeps failing writes still gets its file
+    /// compacted.
+    fn forgotten(&mut self, runs: usize) {
+        self.delta_runs += runs;
+    }
+
+    /// A checkpoint is asked for now: `Some` of its number if one is in flight
+    /// (it was taken before now: the next one, taken when it ends, covers now);
+    /// `None` if one may be taken at once.
+    fn ask(&mut self) -> Option<u64> {
+        self.pending.is_some().then(|| {
+            self.again = true;
+            self.taken + 1
+        })
+    }
+
+    /// The checkpoint in flight finished (written, or failed); whether another
+    /// was asked for meanwhile.
+    fn finish(&mut self) -> bool {
+        self.finished += 1;
+        std::mem::take(&mut self.again)
+    }
+
+    /// One asked for cannot be taken (the device is gone): it counts as taken
+    /// and finished, so whoever waits for it is answered.
+    fn skip(&mut self) {
+        self.taken += 1;
+        self.finished += 1;
+    }
+
+    /// Check the bookkeeping; panics on a broken invariant.
+    pub(super) fn self_check(&self) {
+        assert!(self.finished <= self.taken, "finished more than taken");
+        assert_eq!(
+            self.taken - self.finished,
+            u64::from(self.pending.is_some()),
+            "checkpoints in flight"
+        );
+        assert!(
+            self.pending.is_some() || !self.again,
+            "again without one in flight"
+        );
+        assert!(
+            self.based || self.full_runs == 0,
+            "runs of no full checkpoint"
+        );
+    }
+}
+
 impl Replicator {
     /// Restart from checkpointed `versions`, by first block of each grain (see
     /// `versions::replay`): each is a lower bound on what the device holds for
@@ -116,21 +243,16 @@ impl Replicator {
             if !ok {
                 self.grains.break_grain(g);
                 if enabled {
-                    self.checkpoint.dirty.insert(g, Version(0));
-                    if let Some((_, pending, _)) = &mut self.checkpoint.pending {
-                        pending.remove(&g);
-                    }
+                    self.checkpoint.forget(g);
                     forgotten.insert(g, Version(0));
                 }
             } else if enabled && done.idle.contains(&g) {
-                self.checkpoint.dirty.insert(g, self.grains.get(g).held());
+                self.checkpoint.completed(g, self.grains.get(g).held());
             }
         }
         if !forgotten.is_empty() {
             let runs = self.grain_runs(&forgotten);
-            // Counted like a delta's, so a device that keeps failing writes still
-            // gets its file compacted.
-            self.checkpoint.delta_runs += runs.len();
+            self.checkpoint.forgotten(runs.len());
             self.actions
                 .push_back(Action::Checkpoint { runs, full: false });
         }
@@ -153,10 +275,8 @@ impl Replicator {
         if self.config.checkpoint_every_ns == 0 || self.device_gone {
             return None;
         }
-        if self.checkpoint.pending.is_some() {
-            // That one was taken before now: the next one covers now.
-            self.checkpoint.again = true;
-            return Some(self.checkpoint.taken + 1);
+        if let Some(next) = self.checkpoint.ask() {
+            return Some(next);
         }
         self.take_checkpoint();
         Some(self.checkpoint.taken)
@@ -169,38 +289,27 @@ impl Replicator {
 
     /// Take a checkpoint if one is due.
     pub(super) fn checkpoint_tick(&mut self) {
-        let every = self.config.checkpoint_every_ns;
-        let c = &self.checkpoint;
-        if every == 0
-            || self.device_gone
-            || c.pending.is_some()
-            || self.now_ns < c.next_ns
-            || (c.based && c.dirty.is_empty())
-        {
+        if self.config.checkpoint_every_ns == 0 || self.device_gone {
             return;
         }
-        self.take_checkpoint();
+        if self.checkpoint.due(self.now_ns) {
+            self.take_checkpoint();
+        }
     }
 
     /// Take the dirty versions (or all of them, for a full checkpoint) and issue
     /// the flush that makes them durable.
     fn take_checkpoint(&mut self) {
-        let c = &self.checkpoint;
-        let full = !c.based || c.delta_runs > 2 * c.full_runs + FULL_SLACK_RUNS;
-        let dirty = std::mem::take(&mut self.checkpoint.dirty);
-        let versions = if full {
+        let all = self.checkpoint.next_is_full().then(|| {
             self.grains
                 .written(0, u64::MAX)
                 .filter(|(g, s)| s.whole && !self.writes.grain_busy(*g))
                 .map(|(g, s)| (g, s.version))
                 .collect()
-        } else {
-            dirty
-        };
+        });
         let io = self.io(IoPurpose::Checkpoint);
-        self.checkpoint.pending = Some((io, versions, full));
-        self.checkpoint.taken += 1;
-        self.checkpoint.next_ns = self.now_ns + self.config.checkpoint_every_ns;
+        let every = self.config.checkpoint_every_ns;
+        self.checkpoint.take(io, all, self.now_ns, every);
         self.actions.push_back(Action::Io {
             io,
             cmd: IoCmd::Flush,
@@ -209,18 +318,13 @@ impl Replicator {
 
     /// The flush of the checkpoint in flight finished.
     pub(super) fn checkpoint_flushed(&mut self, io: IoId, result: IoResult) {
-        let Some((flush, versions, full)) = self.checkpoint.pending.take() else {
+        let Some((versions, full)) = self.checkpoint.flushed(io) else {
             return;
         };
-        debug_assert_eq!(flush, io, "one checkpoint at a time");
         self.write_checkpoint(versions, full, result);
-        self.checkpoint.finished += 1;
-        if std::mem::take(&mut self.checkpoint.again) {
+        if self.checkpoint.finish() {
             if self.device_gone {
-                // The one asked for cannot be taken: it counts as finished, so
-                // whoever waits for it is answered.
-                self.checkpoint.taken += 1;
-                self.checkpoint.finished += 1;
+                self.checkpoint.skip();
             } else {
                 self.take_checkpoint();
             }
@@ -238,28 +342,73 @@ impl Replicator {
         if let Err(e) = io_unit(flushed) {
             tracing::warn!(error = %e, "checkpoint flush failed; versions kept for the next");
             if !full {
-                for (b, v) in versions {
-                    // A later completion or forget is newer than what was taken.
-                    self.checkpoint.dirty.entry(b).or_insert(v);
-                }
+                self.checkpoint.put_back(versions);
             }
             return;
         }
         let runs: Vec<VersionRun> = self.grain_runs(&versions);
-        let c = &mut self.checkpoint;
-        if full {
-            c.based = true;
-            c.full_runs = runs.len();
-            c.delta_runs = 0;
-        } else {
-            c.delta_runs += runs.len();
-        }
+        let blocks = versions.len() as u64 * self.grains.grain_blocks();
+        self.checkpoint.written(runs.len(), full, blocks);
         if runs.is_empty() && !full {
             // Everything taken was forgotten since (or nothing was dirty).
             return;
         }
-        c.written += 1;
-        c.blocks_written += versions.len() as u64 * self.grains.grain_blocks();
         self.actions.push_back(Action::Checkpoint { runs, full });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_takes_what_completed_and_a_failed_delta_puts_it_back() {
+        let mut c = Checkpoints::default();
+        assert!(c.due(0) && c.next_is_full(), "the first one is full");
+        let all = BTreeMap::from([(0, Version(5)), (1, Version(6))]);
+        c.take(IoId(1), Some(all.clone()), 0, 100);
+        c.self_check();
+        assert!(!c.due(1_000), "one at a time");
+        assert_eq!(c.ask(), Some(2), "the next one covers now");
+        // A write to grain 1 fails while the flush runs: not written back.
+        c.forget(1);
+        c.completed(2, Version(7));
+        let (versions, full) = c.flushed(IoId(1)).expect("in flight");
+        assert!(full);
+        assert_eq!(versions, BTreeMap::from([(0, Version(5))]));
+        c.written(1, true, 4);
+        assert!(c.finish(), "another was asked for");
+        assert!(!c.next_is_full());
+        c.take(IoId(2), None, 50, 100);
+        let (delta, full) = c.flushed(IoId(2)).expect("in flight");
+        assert!(!full);
+        assert_eq!(delta, BTreeMap::from([(1, Version(0)), (2, Version(7))]));
+        // Its flush failed, and grain 2 completed again since: the newer stays.
+        c.completed(2, Version(8));
+        c.put_back(delta);
+        assert!(!c.finish());
+        c.self_check();
+        assert!(!c.due(149) && c.due(150), "the interval");
+        c.take(IoId(3), None, 150, 100);
+        let (delta, _) = c.flushed(IoId(3)).expect("in flight");
+        assert_eq!(delta, BTreeMap::from([(1, Version(0)), (2, Version(8))]));
+        c.written(0, false, 0);
+        c.finish();
+        assert_eq!((c.taken, c.finished, c.written), (3, 3, 1));
+        c.self_check();
+    }
+
+    #[test]
+    fn deltas_that_outgrow_the_full_checkpoint_make_the_next_one_full() {
+        let mut c = Checkpoints::default();
+        c.written(10, true, 40);
+        assert!(!c.next_is_full());
+        c.forgotten(FULL_SLACK_RUNS);
+        c.written(20, false, 80);
+        assert!(!c.next_is_full(), "{} runs of deltas", c.delta_runs);
+        c.written(1, false, 4);
+        assert!(c.next_is_full());
+        c.written(12, true, 48);
+        assert!(!c.next_is_full(), "a full one starts the count again");
     }
 }
