@@ -274,12 +274,36 @@ impl Replicator {
     /// Check the engine's own bookkeeping; panics on a broken invariant. The node
     /// runs it after every step in debug builds (the simulator's and the tests'):
     /// - the device writes in flight are in order (their owner's own check);
-    /// - the op tables and the checkpoints are consistent (their own checks);
+    /// - the op tables, checkpoints and reconciliations are consistent (their
+    ///   own checks), and so is each led extent's range lock;
+    /// - a led extent's unanswered versions are those of its writes running;
     /// - every io id was handed out.
     pub fn self_check(&self) {
         self.writes.self_check();
         self.ops.self_check(self.next_op);
         self.checkpoint.self_check();
+        self.reconcile.self_check();
+        // The versions a primary has not answered yet are exactly those of its
+        // writes sent out and not finished.
+        let mut started: BTreeMap<ExtentId, std::collections::BTreeSet<Version>> = BTreeMap::new();
+        for w in self.ops.writes.values().filter(|w| w.acks.is_some()) {
+            started.entry(w.extent).or_default().insert(w.version);
+        }
+        for (extent, state) in &self.primary {
+            state.lock.self_check();
+            let unanswered = started.remove(extent).unwrap_or_default();
+            assert_eq!(
+                unanswered, state.unsettled,
+                "{extent}'s unanswered versions"
+            );
+            if let Some(newest) = state.unsettled.last() {
+                assert!(
+                    *newest <= state.last_version,
+                    "{extent} answers a version not given"
+                );
+            }
+        }
+        assert!(started.is_empty(), "writes running for extents not led");
         if let Some((io, _)) = self.ios.last_key_value() {
             assert!(io.0 <= self.next_io, "{io:?} not handed out");
         }

@@ -34,6 +34,10 @@ impl Replicator {
         if self.ops.len() >= MAX_OPS_IN_FLIGHT {
             return Err(WeirError::Busy);
         }
+        debug_assert!(
+            self.now_ns < self.lease_end() && lba.offset(blocks) <= self.map.extent_end(extent),
+            "admitted past the lease or the extent"
+        );
         Ok(extent)
     }
 

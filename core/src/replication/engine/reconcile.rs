@@ -84,6 +84,47 @@ struct Run {
 
 use std::collections::BTreeSet;
 
+impl Reconciler {
+    /// Check the bookkeeping; panics on a broken invariant:
+    /// - a tail is never empty (an empty one is forgotten), keeps at most
+    ///   [`TAIL_MAX`] writes, and each names at least one block;
+    /// - a reconciliation in progress is for a reign not reconciled yet, and
+    ///   writes back only once no tail is waited for;
+    /// - a write-back waits for a device write once at most.
+    pub(super) fn self_check(&self) {
+        for (extent, tail) in &self.tails {
+            assert!(!tail.is_empty(), "an empty tail of {extent} kept");
+            assert!(
+                tail.len() <= TAIL_MAX,
+                "the tail of {extent} past its bound"
+            );
+            assert!(
+                tail.values().all(|&(_, n)| n > 0),
+                "a write of nothing in a tail"
+            );
+        }
+        for (extent, run) in &self.running {
+            assert_ne!(
+                self.done.get(extent),
+                Some(&run.reign),
+                "{extent} reconciled twice"
+            );
+            assert!(
+                run.pushes_left.is_none() || run.waiting.is_empty(),
+                "{extent} written back before every tail arrived"
+            );
+        }
+        let mut deferred = self.deferred.clone();
+        deferred.sort_unstable();
+        deferred.dedup();
+        assert_eq!(
+            deferred.len(),
+            self.deferred.len(),
+            "a write-back deferred twice"
+        );
+    }
+}
+
 impl Replicator {
     /// Take the reigns of `map` as already reconciled or seen (the map a node
     /// starts with: nothing was in flight before it).

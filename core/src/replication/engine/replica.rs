@@ -48,6 +48,10 @@ impl Replicator {
             version,
         });
         self.write_device(io, IoCmd::Write { lba, data, fua });
+        debug_assert!(
+            self.writing_to(lba, blocks),
+            "a replica write not in flight"
+        );
     }
 
     pub(super) fn check_replica_write(

@@ -156,6 +156,10 @@ impl Replicator {
                 self.config.front_end_payloads && client == crate::front_end::front_end_of(to);
             self.forward_write(op, to, elide);
         }
+        debug_assert!(
+            self.primary[&extent].unsettled.contains(&version) && self.writing_to(lba, blocks),
+            "{op} sent out but not unanswered or not on the device"
+        );
     }
 
     /// Send write `op` to replica `to`, without its data if `elide` (`to` is the
