@@ -242,7 +242,7 @@ impl<T: Transport> Volume<T> {
             let Ok(Message::MapState { state, .. }) = reply else {
                 continue;
             };
-            let state = match crate::control::plane::decode_state(&state) {
+            let state = match crate::control::state::ClusterState::decode(&state) {
                 Ok(state) => state,
                 Err(e) => {
                     tracing::warn!(%node, error = %e, "undecodable map");
@@ -283,7 +283,10 @@ impl<T: Transport> Volume<T> {
             // Every attempt of this write carries the same request id.
             let req = self.new_request();
             // Held until the write is answered or given up (the guard drops).
-            let _held = self.held.as_ref().and_then(|h| h.hold(req, chunk.clone()));
+            let _held = match &self.held {
+                Some(held) => Some(held.hold(req, start, chunk.clone()).await),
+                None => None,
+            };
             self.with_retry(|map| {
                 let chunk = chunk.clone();
                 async move {

@@ -2,26 +2,34 @@
 //!
 //! The front end of node `n` is a client with the id [`front_end_of`]`(n)`, in
 //! `n`'s process. When it writes to an extent whose primary is another node and
-//! `n` holds a replica, the primary would send the data straight back to `n` as a
-//! replica write: a second receive of the same bytes on `n`. Instead the front
-//! end keeps each write's payload in [`HeldPayloads`] until the write is answered,
-//! the primary (with [`crate::replication::ReplicationConfig::front_end_payloads`])
-//! sends `n` the replica write without its payload, and `n`'s node takes the data
-//! from the front end's memory. A replica write whose payload is not held (the
-//! front end gave up on the request, or was full) is answered
-//! [`crate::WeirError::PayloadNotHeld`], and the primary sends it again in full.
+//! `n` holds an in-sync replica, the primary would send the data straight back to
+//! `n` as a replica write: a second receive of the same bytes on `n`. Instead the
+//! front end holds each write's payload in [`HeldPayloads`] until the write is
+//! answered (or given up), the primary (with
+//! [`crate::replication::ReplicationConfig::front_end_payloads`]) sends `n` the
+//! replica write with an empty payload, and `n`'s node takes the data from the
+//! front end's memory.
+//!
+//! The client's answer waits for every in-sync replica, so the payload is still
+//! held when an in-sync replica's write arrives, unless the client gave the
+//! request up (its retry budget ran out) or the replica left the in-sync set
+//! meanwhile. Such a replica answers [`crate::WeirError::PayloadNotHeld`], and the
+//! primary has it dropped from the in-sync set, as for a device that failed the
+//! write: it rebuilds. (Sending the data again instead could land it after a later
+//! write to the same grain.) Rebuilding replicas always get the data.
 
-use crate::ids::{NodeId, RequestId};
+use crate::ids::{Lba, NodeId, RequestId};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Front ends' ids are this plus their node's id; members' ids are below it.
 pub const FRONT_END_ID_BASE: u32 = 1 << 20;
 
-/// Payloads a front end holds at most (its writes in flight); a write past it is
-/// sent as usual and its payload comes back from the primary.
+/// Payloads a front end holds at most (its writes in flight); a write past it
+/// waits for room before it is sent.
 pub const HELD_PAYLOADS_MAX: usize = 4096;
 
 /// The client id of `node`'s own front end.
@@ -30,13 +38,27 @@ pub fn front_end_of(node: NodeId) -> NodeId {
     NodeId(FRONT_END_ID_BASE + node.0)
 }
 
-/// Write payloads of a node's front end, by request, while the writes run.
-#[derive(Debug, Default)]
+/// Write payloads of a node's front end, by request, while the writes run: each
+/// with its first block.
+#[derive(Debug)]
 pub struct HeldPayloads {
-    held: Mutex<BTreeMap<RequestId, Bytes>>,
+    held: Mutex<BTreeMap<RequestId, (Lba, Bytes)>>,
+    /// Room for [`HELD_PAYLOADS_MAX`].
+    room: Arc<Semaphore>,
     /// Replica writes that took their data from here, and ones that found none.
     taken: AtomicU64,
     missed: AtomicU64,
+}
+
+impl Default for HeldPayloads {
+    fn default() -> Self {
+        HeldPayloads {
+            held: Mutex::new(BTreeMap::new()),
+            room: Arc::new(Semaphore::new(HELD_PAYLOADS_MAX)),
+            taken: AtomicU64::new(0),
+            missed: AtomicU64::new(0),
+        }
+    }
 }
 
 /// A payload held until this is dropped (the write was answered, or given up).
@@ -44,6 +66,7 @@ pub struct HeldPayloads {
 pub struct Held {
     payloads: Arc<HeldPayloads>,
     req: RequestId,
+    _room: OwnedSemaphorePermit,
 }
 
 impl Drop for Held {
@@ -54,28 +77,49 @@ impl Drop for Held {
 }
 
 impl HeldPayloads {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<RequestId, Bytes>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<RequestId, (Lba, Bytes)>> {
         // A panic elsewhere while holding the lock leaves the map whole.
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Hold `data` for request `req` until the returned guard drops; `None` when
-    /// [`HELD_PAYLOADS_MAX`] are held already (or `req` is), and then nothing is.
-    pub fn hold(self: &Arc<Self>, req: RequestId, data: Bytes) -> Option<Held> {
-        let mut held = self.lock();
-        if held.len() >= HELD_PAYLOADS_MAX || held.contains_key(&req) {
-            return None;
-        }
-        held.insert(req, data);
-        Some(Held {
-            payloads: self.clone(),
-            req,
-        })
+    /// Hold `data`, written at `lba` by request `req`, until the returned guard
+    /// drops; waits while [`HELD_PAYLOADS_MAX`] are held.
+    pub async fn hold(self: &Arc<Self>, req: RequestId, lba: Lba, data: Bytes) -> Held {
+        let room = self.room.clone().acquire_owned().await;
+        self.insert(req, lba, data, room.expect("the room is never closed"))
     }
 
-    /// The payload of request `req`, if held (shared, not copied).
-    pub fn take(&self, req: RequestId) -> Option<Bytes> {
-        let data = self.lock().get(&req).cloned();
+    /// [`HeldPayloads::hold`] if there is room now.
+    pub fn try_hold(self: &Arc<Self>, req: RequestId, lba: Lba, data: Bytes) -> Option<Held> {
+        let room = self.room.clone().try_acquire_owned().ok()?;
+        Some(self.insert(req, lba, data, room))
+    }
+
+    fn insert(
+        self: &Arc<Self>,
+        req: RequestId,
+        lba: Lba,
+        data: Bytes,
+        room: OwnedSemaphorePermit,
+    ) -> Held {
+        let mut held = self.lock();
+        let before = held.insert(req, (lba, data));
+        assert!(before.is_none(), "{req} held twice");
+        debug_assert!(held.len() <= HELD_PAYLOADS_MAX, "held past the bound");
+        Held {
+            payloads: self.clone(),
+            req,
+            _room: room,
+        }
+    }
+
+    /// The payload request `req` writes at `lba`, if held (shared, not copied).
+    pub fn take(&self, req: RequestId, lba: Lba) -> Option<Bytes> {
+        let data = self
+            .lock()
+            .get(&req)
+            .filter(|(at, _)| *at == lba)
+            .map(|(_, data)| data.clone());
         let counter = if data.is_some() {
             &self.taken
         } else {
@@ -90,7 +134,7 @@ impl HeldPayloads {
         self.lock().len()
     }
 
-    /// Whether none is held.
+    /// Whether none is.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -113,22 +157,45 @@ mod tests {
     fn a_payload_is_held_until_its_guard_drops_and_the_bound_holds() {
         let payloads = Arc::new(HeldPayloads::default());
         let data = Bytes::from_static(b"four");
-        let guard = payloads.hold(RequestId(7), data.clone()).expect("room");
-        assert!(payloads.hold(RequestId(7), data.clone()).is_none(), "twice");
-        let taken = payloads.take(RequestId(7)).expect("held");
+        let guard = payloads
+            .try_hold(RequestId(7), Lba(3), data.clone())
+            .expect("room");
+        let taken = payloads.take(RequestId(7), Lba(3)).expect("held");
         assert_eq!(taken.as_ptr(), data.as_ptr(), "shared, not copied");
-        assert!(payloads.take(RequestId(8)).is_none());
-        assert_eq!(payloads.counts(), (1, 1));
+        assert!(
+            payloads.take(RequestId(8), Lba(3)).is_none(),
+            "another request"
+        );
+        assert!(
+            payloads.take(RequestId(7), Lba(4)).is_none(),
+            "another block"
+        );
+        assert_eq!(payloads.counts(), (1, 2));
         drop(guard);
         assert!(payloads.is_empty());
-        assert!(payloads.take(RequestId(7)).is_none(), "released");
+        assert!(payloads.take(RequestId(7), Lba(3)).is_none(), "released");
 
         let guards: Vec<Held> = (0..HELD_PAYLOADS_MAX as u64)
-            .map(|r| payloads.hold(RequestId(r), data.clone()).expect("room"))
+            .map(|r| {
+                payloads
+                    .try_hold(RequestId(r), Lba(r), data.clone())
+                    .expect("room")
+            })
             .collect();
-        assert!(payloads.hold(RequestId(u64::MAX), data).is_none(), "full");
+        assert!(
+            payloads
+                .try_hold(RequestId(u64::MAX), Lba(0), data.clone())
+                .is_none(),
+            "full"
+        );
         drop(guards);
         assert!(payloads.is_empty());
+        assert!(
+            payloads
+                .try_hold(RequestId(u64::MAX), Lba(0), data)
+                .is_some(),
+            "room again"
+        );
     }
 
     #[test]

@@ -573,6 +573,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     fn take_held(&self, msg: &mut Message) {
         let Message::ReplicaWrite {
             origin: (client, req),
+            lba,
             data,
             ..
         } = msg
@@ -585,7 +586,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         let me = self.engine.id();
         match &self.held {
             Some(held) if *client == crate::front_end::front_end_of(me) => {
-                if let Some(payload) = held.take(*req) {
+                if let Some(payload) = held.take(*req, *lba) {
                     *data = payload;
                 }
             }

@@ -673,16 +673,5 @@ pub fn bootstrap(map: &crate::map::ClusterMap, replicas: u8) -> Vec<Command> {
     commands
 }
 
-/// Encode a cluster state for `Message::MapState`.
-pub fn encode_state(state: &ClusterState) -> Bytes {
-    Bytes::from(postcard::to_allocvec(state).expect("a cluster state always encodes"))
-}
-
-/// Decode a cluster state from `Message::MapState`.
-pub fn decode_state(bytes: &[u8]) -> Result<ClusterState, postcard::Error> {
-    let state: ClusterState = postcard::from_bytes(bytes)?;
-    Ok(state)
-}
-
 #[cfg(test)]
 mod tests;

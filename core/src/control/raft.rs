@@ -28,7 +28,7 @@
 //! [`SNAPSHOT_RETRY_TICKS`] (lost with a connection, or its receiver crashed
 //! during the install) is sent again.
 
-use super::state::{Change, ClusterState, Command, Refusal};
+use super::state::{Change, ClusterState, Command, MapDecodeError, Refusal};
 use crate::ids::NodeId;
 use bytes::Bytes;
 use protobuf::Message as _;
@@ -590,7 +590,7 @@ impl MapRaft {
             return;
         };
         let conf = self.node.store().conf_state().clone();
-        let data = postcard::to_allocvec(&self.state).expect("a cluster state always encodes");
+        let data = self.state.encode();
         let store = self.node.mut_store();
         store.set_snapshot(snapshot_of(index, term, conf, data));
         let keep = self.snapshot_entries / 2;
@@ -667,12 +667,10 @@ fn snapshot_of(index: u64, term: u64, conf: ConfState, data: Vec<u8>) -> Snapsho
 /// Decode a snapshot's map and check it: a map from the network (or a file) is
 /// never trusted.
 fn decode_map(data: &[u8]) -> Result<ClusterState, RaftError> {
-    let state: ClusterState = postcard::from_bytes(data)
-        .map_err(|_| RaftError::Impossible("snapshot does not decode"))?;
-    state
-        .validate()
-        .map_err(|_| RaftError::Impossible("snapshot breaks the map's invariants"))?;
-    Ok(state)
+    ClusterState::decode(data).map_err(|e| match e {
+        MapDecodeError::Malformed(_) => RaftError::Impossible("snapshot does not decode"),
+        MapDecodeError::Invalid(_) => RaftError::Impossible("snapshot breaks the map's invariants"),
+    })
 }
 
 #[cfg(test)]

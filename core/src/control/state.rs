@@ -271,6 +271,17 @@ pub enum Change {
     Unavailable(Vec<ExtentId>),
 }
 
+/// Why an encoded map was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MapDecodeError {
+    /// The bytes are not an encoded map.
+    #[error("not an encoded map: {0}")]
+    Malformed(String),
+    /// It decodes, but breaks the map's invariants.
+    #[error("the map breaks its invariants: {0}")]
+    Invalid(String),
+}
+
 /// The cluster map as the control plane's state machine.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterState {
@@ -289,6 +300,21 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
+    /// The map encoded (postcard), as a `Message::MapState` carries it and a Raft
+    /// snapshot holds it: the one encoding of the map.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).expect("a cluster state always encodes")
+    }
+
+    /// Decode a map from elsewhere (a peer, a snapshot, a file) and check it: a
+    /// map received is never trusted.
+    pub fn decode(bytes: &[u8]) -> Result<ClusterState, MapDecodeError> {
+        let state: ClusterState =
+            postcard::from_bytes(bytes).map_err(|e| MapDecodeError::Malformed(e.to_string()))?;
+        state.validate().map_err(MapDecodeError::Invalid)?;
+        Ok(state)
+    }
+
     /// Apply one command. A refused command changes nothing but `applied`.
     pub fn apply(&mut self, cmd: &Command) -> Result<Vec<Change>, Refusal> {
         self.applied += 1;

@@ -352,7 +352,7 @@ impl Replicator {
                 blocks,
             } => self.scrub_read(from, req, volume, lba, u64::from(blocks)),
             Message::GetMap { req } => {
-                let state = crate::control::plane::encode_state(self.map.state());
+                let state = Bytes::from(self.map.state().encode());
                 self.send(from, Message::MapState { req, state });
             }
             peer => self.handle_peer_message(from, peer),

@@ -376,6 +376,16 @@ fn states_round_trip_and_garbage_is_an_error() {
     let mut p = planes();
     run(&mut p, 0, 60, &[], &mut Vec::new());
     let state = p[&NodeId(2)].state().clone();
-    assert_eq!(decode_state(&encode_state(&state)).unwrap(), state);
-    assert!(decode_state(&[0xff; 7]).is_err());
+    assert_eq!(ClusterState::decode(&state.encode()).unwrap(), state);
+    assert!(matches!(
+        ClusterState::decode(&[0xff; 7]),
+        Err(crate::control::state::MapDecodeError::Malformed(_))
+    ));
+    let mut broken = state.clone();
+    let extent = broken.extents.values_mut().next().expect("an extent");
+    extent.primary = NodeId(99);
+    assert!(matches!(
+        ClusterState::decode(&broken.encode()),
+        Err(crate::control::state::MapDecodeError::Invalid(_))
+    ));
 }

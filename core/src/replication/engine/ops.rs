@@ -23,8 +23,6 @@ pub(super) struct WriteOp {
     pub(super) acks: Option<Acks>,
     /// When it was sent out (the engine's clock).
     pub(super) started_ns: u64,
-    /// What its replica writes carried besides the data (to send one again).
-    pub(super) sent: Option<Forwarded>,
 }
 
 impl WriteOp {
@@ -46,13 +44,12 @@ impl WriteOp {
             version: Version::default(),
             acks: None,
             started_ns: 0,
-            sent: None,
         }
     }
 }
 
 /// The part of a write's `ReplicaWrite` that is not the write's own: fixed when
-/// the write starts, the same in every replica's copy and in one sent again.
+/// the write starts, the same in every replica's copy.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Forwarded {
     pub(super) epoch: Epoch,
@@ -144,7 +141,13 @@ impl Ops {
 
     /// Ops in flight.
     pub(super) fn len(&self) -> usize {
-        self.ids().map(|ids| ids.len()).sum()
+        self.writes.len()
+            + self.reads.len()
+            + self.flushes.len()
+            + self.repairs.len()
+            + self.fetches.len()
+            + self.chunks.len()
+            + self.write_backs.len()
     }
 
     /// Whether `op` is in flight.
@@ -188,7 +191,7 @@ impl Ops {
 
     /// Check the tables; panics on a broken invariant:
     /// - an op is in one table at most, and its id was handed out (`next_op`);
-    /// - a write waits for acks exactly once it has been sent out;
+    /// - a write waits for acks only once it has its version;
     /// - a fan-out waits for somebody until it is answered.
     pub(super) fn self_check(&self, next_op: u64) {
         let mut all: Vec<OpId> = self.ids().flatten().collect();
@@ -200,7 +203,10 @@ impl Ops {
             assert!(last.0 <= next_op, "{last} not handed out");
         }
         for (op, w) in &self.writes {
-            assert_eq!(w.acks.is_some(), w.sent.is_some(), "{op} half started");
+            assert!(
+                w.acks.is_none() || w.version.0 > 0,
+                "{op} waits for acks without a version"
+            );
             if let Some(acks) = &w.acks {
                 assert!(!acks.waiting.is_empty(), "{op} waits for nobody");
             }

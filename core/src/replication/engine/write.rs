@@ -130,9 +130,11 @@ impl Replicator {
             prev,
             settled,
         };
-        let w = self.ops.writes.get_mut(&op).expect("a write being started");
-        w.version = version;
-        w.sent = Some(sent);
+        self.ops
+            .writes
+            .get_mut(&op)
+            .expect("a write being started")
+            .version = version;
         let forward = self.forward_to(&placement);
         self.expect_acks(op, extent, &placement, &forward);
         self.note_write(
@@ -152,9 +154,12 @@ impl Replicator {
             },
         );
         for to in forward {
-            let elide =
-                self.config.front_end_payloads && client == crate::front_end::front_end_of(to);
-            self.forward_write(op, to, elide);
+            // Only an in-sync replica's ack holds the client's answer, and with it
+            // the front end's payload (see `front_end`).
+            let elide = self.config.front_end_payloads
+                && client == crate::front_end::front_end_of(to)
+                && placement.in_sync.contains(&to);
+            self.forward_write(op, to, sent, elide);
         }
         debug_assert!(
             self.primary[&extent].unsettled.contains(&version) && self.writing_to(lba, blocks),
@@ -164,9 +169,8 @@ impl Replicator {
 
     /// Send write `op` to replica `to`, without its data if `elide` (`to` is the
     /// node of the write's own front end, which holds the data).
-    fn forward_write(&mut self, op: OpId, to: NodeId, elide: bool) {
+    fn forward_write(&mut self, op: OpId, to: NodeId, sent: Forwarded, elide: bool) {
         let w = &self.ops.writes[&op];
-        let sent = w.sent.expect("a write sent out");
         assert!(to != self.me, "{op} forwarded to its own primary");
         let msg = Message::ReplicaWrite {
             op,
@@ -357,22 +361,18 @@ impl Replicator {
             return;
         };
         if from != self.me
-            && result == Err(WeirError::PayloadNotHeld)
-            && (acks.waiting.contains(&from) || acks.extra.contains(&from))
-        {
-            // Sent without its data to the node of its front end, which no longer
-            // holds it: sent again, whole. Still waited for, as before.
-            return self.forward_write(op, from, false);
-        }
-        if from != self.me
-            && matches!(result, Err(WeirError::Device(_)))
+            && matches!(
+                result,
+                Err(WeirError::Device(_) | WeirError::PayloadNotHeld)
+            )
             && acks.waiting.contains(&from)
         {
-            // A replica whose device failed the write (or is gone) does not fail
-            // it for the client: like a silent one, it is dropped from the in-sync
-            // set, and the write is acknowledged without it (it rebuilds later).
+            // A replica whose device failed the write (or is gone), or that lacks
+            // its data (its front end gave the request up), does not fail it for
+            // the client: like a silent one, it is dropped from the in-sync set,
+            // and the write is acknowledged without it (it rebuilds later).
             let (extent, epoch) = (*extent, self.map.extent(*extent).epoch);
-            return self.ask_drop(extent, epoch, from, "its device failed a write");
+            return self.ask_drop(extent, epoch, from, "it could not apply a write");
         }
         if let Some(outcome) = acks.count(from, op, result) {
             return self.finish_write(op, outcome);
