@@ -13,7 +13,9 @@
 //! The client's answer waits for every in-sync replica, so the payload is still
 //! held when an in-sync replica's write arrives, unless the client gave the
 //! request up (its retry budget ran out) or the replica left the in-sync set
-//! meanwhile. Such a replica answers [`crate::WeirError::PayloadNotHeld`], and the
+//! meanwhile. (A second attempt of a request, sent while the first still ran and
+//! started after the first was answered, is sent with its data: the primary
+//! knows it from its applied log.) Such a replica answers [`crate::WeirError::PayloadNotHeld`], and the
 //! primary has it dropped from the in-sync set, as for a device that failed the
 //! write: it rebuilds. (Sending the data again instead could land it after a later
 //! write to the same grain.) Rebuilding replicas always get the data.

@@ -293,6 +293,51 @@ fn a_front_ends_own_node_gets_its_replica_write_without_data_and_a_miss_drops_it
 }
 
 #[test]
+fn a_second_attempt_of_a_front_ends_write_carries_its_data() {
+    let mut c = cluster(ReplicationConfig {
+        front_end_payloads: true,
+        ..test_config()
+    });
+    let front_end = crate::front_end::front_end_of(NodeId(2));
+    let attempt = |c: &mut Cluster| {
+        let msg = write(3, 5, block(9, 1));
+        c.engines
+            .get_mut(&NodeId(1))
+            .unwrap()
+            .handle_message(front_end, msg);
+        c.collect();
+        // What n1 sent n2, with the data n2's node would take from its front end.
+        let mut lens = Vec::new();
+        for (_, to, m) in c.net.iter_mut() {
+            if let (NodeId(2), Message::ReplicaWrite { data, .. }) = (*to, m) {
+                lens.push(data.len());
+                if data.is_empty() {
+                    *data = block(9, 1);
+                }
+            }
+        }
+        c.settle();
+        lens
+    };
+    assert_eq!(
+        attempt(&mut c),
+        vec![0],
+        "the first attempt leaves its data out"
+    );
+    assert_eq!(c.replies, vec![Message::WriteOk { req: RequestId(3) }]);
+    // The client had timed out and sent it again: n1 runs the second attempt
+    // after the first was answered, when the front end may hold nothing.
+    assert_eq!(
+        attempt(&mut c),
+        vec![BS],
+        "a second attempt carries its data"
+    );
+    assert_eq!(c.replies.len(), 2);
+    assert!(c.controls.is_empty(), "nobody dropped");
+    assert_eq!(c.disk_block(NodeId(2), 5), Some(9));
+}
+
+#[test]
 fn a_write_towards_a_congested_replica_is_refused_busy_until_it_drains() {
     let mut c = cluster(test_config());
     // Extent 0: primary n1, replicas n2 and n3; n3's send queue is full.

@@ -125,6 +125,10 @@ impl Replicator {
         let blocks = self.blocks_of(&data);
         let prev = self.grains.prev(lba, blocks);
         let placement = self.map.extent(extent).clone();
+        // A second attempt of a request this node ran already (the client timed
+        // out and sent it again while the first ran) may start after the first
+        // was answered and its front end let go of the data: it carries its data.
+        let again = self.applied.get((client, req)).is_some();
         let sent = Forwarded {
             epoch: placement.epoch,
             prev,
@@ -158,7 +162,8 @@ impl Replicator {
             // the front end's payload (see `front_end`).
             let elide = self.config.front_end_payloads
                 && client == crate::front_end::front_end_of(to)
-                && placement.in_sync.contains(&to);
+                && placement.in_sync.contains(&to)
+                && !again;
             self.forward_write(op, to, sent, elide);
         }
         debug_assert!(
