@@ -99,7 +99,8 @@ pub struct NodeReport {
     /// the transport's congestion signals.
     pub flow: Vec<(NodeId, crate::flow::PeerFlow)>,
     /// Replica writes that took their data from this node's own front end, and
-    /// ones that found none held (sent again whole): see [`crate::front_end`].
+    /// ones that found none held (the replica is then dropped and rebuilds): see
+    /// [`crate::front_end`].
     pub front_end_payloads: (u64, u64),
 }
 
@@ -569,7 +570,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
 
     /// A replica write sent without its data, for a write of this node's own
     /// front end, takes the data from the front end's memory (if still held; if
-    /// not, the engine answers so and the primary sends it again).
+    /// not, the engine answers so and the primary has this replica dropped).
     fn take_held(&self, msg: &mut Message) {
         let Message::ReplicaWrite {
             origin: (client, req),

@@ -204,7 +204,7 @@ impl Metrics {
             r.register(
                 "front_end_payloads",
                 "Replica writes of this node's own front end's writes, sent without \
-                 their data: taken from the front end, or missed (sent again whole)",
+                 their data: taken from the front end, or missed (the replica is dropped)",
                 m.front_end_payloads.clone(),
             );
             r.register(

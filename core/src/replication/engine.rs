@@ -51,7 +51,7 @@ pub use actions::{Action, IoCmd, IoId, IoResult};
 pub use audit::Audit;
 use bytes::Bytes;
 pub use config::{ReplicationConfig, DEFAULT_REPLICA_TIMEOUT_NS};
-use ops::{Acks, FetchOp, FlushOp, Forwarded, Kind, ReadOp, WriteBack, WriteOp};
+use ops::{Acks, FetchOp, FlushOp, Kind, ReadOp, WriteBack, WriteOp};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Most client operations a node holds at once (queued or running); more get `Busy`.

@@ -48,15 +48,6 @@ impl WriteOp {
     }
 }
 
-/// The part of a write's `ReplicaWrite` that is not the write's own: fixed when
-/// the write starts, the same in every replica's copy.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Forwarded {
-    pub(super) epoch: Epoch,
-    pub(super) prev: (Version, Version),
-    pub(super) settled: Version,
-}
-
 /// A client read the primary serves under a shared range lock.
 #[derive(Debug)]
 pub(super) struct ReadOp {
@@ -126,17 +117,25 @@ pub(super) struct Ops {
 impl Ops {
     /// The table `op` is in, if it is in flight.
     pub(super) fn kind(&self, op: OpId) -> Option<Kind> {
-        [
-            (self.writes.contains_key(&op), Kind::Write),
-            (self.reads.contains_key(&op), Kind::Read),
-            (self.flushes.contains_key(&op), Kind::Flush),
-            (self.repairs.contains_key(&op), Kind::Repair),
-            (self.fetches.contains_key(&op), Kind::Fetch),
-            (self.chunks.contains_key(&op), Kind::Rebuild),
-            (self.write_backs.contains_key(&op), Kind::WriteBack),
-        ]
-        .into_iter()
-        .find_map(|(here, kind)| here.then_some(kind))
+        // In the order of how often each is asked for (client I/O first).
+        let kind = if self.writes.contains_key(&op) {
+            Kind::Write
+        } else if self.reads.contains_key(&op) {
+            Kind::Read
+        } else if self.chunks.contains_key(&op) {
+            Kind::Rebuild
+        } else if self.flushes.contains_key(&op) {
+            Kind::Flush
+        } else if self.write_backs.contains_key(&op) {
+            Kind::WriteBack
+        } else if self.repairs.contains_key(&op) {
+            Kind::Repair
+        } else if self.fetches.contains_key(&op) {
+            Kind::Fetch
+        } else {
+            return None;
+        };
+        Some(kind)
     }
 
     /// Ops in flight.

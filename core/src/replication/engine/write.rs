@@ -125,15 +125,12 @@ impl Replicator {
         let blocks = self.blocks_of(&data);
         let prev = self.grains.prev(lba, blocks);
         let placement = self.map.extent(extent).clone();
-        // A second attempt of a request this node ran already (the client timed
-        // out and sent it again while the first ran) may start after the first
-        // was answered and its front end let go of the data: it carries its data.
-        let again = self.applied.get((client, req)).is_some();
-        let sent = Forwarded {
-            epoch: placement.epoch,
-            prev,
-            settled,
-        };
+        // The client's front end may hold the data (see `front_end`), unless this
+        // is a second attempt of a request this node ran already: the client timed
+        // out and sent it again while the first ran, and it may start after the
+        // first was answered and the front end let go of the data.
+        let held_by = (self.config.front_end_payloads && self.applied.get((client, req)).is_none())
+            .then_some(client);
         self.ops
             .writes
             .get_mut(&op)
@@ -158,38 +155,29 @@ impl Replicator {
             },
         );
         for to in forward {
-            // Only an in-sync replica's ack holds the client's answer, and with it
-            // the front end's payload (see `front_end`).
-            let elide = self.config.front_end_payloads
-                && client == crate::front_end::front_end_of(to)
-                && placement.in_sync.contains(&to)
-                && !again;
-            self.forward_write(op, to, sent, elide);
+            // Left out for the node of the front end holding it, if in sync: only
+            // an in-sync replica's ack holds the client's answer, and with it the
+            // front end's payload.
+            let elide = held_by == Some(crate::front_end::front_end_of(to))
+                && placement.in_sync.contains(&to);
+            let msg = Message::ReplicaWrite {
+                op,
+                extent,
+                epoch: placement.epoch,
+                version,
+                prev,
+                settled,
+                origin: (client, req),
+                lba,
+                data: if elide { Bytes::new() } else { data.clone() },
+                fua,
+            };
+            self.send(to, msg);
         }
         debug_assert!(
             self.primary[&extent].unsettled.contains(&version) && self.writing_to(lba, blocks),
             "{op} sent out but not unanswered or not on the device"
         );
-    }
-
-    /// Send write `op` to replica `to`, without its data if `elide` (`to` is the
-    /// node of the write's own front end, which holds the data).
-    fn forward_write(&mut self, op: OpId, to: NodeId, sent: Forwarded, elide: bool) {
-        let w = &self.ops.writes[&op];
-        assert!(to != self.me, "{op} forwarded to its own primary");
-        let msg = Message::ReplicaWrite {
-            op,
-            extent: w.extent,
-            epoch: sent.epoch,
-            version: w.version,
-            prev: sent.prev,
-            settled: sent.settled,
-            origin: (w.client, w.req),
-            lba: w.lba,
-            data: if elide { Bytes::new() } else { w.data.clone() },
-            fua: w.fua,
-        };
-        self.send(to, msg);
     }
 
     /// Mark write `op` started now; its client, request, extent, first block,
