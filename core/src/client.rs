@@ -280,6 +280,7 @@ impl<T: Transport> Volume<T> {
         for (start, count) in split(&map, lba, blocks)? {
             let from = ((start.0 - lba.0) as usize) * bs;
             let chunk = data.slice(from..from + count as usize * bs);
+            debug_assert!(count > 0 && count <= u64::from(v.max_request_blocks));
             // Every attempt of this write carries the same request id.
             let req = self.new_request();
             // Held until the write is answered or given up (the guard drops).
@@ -337,6 +338,7 @@ impl<T: Transport> Volume<T> {
                 .await?;
             out.extend_from_slice(&data);
         }
+        debug_assert_eq!(out.len() as u64, blocks * u64::from(v.block_size));
         Ok(out.freeze())
     }
 
@@ -495,8 +497,15 @@ fn split(map: &ClusterMap, lba: Lba, blocks: u64) -> Result<Vec<(Lba, u64)>, Wei
             .extent_end(map.extent_of(at))
             .min(end)
             .min(at.offset(u64::from(v.max_request_blocks)));
+        // Each part is one request to one primary: never empty, never past its
+        // extent or the largest request.
+        assert!(
+            at < stop && map.extent_of(at) == map.extent_of(Lba(stop.0 - 1)),
+            "a part of {at}..{stop} crosses an extent"
+        );
         parts.push((at, stop.0 - at.0));
         at = stop;
     }
+    debug_assert_eq!(parts.iter().map(|p| p.1).sum::<u64>(), blocks);
     Ok(parts)
 }

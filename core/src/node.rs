@@ -736,11 +736,18 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     }
                 }
             }
-            IoCmd::Write { lba, data, fua } => DevCommand::Write {
-                lba: Lba(lba.0 * scale),
-                data,
-                fua,
-            },
+            IoCmd::Write { lba, data, fua } => {
+                debug_assert!(
+                    !data.is_empty() && data.len().is_multiple_of(bs * scale as usize),
+                    "a device write of {} bytes, not whole blocks",
+                    data.len()
+                );
+                DevCommand::Write {
+                    lba: Lba(lba.0 * scale),
+                    data,
+                    fua,
+                }
+            }
             IoCmd::Flush => DevCommand::Flush,
         };
         tokio::spawn(async move {

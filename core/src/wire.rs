@@ -387,10 +387,16 @@ impl Frame {
             });
         }
         let split = HEADER_BYTES + control;
-        Ok(Frame {
+        let frame = Frame {
             head: bytes.slice(..split),
             payload: bytes.slice(split..),
-        })
+        };
+        debug_assert_eq!(
+            frame.payload.len(),
+            payload,
+            "the payload is what the header says"
+        );
+        Ok(frame)
     }
 
     /// The frame in one piece. This copies the payload (counted in
@@ -403,6 +409,7 @@ impl Frame {
         let mut out = BytesMut::with_capacity(self.len());
         out.put_slice(&self.head);
         out.put_slice(&self.payload);
+        debug_assert_eq!(out.len(), self.len());
         out.freeze()
     }
 }
@@ -463,10 +470,16 @@ impl Message {
         head.put_u32_le(control.len() as u32);
         head.put_u32_le(payload.len() as u32);
         head.put_slice(&control);
-        Ok(Frame {
+        let frame = Frame {
             head: head.freeze(),
             payload,
-        })
+        };
+        // The header written reads back as these lengths.
+        debug_assert_eq!(
+            frame.head.first_chunk().map(Message::frame_lens),
+            Some(Ok((control.len(), frame.payload.len())))
+        );
+        Ok(frame)
     }
 
     /// Decode a frame; a payload is the frame's own memory, sliced, not copied.
@@ -491,6 +504,7 @@ impl Message {
             None if frame.payload.is_empty() => {}
             None => return Err(DecodeError::Trailing(frame.payload.len())),
         }
+        debug_assert_eq!(msg.payload().map_or(0, Bytes::len), payload_len);
         Ok(msg)
     }
 

@@ -350,6 +350,7 @@ impl ControlPlane {
         }
         if mine > now_ns && applied >= self.raft.last_index() {
             let lease_until_ns = mine.min(sent_ns.saturating_add(self.timeouts.lease_ns));
+            debug_assert!(self.raft.is_leader() && lease_until_ns <= mine);
             self.actions.push_back(PlaneAction::Send {
                 to: from,
                 msg: Message::HeartbeatAck {
@@ -399,10 +400,17 @@ impl ControlPlane {
             .collect();
         sent.sort_unstable_by(|a, b| b.cmp(a));
         let quorum = self.voters.len() / 2 + 1;
-        match sent.get(quorum - 1) {
+        let lease = match sent.get(quorum - 1) {
             Some(&t) if t > 0 => t + self.timeouts.lease_ns,
             _ => 0,
-        }
+        };
+        // Every send time counted is at most now (a stamp from the future counts
+        // as its arrival): a lease never reaches past one lease from now.
+        debug_assert!(
+            lease <= now_ns.saturating_add(self.timeouts.lease_ns),
+            "a lease to {lease} ns at {now_ns} ns"
+        );
+        lease
     }
 
     /// One tick at `now_ns`.

@@ -520,6 +520,13 @@ impl ClusterState {
                 None => unavailable.push(id),
             }
         }
+        // The node holds no copy any extent counts on or rebuilds, and every
+        // extent it led has moved to an in-sync replica or has none.
+        debug_assert!(self.extents.values().all(|e| {
+            !e.in_sync.contains(&node)
+                && !e.rebuilding.contains(&node)
+                && (e.primary != node || e.in_sync.is_empty())
+        }));
         let mut out = vec![];
         if !failovers.is_empty() {
             out.push(Change::Failover(failovers));
@@ -560,6 +567,12 @@ impl ClusterState {
             ext.rebuilding.insert(node);
             changed.push((id, ext.epoch));
         }
+        // Back, it is in sync or rebuilding wherever it holds a replica.
+        debug_assert!(self
+            .extents
+            .values()
+            .filter(|e| e.replicas.contains(&node))
+            .all(|e| e.in_sync.contains(&node) || e.rebuilding.contains(&node)));
         let mut out = Vec::new();
         if !failovers.is_empty() {
             out.push(Change::Failover(failovers));
@@ -604,6 +617,10 @@ impl ClusterState {
         ext.in_sync.remove(&node);
         ext.rebuilding.insert(node);
         ext.epoch = ext.epoch.next();
+        debug_assert!(
+            ext.in_sync.contains(&ext.primary),
+            "{extent} dropped its primary's copy"
+        );
         Ok(vec![Change::Replicas(vec![(extent, ext.epoch)])])
     }
 

@@ -128,7 +128,7 @@ pub struct Replicator {
     /// map has not changed (the request may have been lost with a leader).
     drops_asked: BTreeMap<(ExtentId, Epoch, NodeId), u64>,
     /// Rebuild work: as a primary, its copies out; as a replica, its copies in.
-    rebuild: rebuild::RebuildState,
+    rebuild: rebuild::Rebuilds,
     /// The background scrubber.
     scrub: scrub::Scrubber,
     /// Block-version checkpoints.
@@ -176,7 +176,7 @@ impl Replicator {
             now_ns: 0,
             lease_until_ns: 0,
             drops_asked: BTreeMap::new(),
-            rebuild: rebuild::RebuildState::default(),
+            rebuild: rebuild::Rebuilds::default(),
             scrub: scrub::Scrubber::default(),
             checkpoint: checkpoint::Checkpoints::default(),
             device_gone: false,
@@ -274,8 +274,9 @@ impl Replicator {
     /// Check the engine's own bookkeeping; panics on a broken invariant. The node
     /// runs it after every step in debug builds (the simulator's and the tests'):
     /// - the device writes in flight are in order (their owner's own check);
-    /// - the op tables, checkpoints and reconciliations are consistent (their
-    ///   own checks), and so is each led extent's range lock;
+    /// - the op tables, checkpoints, rebuilds and reconciliations are
+    ///   consistent (their own checks; rebuilds against the table of chunks),
+    ///   and so is each led extent's range lock;
     /// - a led extent's unanswered versions are those of its writes running;
     /// - every io id was handed out.
     pub fn self_check(&self) {
@@ -283,6 +284,7 @@ impl Replicator {
         self.ops.self_check(self.next_op);
         self.checkpoint.self_check();
         self.reconcile.self_check();
+        self.rebuild.self_check(&self.ops.chunks);
         // The versions a primary has not answered yet are exactly those of its
         // writes sent out and not finished.
         let mut started: BTreeMap<ExtentId, std::collections::BTreeSet<Version>> = BTreeMap::new();
@@ -556,3 +558,20 @@ fn misdirected(from: NodeId, msg: &Message) {
 
 #[cfg(test)]
 mod tests;
+
+/// For the tests of the engine's parts: three nodes, a volume of 4 KiB blocks
+/// in 4 extents of 64 blocks (extent `i` led by node `i % 3 + 1`), requests of
+/// at most 16 blocks, and empty version grains of 4 blocks.
+#[cfg(test)]
+fn small_cluster() -> (crate::replication::grains::Grains, ClusterMap) {
+    let volume = crate::map::VolumeSpec {
+        id: VolumeId(1),
+        block_size: 4096,
+        capacity_blocks: 256,
+        extent_blocks: 64,
+        max_request_blocks: 16,
+    };
+    let nodes = (1..=3).map(NodeId).collect();
+    let map = ClusterMap::new_static(nodes, volume, 3).expect("a valid shape");
+    (crate::replication::grains::Grains::new(4, 64), map)
+}

@@ -196,6 +196,11 @@ impl Grains {
             };
             self.set(g, version, whole);
         }
+        debug_assert!(
+            self.touched(lba, blocks)
+                .all(|g| self.get(g).version == version),
+            "a claim of {version} left a grain behind"
+        );
         Ok(())
     }
 

@@ -47,6 +47,11 @@ impl Replicator {
 
     /// May this node serve `extent` now? (It is the primary: checked before.)
     pub(super) fn may_serve(&self, extent: ExtentId) -> Result<(), WeirError> {
+        debug_assert_eq!(
+            self.map.extent(extent).primary,
+            self.me,
+            "may_serve asked of {extent}'s replica"
+        );
         let restarted_here = self
             .restored
             .get(&extent)

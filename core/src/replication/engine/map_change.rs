@@ -9,6 +9,14 @@ impl Replicator {
     /// leads stop waiting for replicas that left the in-sync set, which is when a
     /// write held up by a silent replica may be acknowledged.
     pub fn handle_map(&mut self, map: ClusterMap) {
+        // Maps only move forward: an extent's epoch never goes back.
+        debug_assert!(
+            map.state()
+                .extents
+                .iter()
+                .all(|(id, e)| e.epoch >= self.map.extent(*id).epoch),
+            "a map from the past"
+        );
         self.map = map;
         self.note_in_sync();
         self.claim_all();
@@ -31,7 +39,7 @@ impl Replicator {
             }
             let mut in_sync = now.in_sync.clone();
             let joined = in_sync.clone();
-            in_sync.extend(self.joining(extent));
+            in_sync.extend(self.rebuild.joining(extent));
             let writes: Vec<OpId> = self
                 .ops
                 .writes

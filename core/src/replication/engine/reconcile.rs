@@ -43,7 +43,11 @@ pub(super) const TAIL_MAX: usize = MAX_OPS_IN_FLIGHT;
 /// Runs of blocks, as a tail names them: (first block, blocks).
 type BlockRuns = Vec<(Lba, u32)>;
 
-/// Reconciliation state of one node, as replica and as primary.
+/// Reconciliation at one node, the one owner of its state: as a replica, its
+/// uncertain tails and the reigns it has sent them to; as a primary, the reigns
+/// it has reconciled, those in progress, tails that came early, and the
+/// write-backs held up by a device write. It decides; the engine reads, locks
+/// and writes back.
 #[derive(Debug, Default)]
 pub(super) struct Reconciler {
     /// As a replica: per extent, writes taken above the last settled version:
@@ -59,7 +63,7 @@ pub(super) struct Reconciler {
     /// (extent, sender) -> (reign, blocks).
     early: BTreeMap<(ExtentId, NodeId), (Epoch, BlockRuns)>,
     /// Blocks written back by reconciliations so far.
-    pub(super) blocks_pushed: u64,
+    blocks_pushed: u64,
     /// Extents and blocks written back since the last report, and since when.
     batch: Option<(u64, u64, u64)>,
     /// Write-backs waiting for a device write to their blocks to finish before
@@ -84,7 +88,284 @@ struct Run {
 
 use std::collections::BTreeSet;
 
+/// What a reconciliation's owner decides on a tail that arrived
+/// ([`Reconciler::tail`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum TailNext {
+    /// It was waited for: write back once every tail is in
+    /// ([`Replicator::push_when_ready`]).
+    Push,
+    /// Not waited for, and the write-backs have begun: these blocks are
+    /// written back too, counted with them.
+    WriteBack(BTreeSet<u64>),
+    /// For a reign reconciled already: these blocks are written back.
+    Late(BTreeSet<u64>),
+    /// Nothing to do now (noted, kept for a reign to come, or stale).
+    Nothing,
+}
+
+/// A reconciliation that finished ([`Reconciler::finish`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Finished {
+    /// No other is running: extents and blocks written back since the last
+    /// report, and since when.
+    pub(super) batch: Option<(u64, u64, u64)>,
+}
+
 impl Reconciler {
+    /// Take the reigns of `map` as reconciled (those `me` leads) or seen (the
+    /// map a node starts with: nothing was in flight before it).
+    pub(super) fn start_with(&mut self, map: &ClusterMap, me: NodeId) {
+        for (&id, e) in &map.state().extents {
+            if e.primary == me {
+                self.done.insert(id, e.primary_since);
+            } else {
+                self.seen.insert(id, (e.primary, e.primary_since));
+            }
+        }
+    }
+
+    /// Whether `extent`'s reign begun at `reign` is reconciled here.
+    pub(super) fn reconciled(&self, extent: ExtentId, reign: Epoch) -> bool {
+        self.done.get(&extent) == Some(&reign)
+    }
+
+    /// Blocks written back by reconciliations so far.
+    pub(super) fn blocks_pushed(&self) -> u64 {
+        self.blocks_pushed
+    }
+
+    /// A replica took write `version` of `[lba, lba + blocks)` in `extent`,
+    /// with the primary's `settled`: note it in the tail, forget what has
+    /// settled, keep at most [`TAIL_MAX`].
+    pub(super) fn note_tail(
+        &mut self,
+        extent: ExtentId,
+        version: Version,
+        lba: Lba,
+        blocks: u64,
+        settled: Version,
+    ) {
+        let tail = self.tails.entry(extent).or_default();
+        while let Some(oldest) = tail.first_entry() {
+            if *oldest.key() > settled {
+                break;
+            }
+            oldest.remove();
+        }
+        tail.insert(version, (lba, blocks));
+        while tail.len() > TAIL_MAX {
+            tail.pop_first();
+        }
+        if tail.is_empty() {
+            self.tails.remove(&extent);
+        }
+    }
+
+    /// The blocks of this node's tail of `extent`.
+    fn tail_blocks(&self, extent: ExtentId) -> BTreeSet<u64> {
+        let tail = self.tails.get(&extent).into_iter().flat_map(|t| t.values());
+        tail.flat_map(|&(lba, n)| lba.0..lba.0 + n).collect()
+    }
+
+    /// `extent` is led by `primary` in the reign begun at `reign`, not by this
+    /// node, which holds a copy if `holds`: forget leading it, and return this
+    /// node's tail for that primary, in runs of at most `max` blocks (what a
+    /// receiver accepts), if it has not sent it in this reign.
+    pub(super) fn follow(
+        &mut self,
+        extent: ExtentId,
+        (primary, reign): (NodeId, Epoch),
+        holds: bool,
+        max: u64,
+    ) -> Option<BlockRuns> {
+        self.running.remove(&extent);
+        self.done.remove(&extent);
+        self.early
+            .retain(|&(x, _), (r, _)| x != extent || *r > reign);
+        if !holds || self.seen.get(&extent) == Some(&(primary, reign)) {
+            return None;
+        }
+        self.seen.insert(extent, (primary, reign));
+        let blocks = self.tail_blocks(extent).into_iter().map(|b| (b, ()));
+        let runs = runs_by(blocks, max)
+            .into_iter()
+            .map(|(first, n, ())| (Lba(first), n as u32))
+            .collect();
+        Some(runs)
+    }
+
+    /// This node leads `extent` in the reign begun at `reign` (at `now`);
+    /// `others` are the other in-sync replicas. Whether the reign is still to
+    /// be reconciled: then a run waits for each other's tail (tails that came
+    /// early are taken), and no longer for a replica dropped from `others`.
+    pub(super) fn lead(
+        &mut self,
+        extent: ExtentId,
+        reign: Epoch,
+        others: &[NodeId],
+        now: u64,
+    ) -> bool {
+        self.seen.remove(&extent);
+        if self.reconciled(extent, reign) {
+            return false;
+        }
+        let running = self.running.get(&extent).is_some_and(|r| r.reign == reign);
+        if !running {
+            let run = Run {
+                reign,
+                waiting: others.iter().copied().collect(),
+                blocks: self.tail_blocks(extent),
+                pushes_left: None,
+                started_ns: now,
+            };
+            self.running.insert(extent, run);
+            for &node in others {
+                if let Some((r, blocks)) = self.early.remove(&(extent, node)) {
+                    if r == reign {
+                        self.tail_arrived(extent, node, reign, &blocks);
+                    }
+                }
+            }
+        }
+        // A replica dropped from the in-sync set is no longer waited for.
+        if let Some(run) = self.running.get_mut(&extent) {
+            run.waiting.retain(|n| others.contains(n));
+        }
+        true
+    }
+
+    /// `from`'s tail of `extent` for the reign begun at `reign` arrived
+    /// (checked against the map by the engine); `current` is the extent's
+    /// reign in this node's map.
+    pub(super) fn tail(
+        &mut self,
+        from: NodeId,
+        extent: ExtentId,
+        reign: Epoch,
+        blocks: BlockRuns,
+        current: Epoch,
+    ) -> TailNext {
+        let run = self.running.get_mut(&extent).filter(|r| r.reign == reign);
+        match run {
+            Some(r) if r.waiting.contains(&from) => {
+                self.tail_arrived(extent, from, reign, &blocks);
+                TailNext::Push
+            }
+            // Not waited for (a rebuilding replica, or a deposed primary back):
+            // its blocks are written back too, and if that has begun, after.
+            Some(r) if r.pushes_left.is_none() => {
+                r.blocks.extend(named_blocks(&blocks));
+                TailNext::Nothing
+            }
+            Some(_) => TailNext::WriteBack(named_blocks(&blocks)),
+            None if self.done.get(&extent) == Some(&reign) && !blocks.is_empty() => {
+                tracing::debug!(%from, %extent, "a late tail: its blocks are written back");
+                TailNext::Late(named_blocks(&blocks))
+            }
+            None if reign > current => {
+                // For a reign this node's map has not reached yet (one per sender
+                // and extent).
+                self.early.insert((extent, from), (reign, blocks));
+                TailNext::Nothing
+            }
+            None => TailNext::Nothing,
+        }
+    }
+
+    fn tail_arrived(&mut self, extent: ExtentId, from: NodeId, reign: Epoch, blocks: &BlockRuns) {
+        let Some(run) = self.running.get_mut(&extent) else {
+            return;
+        };
+        if run.reign != reign || !run.waiting.remove(&from) {
+            return;
+        }
+        run.blocks.extend(named_blocks(blocks));
+    }
+
+    /// The blocks to write back for `extent` now, and when its run began: once
+    /// every tail is in, and only once.
+    pub(super) fn to_push(&self, extent: ExtentId) -> Option<(BTreeSet<u64>, u64)> {
+        let run = self.running.get(&extent)?;
+        (run.waiting.is_empty() && run.pushes_left.is_none())
+            .then(|| (run.blocks.clone(), run.started_ns))
+    }
+
+    /// `blocks` blocks of `extent`, in `ops` write-backs, are being written
+    /// back for the run begun at `since`.
+    pub(super) fn pushing(&mut self, extent: ExtentId, ops: usize, blocks: u64, since: u64) {
+        if ops > 0 {
+            let batch = self.batch.get_or_insert((0, 0, since));
+            batch.0 += 1;
+            batch.1 += blocks;
+            batch.2 = batch.2.min(since);
+        }
+        if let Some(run) = self.running.get_mut(&extent) {
+            assert!(
+                run.pushes_left.is_none() && run.waiting.is_empty(),
+                "{extent} written back twice, or before every tail arrived"
+            );
+            run.pushes_left = Some(ops);
+        }
+    }
+
+    /// `ops` more write-backs of `extent` began (a tail not waited for), of
+    /// `blocks` blocks; with `counted`, its run waits for them too.
+    pub(super) fn wrote_back(&mut self, extent: ExtentId, ops: usize, blocks: u64, counted: bool) {
+        self.blocks_pushed += blocks;
+        if !counted {
+            return;
+        }
+        if let Some(Some(left)) = self.running.get_mut(&extent).map(|r| &mut r.pushes_left) {
+            *left += ops;
+        }
+    }
+
+    /// One write-back of `extent` finished (or was given up).
+    pub(super) fn pushed(&mut self, extent: ExtentId) {
+        if let Some(Some(left)) = self.running.get_mut(&extent).map(|r| &mut r.pushes_left) {
+            *left = left.saturating_sub(1);
+        }
+    }
+
+    /// If `extent`'s write-backs are all done: its reign is reconciled, its
+    /// tail forgotten, and the batch reported once no run is left.
+    pub(super) fn finish(&mut self, extent: ExtentId) -> Option<Finished> {
+        if self.running.get(&extent)?.pushes_left != Some(0) {
+            return None;
+        }
+        let run = self.running.remove(&extent).expect("checked");
+        debug_assert!(run.waiting.is_empty(), "{extent} reconciled without a tail");
+        self.done.insert(extent, run.reign);
+        self.tails.remove(&extent);
+        let batch = if self.running.is_empty() {
+            self.batch.take()
+        } else {
+            None
+        };
+        Some(Finished { batch })
+    }
+
+    /// Write-back `op` waits for a device write to its blocks (or a buffer).
+    pub(super) fn defer(&mut self, op: OpId) {
+        self.deferred.push(op);
+    }
+
+    /// The write-backs that waited, to try again.
+    pub(super) fn take_deferred(&mut self) -> Vec<OpId> {
+        std::mem::take(&mut self.deferred)
+    }
+
+    /// In-sync replicas whose tail is overdue at `now` (`timeout` after their
+    /// run began).
+    pub(super) fn overdue(&self, now: u64, timeout: u64) -> Vec<(ExtentId, NodeId)> {
+        self.running
+            .iter()
+            .filter(|(_, r)| now.saturating_sub(r.started_ns) >= timeout)
+            .flat_map(|(&x, r)| r.waiting.iter().map(move |&n| (x, n)))
+            .collect()
+    }
+
     /// Check the bookkeeping; panics on a broken invariant:
     /// - a tail is never empty (an empty one is forgotten), keeps at most
     ///   [`TAIL_MAX`] writes, and each names at least one block;
@@ -129,18 +410,13 @@ impl Replicator {
     /// Take the reigns of `map` as already reconciled or seen (the map a node
     /// starts with: nothing was in flight before it).
     pub(super) fn reconcile_start_with(&mut self) {
-        for (&id, e) in &self.map.state().extents {
-            if e.primary == self.me {
-                self.reconcile.done.insert(id, e.primary_since);
-            } else {
-                self.reconcile.seen.insert(id, (e.primary, e.primary_since));
-            }
-        }
+        self.reconcile.start_with(&self.map, self.me);
     }
 
     /// Whether this primary has reconciled `extent`'s current reign.
     pub(super) fn reconciled(&self, extent: ExtentId) -> bool {
-        self.reconcile.done.get(&extent) == Some(&self.map.extent(extent).primary_since)
+        let reign = self.map.extent(extent).primary_since;
+        self.reconcile.reconciled(extent, reign)
     }
 
     /// The `settled` version this primary sends with a write of `extent`: every
@@ -172,54 +448,6 @@ impl Replicator {
             .is_none_or(|oldest| state.last_version.0 - oldest.0 + 1 < TAIL_MAX as u64)
     }
 
-    /// A replica took write `version` of `[lba, lba + blocks)` in `extent`, with
-    /// the primary's `settled`: note it in the tail, forget what has settled.
-    pub(super) fn note_tail(
-        &mut self,
-        extent: ExtentId,
-        version: Version,
-        lba: Lba,
-        blocks: u64,
-        settled: Version,
-    ) {
-        let tail = self.reconcile.tails.entry(extent).or_default();
-        while let Some(oldest) = tail.first_entry() {
-            if *oldest.key() > settled {
-                break;
-            }
-            oldest.remove();
-        }
-        tail.insert(version, (lba, blocks));
-        while tail.len() > TAIL_MAX {
-            tail.pop_first();
-        }
-        if tail.is_empty() {
-            self.reconcile.tails.remove(&extent);
-        }
-    }
-
-    /// The blocks of this node's tail of `extent`.
-    fn tail_blocks(&self, extent: ExtentId) -> BTreeSet<u64> {
-        let tail = self
-            .reconcile
-            .tails
-            .get(&extent)
-            .into_iter()
-            .flat_map(|t| t.values());
-        tail.flat_map(|&(lba, n)| lba.0..lba.0 + n).collect()
-    }
-
-    /// The blocks of this node's tail of `extent`, in runs no longer than a
-    /// request (what a receiver accepts).
-    fn tail_runs(&self, extent: ExtentId) -> BlockRuns {
-        let max = u64::from(self.map.volume().max_request_blocks);
-        let blocks = self.tail_blocks(extent).into_iter().map(|b| (b, ()));
-        runs_by(blocks, max)
-            .into_iter()
-            .map(|(first, n, ())| (Lba(first), n as u32))
-            .collect()
-    }
-
     /// After a map change: send this node's tail to each new primary of an extent
     /// it holds, and start (or go on with) reconciling each extent it now leads.
     pub(super) fn reconcile_after_map(&mut self) {
@@ -240,66 +468,23 @@ impl Replicator {
                 (id, e.primary, e.primary_since, in_sync, holds, others)
             })
             .collect();
+        let max = u64::from(self.map.volume().max_request_blocks);
         for (extent, primary, reign, in_sync, holds, others) in extents {
             if primary == self.me && in_sync {
-                self.reconcile.seen.remove(&extent);
-                self.lead_reign(extent, reign, others);
+                if self.reconcile.lead(extent, reign, &others, self.now_ns) {
+                    self.push_when_ready(extent);
+                }
                 continue;
             }
-            self.reconcile.running.remove(&extent);
-            self.reconcile.done.remove(&extent);
-            self.reconcile
-                .early
-                .retain(|&(x, _), (r, _)| x != extent || *r > reign);
-            if holds && self.reconcile.seen.get(&extent) != Some(&(primary, reign)) {
-                self.reconcile.seen.insert(extent, (primary, reign));
-                let blocks = self.tail_runs(extent);
-                self.send(
-                    primary,
-                    Message::ReconcileTail {
-                        extent,
-                        reign,
-                        blocks,
-                    },
-                );
+            if let Some(blocks) = self.reconcile.follow(extent, (primary, reign), holds, max) {
+                let tail = Message::ReconcileTail {
+                    extent,
+                    reign,
+                    blocks,
+                };
+                self.send(primary, tail);
             }
         }
-    }
-
-    /// This node leads `extent` in the reign begun at `reign`; `others` are the
-    /// other in-sync replicas.
-    fn lead_reign(&mut self, extent: ExtentId, reign: Epoch, others: Vec<NodeId>) {
-        if self.reconcile.done.get(&extent) == Some(&reign) {
-            return;
-        }
-        let running = self
-            .reconcile
-            .running
-            .get(&extent)
-            .is_some_and(|r| r.reign == reign);
-        if !running {
-            let blocks = self.tail_blocks(extent);
-            let run = Run {
-                reign,
-                waiting: others.iter().copied().collect(),
-                blocks,
-                pushes_left: None,
-                started_ns: self.now_ns,
-            };
-            self.reconcile.running.insert(extent, run);
-            for node in others.iter() {
-                if let Some((r, blocks)) = self.reconcile.early.remove(&(extent, *node)) {
-                    if r == reign {
-                        self.tail_arrived(extent, *node, reign, blocks);
-                    }
-                }
-            }
-        }
-        // A replica dropped from the in-sync set is no longer waited for.
-        if let Some(run) = self.reconcile.running.get_mut(&extent) {
-            run.waiting.retain(|n| others.contains(n));
-        }
-        self.push_when_ready(extent);
     }
 
     /// A replica's tail arrived.
@@ -322,80 +507,31 @@ impl Replicator {
         if !self.map.nodes().contains(&from) || !in_extent {
             return tracing::warn!(%from, %extent, "tail from a non-member or outside the extent; dropped");
         }
-        let run = self
-            .reconcile
-            .running
-            .get(&extent)
-            .filter(|r| r.reign == reign)
-            .map(|r| (r.waiting.contains(&from), r.pushes_left));
-        match run {
-            Some((true, _)) => {
-                self.tail_arrived(extent, from, reign, blocks);
-                self.push_when_ready(extent);
+        let current = self.map.extent(extent).primary_since;
+        match self.reconcile.tail(from, extent, reign, blocks, current) {
+            TailNext::Push => self.push_when_ready(extent),
+            TailNext::WriteBack(blocks) => {
+                let ops = self.write_back(extent, &blocks);
+                self.reconcile
+                    .wrote_back(extent, ops, blocks.len() as u64, true);
             }
-            // Not waited for (a rebuilding replica, or a deposed primary back):
-            // its blocks are written back too, and if that has begun, after.
-            Some((false, None)) => {
-                let named = named_blocks(&blocks);
-                if let Some(r) = self.reconcile.running.get_mut(&extent) {
-                    r.blocks.extend(named);
-                }
+            TailNext::Late(blocks) => {
+                let ops = self.write_back(extent, &blocks);
+                self.reconcile
+                    .wrote_back(extent, ops, blocks.len() as u64, false);
             }
-            Some((false, Some(_))) => {
-                let ops = self.write_back(extent, &named_blocks(&blocks));
-                if let Some(Some(left)) = self
-                    .reconcile
-                    .running
-                    .get_mut(&extent)
-                    .map(|r| &mut r.pushes_left)
-                {
-                    *left += ops;
-                }
-            }
-            None if self.reconcile.done.get(&extent) == Some(&reign) && !blocks.is_empty() => {
-                tracing::debug!(%from, %extent, "a late tail: its blocks are written back");
-                self.write_back(extent, &named_blocks(&blocks));
-            }
-            None if reign > self.map.extent(extent).primary_since => {
-                // For a reign this node's map has not reached yet (one per sender
-                // and extent).
-                self.reconcile.early.insert((extent, from), (reign, blocks));
-            }
-            None => {}
+            TailNext::Nothing => {}
         }
-    }
-
-    fn tail_arrived(&mut self, extent: ExtentId, from: NodeId, reign: Epoch, blocks: BlockRuns) {
-        let Some(run) = self.reconcile.running.get_mut(&extent) else {
-            return;
-        };
-        if run.reign != reign || !run.waiting.remove(&from) {
-            return;
-        }
-        run.blocks.extend(named_blocks(&blocks));
     }
 
     /// Once every tail is in, write back every block named; once those are done,
     /// the reign is reconciled.
     fn push_when_ready(&mut self, extent: ExtentId) {
-        let ready = self
-            .reconcile
-            .running
-            .get(&extent)
-            .is_some_and(|r| r.waiting.is_empty() && r.pushes_left.is_none());
-        if ready {
-            let run = self.reconcile.running.get(&extent).expect("checked");
-            let (blocks, since) = (run.blocks.clone(), run.started_ns);
+        if let Some((blocks, since)) = self.reconcile.to_push(extent) {
             let ops = self.write_back(extent, &blocks);
-            if ops > 0 {
-                let batch = self.reconcile.batch.get_or_insert((0, 0, since));
-                batch.0 += 1;
-                batch.1 += blocks.len() as u64;
-                batch.2 = batch.2.min(since);
-            }
-            if let Some(run) = self.reconcile.running.get_mut(&extent) {
-                run.pushes_left = Some(ops);
-            }
+            let n = blocks.len() as u64;
+            self.reconcile.wrote_back(extent, ops, n, false);
+            self.reconcile.pushing(extent, ops, n, since);
         }
         self.finish_reconcile(extent);
     }
@@ -405,7 +541,6 @@ impl Replicator {
     fn write_back(&mut self, extent: ExtentId, blocks: &BTreeSet<u64>) -> usize {
         let max = u64::from(self.map.volume().max_request_blocks);
         let runs = runs_by(blocks.iter().map(|&b| (b, self.data_version(Lba(b)))), max);
-        self.reconcile.blocks_pushed += blocks.len() as u64;
         let count = runs.len();
         for (first, blocks, _) in runs {
             let lba = Lba(first);
@@ -425,27 +560,18 @@ impl Replicator {
     }
 
     fn finish_reconcile(&mut self, extent: ExtentId) {
-        let finished = self
-            .reconcile
-            .running
-            .get(&extent)
-            .is_some_and(|r| r.pushes_left == Some(0));
-        if finished {
-            let run = self.reconcile.running.remove(&extent).expect("checked");
-            self.reconcile.done.insert(extent, run.reign);
-            self.reconcile.tails.remove(&extent);
-            self.claim_all();
-            if self.reconcile.running.is_empty() {
-                if let Some((extents, blocks, since)) = self.reconcile.batch.take() {
-                    let event = crate::events::Event::Reconciled {
-                        node: self.me,
-                        blocks,
-                        extents,
-                        took_ns: self.now_ns.saturating_sub(since),
-                    };
-                    self.actions.push_back(Action::Event(event));
-                }
-            }
+        let Some(Finished { batch }) = self.reconcile.finish(extent) else {
+            return;
+        };
+        self.claim_all();
+        if let Some((extents, blocks, since)) = batch {
+            let event = crate::events::Event::Reconciled {
+                node: self.me,
+                blocks,
+                extents,
+                took_ns: self.now_ns.saturating_sub(since),
+            };
+            self.actions.push_back(Action::Event(event));
         }
     }
 
@@ -454,7 +580,7 @@ impl Replicator {
     /// still be on the device; one that fails is forgotten first).
     pub(super) fn start_reconcile_read(&mut self, op: OpId, lba: Lba, blocks: u64) {
         if self.writing_to(lba, blocks) {
-            self.reconcile.deferred.push(op);
+            self.reconcile.defer(op);
             return;
         }
         let io = self.io(IoPurpose::Op(op));
@@ -466,7 +592,7 @@ impl Replicator {
 
     /// Start the write-back reads no device write holds up any more.
     pub(super) fn retry_reconcile_reads(&mut self) {
-        for op in std::mem::take(&mut self.reconcile.deferred) {
+        for op in self.reconcile.take_deferred() {
             if let Some(&WriteBack { lba, blocks, .. }) = self.ops.write_backs.get(&op) {
                 self.start_reconcile_read(op, lba, blocks);
             }
@@ -483,7 +609,7 @@ impl Replicator {
         } = &self.ops.write_backs[&op];
         if matches!(result, IoResult::Failed(WeirError::Busy)) {
             // No buffer to read into now: read again at the next tick.
-            self.reconcile.deferred.push(op);
+            self.reconcile.defer(op);
             return;
         }
         self.ops.write_backs.remove(&op);
@@ -514,11 +640,7 @@ impl Replicator {
 
     /// One write-back of `extent` finished (or was given up).
     pub(super) fn reconcile_pushed(&mut self, extent: ExtentId) {
-        if let Some(run) = self.reconcile.running.get_mut(&extent) {
-            if let Some(left) = &mut run.pushes_left {
-                *left = left.saturating_sub(1);
-            }
-        }
+        self.reconcile.pushed(extent);
         self.finish_reconcile(extent);
     }
 
@@ -526,15 +648,9 @@ impl Replicator {
     /// write-backs that found no buffer.
     pub(super) fn reconcile_tick(&mut self) {
         self.retry_reconcile_reads();
-        let overdue: Vec<(ExtentId, NodeId)> = self
+        let overdue = self
             .reconcile
-            .running
-            .iter()
-            .filter(|(_, r)| {
-                self.now_ns.saturating_sub(r.started_ns) >= self.config.replica_timeout_ns
-            })
-            .flat_map(|(&x, r)| r.waiting.iter().map(move |&n| (x, n)))
-            .collect();
+            .overdue(self.now_ns, self.config.replica_timeout_ns);
         for (extent, node) in overdue {
             let epoch = self.map.extent(extent).epoch;
             self.ask_drop(extent, epoch, node, "sent no tail in time");
@@ -543,7 +659,7 @@ impl Replicator {
 
     /// Blocks written back by reconciliations so far.
     pub fn blocks_reconciled(&self) -> u64 {
-        self.reconcile.blocks_pushed
+        self.reconcile.blocks_pushed()
     }
 }
 
@@ -552,4 +668,159 @@ fn named_blocks(runs: &BlockRuns) -> BTreeSet<u64> {
     runs.iter()
         .flat_map(|&(l, n)| l.0..l.0 + u64::from(n))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const E: ExtentId = ExtentId(0);
+    const ME: NodeId = NodeId(1);
+    const N2: NodeId = NodeId(2);
+    const N3: NodeId = NodeId(3);
+
+    fn blocks(b: &[u64]) -> BTreeSet<u64> {
+        b.iter().copied().collect()
+    }
+
+    #[test]
+    fn a_tail_keeps_the_writes_above_settled_within_its_bound() {
+        let mut r = Reconciler::default();
+        r.note_tail(E, Version(1), Lba(0), 2, Version(0));
+        r.note_tail(E, Version(2), Lba(10), 1, Version(0));
+        assert_eq!(r.tail_blocks(E), blocks(&[0, 1, 10]));
+        // Write 3 carries settled 1: write 1 is answered everywhere.
+        r.note_tail(E, Version(3), Lba(20), 1, Version(1));
+        assert_eq!(r.tail_blocks(E), blocks(&[10, 20]));
+        r.self_check();
+        for v in 4..(TAIL_MAX as u64 + 10) {
+            r.note_tail(E, Version(v), Lba(v), 1, Version(1));
+        }
+        assert_eq!(
+            r.tails[&E].len(),
+            TAIL_MAX,
+            "the oldest fall out past the bound"
+        );
+        r.self_check();
+        // Everything settled but the write itself: it alone is kept.
+        let last = TAIL_MAX as u64 + 100;
+        r.note_tail(E, Version(last), Lba(7), 1, Version(last - 1));
+        assert!(
+            r.tail_blocks(E) == blocks(&[7]),
+            "only the write above settled"
+        );
+    }
+
+    #[test]
+    fn a_follower_sends_its_tail_once_per_reign_in_runs_of_a_request() {
+        let mut r = Reconciler::default();
+        for (v, lba) in [(1, 0), (2, 1), (3, 2), (4, 9)] {
+            r.note_tail(E, Version(v), Lba(lba), 1, Version(0));
+        }
+        let reign = (N2, Epoch(5));
+        assert_eq!(
+            r.follow(E, reign, true, 2),
+            Some(vec![(Lba(0), 2), (Lba(2), 1), (Lba(9), 1)])
+        );
+        assert_eq!(r.follow(E, reign, true, 2), None, "sent already");
+        assert_eq!(r.follow(E, (N3, Epoch(7)), false, 2), None, "holds no copy");
+        assert!(
+            r.follow(E, (N3, Epoch(7)), true, 2).is_some(),
+            "a new reign"
+        );
+    }
+
+    #[test]
+    fn a_leader_waits_for_every_tail_then_writes_back_once_and_reports_the_batch() {
+        let mut r = Reconciler::default();
+        r.note_tail(E, Version(9), Lba(4), 1, Version(0));
+        // N3's tail comes before this node's map shows the reign.
+        let early = r.tail(N3, E, Epoch(5), vec![(Lba(6), 2)], Epoch(4));
+        assert_eq!(early, TailNext::Nothing);
+        assert!(r.lead(E, Epoch(5), &[N2, N3], 100));
+        assert_eq!(r.to_push(E), None, "N2's tail is not in");
+        assert!(r.overdue(199, 100).is_empty());
+        assert_eq!(r.overdue(200, 100), [(E, N2)]);
+        assert_eq!(
+            r.tail(N2, E, Epoch(4), vec![(Lba(30), 1)], Epoch(5)),
+            TailNext::Nothing,
+            "stale"
+        );
+        assert_eq!(
+            r.tail(N2, E, Epoch(5), vec![(Lba(8), 1)], Epoch(5)),
+            TailNext::Push
+        );
+        r.self_check();
+        let (named, since) = r.to_push(E).expect("every tail is in");
+        assert_eq!((named, since), (blocks(&[4, 6, 7, 8]), 100));
+        r.pushing(E, 2, 4, since);
+        assert_eq!(r.to_push(E), None, "written back once");
+        // A rebuilding replica's tail, not waited for, after the write-backs began.
+        let more = r.tail(NodeId(4), E, Epoch(5), vec![(Lba(40), 1)], Epoch(5));
+        assert_eq!(more, TailNext::WriteBack(blocks(&[40])));
+        r.wrote_back(E, 1, 1, true);
+        r.pushed(E);
+        r.pushed(E);
+        assert_eq!(r.finish(E), None, "one write-back left");
+        r.pushed(E);
+        assert_eq!(
+            r.finish(E),
+            Some(Finished {
+                batch: Some((1, 4, 100))
+            })
+        );
+        assert!(r.reconciled(E, Epoch(5)));
+        assert!(
+            r.tails.is_empty(),
+            "the tail is settled by the reconciliation"
+        );
+        assert!(!r.lead(E, Epoch(5), &[N2, N3], 300), "reconciled already");
+        let late = r.tail(N3, E, Epoch(5), vec![(Lba(50), 1)], Epoch(5));
+        assert_eq!(late, TailNext::Late(blocks(&[50])));
+        r.self_check();
+    }
+
+    #[test]
+    fn a_replica_dropped_from_the_in_sync_set_is_not_waited_for() {
+        let mut r = Reconciler::default();
+        assert!(r.lead(E, Epoch(5), &[N2, N3], 0));
+        assert!(r.lead(E, Epoch(5), &[N2], 10), "N3 dropped");
+        assert_eq!(r.overdue(1_000, 1), [(E, N2)]);
+        assert_eq!(r.tail(N2, E, Epoch(5), vec![], Epoch(5)), TailNext::Push);
+        assert_eq!(r.to_push(E), Some((BTreeSet::new(), 0)));
+        r.pushing(E, 0, 0, 0);
+        assert_eq!(
+            r.finish(E),
+            Some(Finished { batch: None }),
+            "nothing written back"
+        );
+        // Deposed: the next primary's reign is followed, the lead forgotten.
+        assert_eq!(r.follow(E, (N2, Epoch(6)), true, 16), Some(vec![]));
+        assert!(!r.reconciled(E, Epoch(5)));
+    }
+
+    #[test]
+    fn the_first_map_is_taken_as_reconciled_and_seen() {
+        let (_, map) = super::super::small_cluster();
+        let mut r = Reconciler::default();
+        r.start_with(&map, ME);
+        let (led, other) = (map.extent(ExtentId(0)), map.extent(ExtentId(1)));
+        assert_eq!((led.primary, other.primary), (ME, N2));
+        assert!(r.reconciled(ExtentId(0), led.primary_since));
+        assert!(!r.lead(ExtentId(0), led.primary_since, &[N2, N3], 0));
+        assert_eq!(
+            r.follow(ExtentId(1), (N2, other.primary_since), true, 16),
+            None,
+            "nothing was in flight before the first map"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "deferred twice")]
+    fn the_check_catches_a_write_back_deferred_twice() {
+        let mut r = Reconciler::default();
+        r.defer(OpId(3));
+        r.defer(OpId(3));
+        r.self_check();
+    }
 }

@@ -85,6 +85,12 @@ impl Replicator {
         blocks: u64,
         error: WeirError,
     ) {
+        debug_assert!(
+            blocks > 0
+                && self.map.extent_of(lba) == extent
+                && lba.offset(blocks) <= self.map.extent_end(extent),
+            "a repair of {blocks} blocks at {lba} outside {extent}"
+        );
         let placement = self.map.extent(extent);
         let (primary, epoch) = (placement.primary == self.me, placement.epoch);
         if !placement.in_sync.contains(&self.me) || self.ops.len() >= MAX_OPS_IN_FLIGHT {
@@ -133,6 +139,10 @@ impl Replicator {
         let Some(peer) = peer else {
             return self.give_up_repair(op);
         };
+        assert!(
+            peer != self.me && !r.writing,
+            "repair {op} asks itself, or asks again while writing back"
+        );
         let msg = Message::FetchBlocks {
             op,
             extent: r.extent,
@@ -272,6 +282,7 @@ impl Replicator {
         let FetchOp {
             to, remote, extent, ..
         } = self.ops.fetches.remove(&op).expect("a fetch read");
+        debug_assert_ne!(to, self.me, "a primary fetches from itself");
         let result = io_data(result);
         self.send(to, Message::fetched(remote, result));
         self.unlock(extent, op);
@@ -299,6 +310,11 @@ impl Replicator {
             // later read finds the error again). A primary's holds the lock.
             return self.give_up_repair(op);
         }
+        debug_assert!(
+            !r.locked || self.primary.contains_key(&r.extent),
+            "a locked repair of {} outlived its primary state",
+            r.extent
+        );
         r.writing = true;
         let (lba, waiter) = (r.lba, r.waiter.take());
         if let Some((client, req)) = waiter {
@@ -318,6 +334,7 @@ impl Replicator {
     /// Repair `op`'s write-back finished.
     pub(super) fn repair_written(&mut self, op: OpId, result: IoResult) {
         let r = self.ops.repairs.remove(&op).expect("a repair's write-back");
+        assert!(r.writing, "repair {op} wrote back before a peer answered");
         match io_unit(result) {
             Ok(()) => {
                 let from = r.tried.last().copied().expect("a peer answered");

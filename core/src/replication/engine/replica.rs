@@ -28,7 +28,8 @@ impl Replicator {
             return self.send(primary, Message::ReplicaWriteAck { op, result: Err(e) });
         }
         let blocks = self.blocks_of(&data);
-        self.note_tail(extent, version, lba, blocks, settled);
+        self.reconcile
+            .note_tail(extent, version, lba, blocks, settled);
         // A primary's write-back names itself as the client, and the version of
         // its data as the request.
         self.note_applied(origin, primary, lba, blocks, version);

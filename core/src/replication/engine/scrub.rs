@@ -171,23 +171,12 @@ impl Replicator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::map::VolumeSpec;
     use crate::replication::grains::Grains;
 
     const BS: u64 = 4096;
 
-    /// Three nodes, extents of 64 blocks, grains of 4 blocks.
     fn setup() -> (Grains, ClusterMap) {
-        let volume = VolumeSpec {
-            id: VolumeId(1),
-            block_size: BS as u32,
-            capacity_blocks: 256,
-            extent_blocks: 64,
-            max_request_blocks: 16,
-        };
-        let nodes = (1..=3).map(NodeId).collect();
-        let map = ClusterMap::new_static(nodes, volume, 3).unwrap();
-        (Grains::new(4, 64), map)
+        super::super::small_cluster()
     }
 
     #[test]

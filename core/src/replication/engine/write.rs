@@ -241,15 +241,11 @@ impl Replicator {
             .filter(|n| !expect.contains(n))
             .collect();
         let mut acks = Acks::new(expect, extra);
-        for node in self.joining(extent) {
+        for node in self.rebuild.joining(extent) {
             acks.promote(node);
         }
         for &node in &acks.extra {
-            self.rebuild
-                .unacked
-                .entry(node)
-                .or_default()
-                .insert(op, extent);
+            self.rebuild.forwarded(node, op, extent);
         }
         let w = self.ops.writes.get_mut(&op).expect("a write being started");
         w.acks = Some(acks);
@@ -275,7 +271,8 @@ impl Replicator {
         let internal = origin.0 == self.me;
         if !internal {
             // Should this node be deposed, the new primary learns of it.
-            self.note_tail(extent, version, lba, blocks, settled);
+            self.reconcile
+                .note_tail(extent, version, lba, blocks, settled);
         }
         self.note_applied(origin, self.me, lba, blocks, version);
     }

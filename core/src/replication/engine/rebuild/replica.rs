@@ -52,7 +52,7 @@ impl Replicator {
                 _ => runs.push((i, 1)),
             }
         }
-        self.rebuild.incoming.push(Incoming {
+        self.rebuild.arrived(Incoming {
             primary,
             op,
             lba,
@@ -110,7 +110,7 @@ impl Replicator {
         if let Err(e) = checked {
             return self.send(primary, Message::RebuildProbeOk { op, result: Err(e) });
         }
-        self.rebuild.incoming.push(Incoming {
+        self.rebuild.arrived(Incoming {
             primary,
             op,
             lba: copy.lba,
@@ -181,21 +181,15 @@ impl Replicator {
         op: OpId,
         result: IoResult,
     ) {
-        if let Some(inc) = self
-            .rebuild
-            .incoming
-            .iter_mut()
-            .find(|i| i.primary == primary && i.op == op)
-        {
-            inc.ios_left -= 1;
-            if let IoResult::Failed(e) = result {
-                inc.error.get_or_insert(e);
-                // What the copy's grains hold is unknown now: break them, so a
-                // probe asks for them again.
-                let (lba, blocks) = (inc.lba, inc.blocks);
-                for g in self.grains.touched(lba, blocks) {
-                    self.grains.break_grain(g);
-                }
+        let error = match result {
+            IoResult::Failed(e) => Some(e),
+            _ => None,
+        };
+        if let Some((lba, blocks)) = self.rebuild.copy_written(primary, op, error) {
+            // What the copy's grains hold is unknown now: break them, so a
+            // probe asks for them again.
+            for g in self.grains.touched(lba, blocks) {
+                self.grains.break_grain(g);
             }
         }
     }
