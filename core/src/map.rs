@@ -177,6 +177,11 @@ impl ClusterMap {
         ExtentId(lba.0 / self.volume.extent_blocks)
     }
 
+    /// The first block of `extent`.
+    pub fn extent_start(&self, extent: ExtentId) -> Lba {
+        Lba(extent.0 * self.volume.extent_blocks)
+    }
+
     /// First block past the end of `extent`.
     pub fn extent_end(&self, extent: ExtentId) -> Lba {
         Lba(((extent.0 + 1) * self.volume.extent_blocks).min(self.volume.capacity_blocks))

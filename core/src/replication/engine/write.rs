@@ -427,7 +427,7 @@ impl Replicator {
     /// back.
     pub(super) fn primary_state(&mut self, extent: ExtentId) -> &mut PrimaryExtent {
         if !self.primary.contains_key(&extent) {
-            let start = Lba(extent.0 * self.map.volume().extent_blocks);
+            let start = self.map.extent_start(extent);
             let end = self.map.extent_end(extent);
             let mut epoch = self.map.extent(extent).epoch;
             if let Some(&restored) = self.restored.get(&extent) {

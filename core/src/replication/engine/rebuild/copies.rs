@@ -85,10 +85,6 @@ pub(in crate::replication::engine) struct Rebuilds {
     since_ns: Option<u64>,
 }
 
-fn extent_start(map: &ClusterMap, extent: ExtentId) -> Lba {
-    Lba(extent.0 * map.volume().extent_blocks)
-}
-
 impl Rebuilds {
     /// Copies in progress at this node as a primary.
     pub(in crate::replication::engine) fn progress(&self) -> Vec<RebuildProgress> {
@@ -142,7 +138,7 @@ impl Rebuilds {
         if failed {
             if let Some(c) = self.copies.get_mut(&(extent, from)) {
                 tracing::warn!(%extent, node = %from, "a rebuilding replica failed a write; walking its copy again");
-                c.restart(extent_start(map, extent));
+                c.restart(map.extent_start(extent));
             }
         }
         true
@@ -190,7 +186,7 @@ impl Rebuilds {
                 let c = self.copies.get_mut(&(extent, node)).expect("listed");
                 if c.epoch != e.epoch {
                     c.epoch = e.epoch;
-                    c.restart(extent_start(map, extent));
+                    c.restart(map.extent_start(extent));
                 }
                 continue;
             }
@@ -240,7 +236,7 @@ impl Rebuilds {
         now: u64,
     ) {
         let bs = u64::from(map.volume().block_size);
-        let (start, end) = (extent_start(map, extent), map.extent_end(extent));
+        let (start, end) = (map.extent_start(extent), map.extent_end(extent));
         let (from, to) = (grains.grain_of(start), grains.grain_of(end));
         let written = match full {
             Some(_) => end.0 - start.0,
