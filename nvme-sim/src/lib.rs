@@ -15,6 +15,12 @@
 //! touching one fails with `DevError::Media` until a write covers it (the drive
 //! remaps a block on write).
 //!
+//! Host CPU: with [`SimSsd::with_host`], each command first costs its driver's
+//! submission work on the host's cores (the kernel's system call and block layer,
+//! or a polled driver's few hundred ns on its polling core), and its completion
+//! reaches the caller only after the driver's completion work (an interrupt and a
+//! wake-up, or the poller's pass). Without a host the driver costs nothing.
+//!
 //! Time is madsim time under `--cfg madsim` (exact to the nanosecond through
 //! `weir_core::time::sleep_until_exact`); on real tokio the same code runs, with the
 //! timer's resolution.
@@ -25,10 +31,58 @@ pub mod timing;
 
 pub use config::SsdConfig;
 
+/// The host CPU a device's driver runs on (see `weir_host_sim`): submitting and
+/// completing each command cost CPU time there, by the driver's profile.
+#[derive(Clone, Debug)]
+pub struct DeviceHost {
+    /// The host's cores, shared with its network stack.
+    pub cpu: Arc<Mutex<Cpu>>,
+    /// The driver.
+    pub driver: NvmeDriver,
+    /// The instant the host's CPU time counts from.
+    pub epoch: Instant,
+    /// NUMA node the device is attached to.
+    pub numa_node: u8,
+    /// The polling core that serves this device (a polled driver).
+    pub poller: usize,
+}
+
+impl DeviceHost {
+    fn run(&self, at_ns: u64, cost_ns: u64, affinity: Affinity) -> weir_host_sim::Ran {
+        let work = Work {
+            cost_ns,
+            affinity,
+            numa_node: self.numa_node,
+        };
+        self.cpu.lock().expect("cpu").run(at_ns, work)
+    }
+
+    /// The driver submits a command at `at_ns`: where and when that ends.
+    fn submit(&self, at_ns: u64) -> weir_host_sim::Ran {
+        match self.driver {
+            NvmeDriver::Kernel(k) => self.run(at_ns, k.submit_ns, Affinity::Any),
+            NvmeDriver::Polled(p) => self.run(at_ns, p.submit_ns, Affinity::Poller(self.poller)),
+        }
+    }
+
+    /// The device completed at `at_ns` a command submitted on `core`: when the
+    /// waiting thread has it. The kernel's interrupt goes to the submitting
+    /// core's queue; a poller finds it on its next pass.
+    fn complete(&self, at_ns: u64, core: usize) -> u64 {
+        match self.driver {
+            NvmeDriver::Kernel(k) => self.run(at_ns, k.complete_ns, Affinity::Core(core)).end_ns,
+            NvmeDriver::Polled(p) => {
+                self.run(at_ns, p.complete_ns, Affinity::Poller(self.poller))
+                    .end_ns
+            }
+        }
+    }
+}
+
 use config::UNIT_BYTES;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use store::Store;
 use timing::Timing;
@@ -37,6 +91,7 @@ use tokio::time::Instant;
 use weir_core::device::{BlockDevice, DevCommand, DevCompletion, DevError, Geometry};
 use weir_core::ids::Lba;
 use weir_core::time::sleep_until_exact;
+use weir_host_sim::{Affinity, Cpu, NvmeDriver, Work};
 
 struct State {
     timing: Timing,
@@ -56,6 +111,8 @@ pub struct SimSsd {
     state: Mutex<State>,
     slots: Vec<Semaphore>,
     epoch: Instant,
+    /// The CPU its driver costs, if modelled.
+    host: Option<DeviceHost>,
     /// A hung device completes nothing until it resumes (a firmware stall).
     hung: std::sync::atomic::AtomicBool,
     resumed: tokio::sync::Notify,
@@ -88,9 +145,18 @@ impl SimSsd {
             geometry,
             slots,
             epoch: Instant::now(),
+            host: None,
             hung: std::sync::atomic::AtomicBool::new(false),
             resumed: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Charge its driver's work to `host`'s CPU; device time then counts from
+    /// the host's epoch. Before the first command.
+    pub fn with_host(mut self, host: DeviceHost) -> Self {
+        self.epoch = host.epoch;
+        self.host = Some(host);
+        self
     }
 
     /// The model parameters.
@@ -227,7 +293,19 @@ impl BlockDevice for SimSsd {
             .get(usize::from(queue))
             .ok_or(DevError::BadQueue)?;
         let _slot = slots.acquire().await.map_err(|_| DevError::Gone)?;
-        let (power_epoch, done_ns, completion) = self.schedule(cmd)?;
+        // The driver's submission work first: the device sees the command when
+        // it ends.
+        let core = self.host.as_ref().map(|h| {
+            let ran = h.submit(self.now_ns());
+            (ran.core, ran.end_ns)
+        });
+        if let Some((_, submitted_ns)) = core {
+            sleep_until_exact(self.epoch + Duration::from_nanos(submitted_ns)).await;
+        }
+        let (power_epoch, mut done_ns, completion) = self.schedule(cmd)?;
+        if let (Some(host), Some((core, _))) = (&self.host, core) {
+            done_ns = host.complete(done_ns, core);
+        }
         sleep_until_exact(self.epoch + Duration::from_nanos(done_ns)).await;
         loop {
             let resumed = self.resumed.notified();

@@ -95,6 +95,8 @@ pub struct FabricSummary {
     pub drops: u64,
     /// Data packets retransmitted.
     pub retransmits: u64,
+    /// Retransmission timeouts.
+    pub timeouts: u64,
 }
 
 /// The report of one run.
@@ -135,6 +137,9 @@ pub struct Report {
     /// The nodes' flow counts over the run: frames a full transport
     /// queue refused, held, dropped (see `weir_core::flow`).
     pub flow: weir_core::flow::FlowTotals,
+    /// CPU utilization over the workload by role ("storage", "client"), 0..=1,
+    /// when hosts are modelled.
+    pub cpu: Vec<(String, f64)>,
     /// Faults injected, described, in time order.
     pub faults: Vec<String>,
     /// Control-plane events (nodes down and up, failovers), in time order.
@@ -195,6 +200,7 @@ impl Report {
             grain_bytes: 0,
             payload_copies: 0,
             flow: Default::default(),
+            cpu: Vec::new(),
             node_events: Vec::new(),
             faults: Vec::new(),
             events: Vec::new(),
@@ -251,6 +257,17 @@ impl fmt::Display for Report {
                 fs.transport, fs.link_gbps, fs.link_delay_ns, fs.mtu_bytes, fs.buffer_mib
             )?;
         }
+        if s.host.modelled(&s.device) {
+            writeln!(
+                f,
+                "  hosts     {} cores at {} GHz{}, network stack {}, NVMe driver {}",
+                s.host.cores,
+                s.host.clock_ghz,
+                if s.host.numa { ", two NUMA nodes" } else { "" },
+                s.host.network_stack,
+                s.device.driver
+            )?;
+        }
         let pattern = match w.pattern {
             Pattern::Random => "random",
             Pattern::Sequential => "sequential",
@@ -293,6 +310,14 @@ impl fmt::Display for Report {
             "  flow    {} sends refused by a full queue, {} frames held until it had room, {} dropped",
             self.flow.refused, self.flow.held, self.flow.dropped
         )?;
+        if !self.cpu.is_empty() {
+            let roles: Vec<String> = self
+                .cpu
+                .iter()
+                .map(|(role, u)| format!("{role} {:.1}%", 100.0 * u))
+                .collect();
+            writeln!(f, "  cpu     {} busy", roles.join(", "))?;
+        }
         let fb = &self.fabric;
         writeln!(
             f,

@@ -62,6 +62,28 @@ pub struct RunOptions {
     pub telemetry_interval: Option<Duration>,
 }
 
+/// Each role's CPU utilization since the workload started.
+fn cpu_by_role(cluster: &cluster::Cluster) -> Vec<(String, f64)> {
+    let now = cluster.fabric.now_since_epoch_ns();
+    let mut by_role: std::collections::BTreeMap<cluster::Role, weir_host_sim::Usage> =
+        Default::default();
+    for (role, cpu) in &cluster.cpus {
+        let usage = cpu.lock().expect("cpu").usage(now);
+        let sum = by_role.entry(*role).or_default();
+        *sum = sum.plus(usage);
+    }
+    by_role
+        .into_iter()
+        .map(|(role, usage)| {
+            let name = match role {
+                cluster::Role::Storage => "storage",
+                cluster::Role::Client => "client",
+            };
+            (name.to_string(), usage.utilization())
+        })
+        .collect()
+}
+
 /// Run `scenario` with `seed`; `name` names the scenario in the report.
 pub fn run(seed: u64, scenario: &Scenario, name: &str) -> Outcome {
     run_with(seed, scenario, name, RunOptions::default())
@@ -118,7 +140,12 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
 
     let epoch = Instant::now();
     let base_ns = weir_core::time::cluster_ns();
+    for (_, cpu) in &cluster.cpus {
+        let now = cluster.fabric.now_since_epoch_ns();
+        cpu.lock().expect("cpu").start_window(now);
+    }
     let ops = workload::drive(&cluster, &scenario, epoch).await;
+    let cpu = cpu_by_role(&cluster);
     // Liveness counts from when the faults stop: a node may still be paused, cut
     // off or down before its restart when the workload ends.
     tokio::time::sleep_until(epoch + Duration::from_micros(plan.end_us())).await;
@@ -162,6 +189,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     report.grain_bytes = cluster.config.grain_blocks(volume) * u64::from(volume.block_size);
     report.payload_copies = weir_core::copies::on_this_thread() - copies_before;
     let flow = weir_core::flow::on_this_thread();
+    report.cpu = cpu;
     report.flow = weir_core::flow::FlowTotals {
         refused: flow.refused - flow_before.refused,
         held: flow.held - flow_before.held,

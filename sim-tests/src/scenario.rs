@@ -16,6 +16,10 @@ pub struct Scenario {
     pub workload: WorkloadSpec,
     /// The simulated network.
     pub fabric: FabricSpec,
+    /// The hosts' CPUs and network stacks (storage nodes and clients alike).
+    pub host: HostSpec,
+    /// The storage nodes' devices.
+    pub device: DeviceSpec,
     /// Faults injected into the fabric, drawn from the seed.
     pub faults: FaultSpec,
     /// Deliberate bugs, to prove the checkers can fail.
@@ -265,6 +269,10 @@ pub struct FabricSpec {
     /// Bytes a host's NIC queues towards one peer before `send` refuses frames to
     /// it (back-pressure to the node's flow owner), KiB.
     pub send_queue_kib: u64,
+    /// Also mark ECN on every data packet a switch sends while its shared buffer
+    /// is at least this full, percent (deployments mark at 70%); 0: off, RED on
+    /// the egress queue's length only.
+    pub ecn_buffer_pct: u32,
 }
 
 impl Default for FabricSpec {
@@ -280,6 +288,59 @@ impl Default for FabricSpec {
             buffer_mib: 32,
             pfc: true,
             send_queue_kib: 64 << 10,
+            ecn_buffer_pct: 0,
+        }
+    }
+}
+
+/// The hosts' CPU and network stack: every storage node and every client host has
+/// this CPU, and every message and device command costs time on it (see
+/// `weir_host_sim`). With `network_stack = "none"` and `device.driver = "none"`
+/// hosts cost nothing.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostSpec {
+    /// Cores per host.
+    pub cores: u32,
+    /// Core clock, GHz.
+    pub clock_ghz: f64,
+    /// Two NUMA nodes per host (the NIC on the first).
+    pub numa: bool,
+    /// "none" (free), "kernel-tcp" or "rdma".
+    pub network_stack: String,
+}
+
+impl HostSpec {
+    /// Whether hosts cost anything at all.
+    pub fn modelled(&self, device: &DeviceSpec) -> bool {
+        self.network_stack != "none" || device.driver != "none"
+    }
+}
+
+impl Default for HostSpec {
+    fn default() -> Self {
+        HostSpec {
+            cores: 16,
+            clock_ghz: 3.4,
+            numa: false,
+            network_stack: "none".into(),
+        }
+    }
+}
+
+/// The storage nodes' devices.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeviceSpec {
+    /// NVMe driver: "none" (free), "kernel" (interrupts) or "polled" (a
+    /// user-space driver on a dedicated polling core).
+    pub driver: String,
+}
+
+impl Default for DeviceSpec {
+    fn default() -> Self {
+        DeviceSpec {
+            driver: "none".into(),
         }
     }
 }
@@ -535,6 +596,37 @@ impl Scenario {
         }
         if c.scrub_mib_per_sec > 100_000 {
             return bad("cluster.scrub_mib_per_sec", "must be at most 100000");
+        }
+        if f.ecn_buffer_pct > 100 {
+            return bad("fabric.ecn_buffer_pct", "must be between 0 (off) and 100");
+        }
+        let h = &self.host;
+        if h.cores == 0 || h.cores > 256 {
+            return bad("host.cores", "must be between 1 and 256");
+        }
+        if !(0.1..=10.0).contains(&h.clock_ghz) {
+            return bad("host.clock_ghz", "must be between 0.1 and 10");
+        }
+        if h.numa && h.cores < 2 {
+            return bad("host.numa", "two NUMA nodes need at least two cores");
+        }
+        if !matches!(h.network_stack.as_str(), "none" | "kernel-tcp" | "rdma") {
+            return bad(
+                "host.network_stack",
+                "must be \"none\", \"kernel-tcp\" or \"rdma\"",
+            );
+        }
+        if !matches!(self.device.driver.as_str(), "none" | "kernel" | "polled") {
+            return bad(
+                "device.driver",
+                "must be \"none\", \"kernel\" or \"polled\"",
+            );
+        }
+        if self.device.driver == "polled" && h.cores < 2 {
+            return bad(
+                "host.cores",
+                "a polled driver takes a core of its own: at least 2 cores",
+            );
         }
         let x = &self.faults;
         if !(0.0..0.5).contains(&x.link_loss) || !(0.0..0.5).contains(&x.link_corrupt) {

@@ -178,6 +178,34 @@ impl Fabric {
         })
     }
 
+    /// Charge host `id`'s sends and receives to `cpu` by `net`'s costs (see
+    /// `weir_host_sim`). The same `cpu` may be given to the host's devices.
+    pub fn attach_stack(
+        &self,
+        id: NodeId,
+        cpu: Arc<Mutex<weir_host_sim::Cpu>>,
+        net: weir_host_sim::NetStack,
+    ) -> Result<(), String> {
+        let mut s = self.state.lock().expect("fabric state");
+        let idx = *s
+            .hosts
+            .get(&id)
+            .ok_or(format!("host {id} is not attached"))?;
+        s.engine.attach_stack(idx, cpu, net);
+        Ok(())
+    }
+
+    /// The instant fabric time counts from: host CPUs shared with devices count
+    /// from it too.
+    pub fn epoch(&self) -> Instant {
+        self.epoch
+    }
+
+    /// Nanoseconds since [`Fabric::epoch`].
+    pub fn now_since_epoch_ns(&self) -> u64 {
+        self.now_ns()
+    }
+
     /// Sample queues, pauses and QP rates every `interval` from now on.
     pub fn enable_sampling(&self, interval: std::time::Duration) {
         let mut s = self.state.lock().expect("fabric state");

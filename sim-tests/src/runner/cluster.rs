@@ -49,6 +49,8 @@ pub(super) struct Cluster {
     pub(super) checker: Arc<SimTransport>,
     /// The clients' hosts.
     pub(super) clients: Vec<Arc<SimTransport>>,
+    /// The CPU of every storage node and client host, when hosts are modelled.
+    pub(super) cpus: Vec<(Role, SharedCpu)>,
     /// When the cluster started.
     pub(super) start: Instant,
 }
@@ -66,6 +68,7 @@ impl Cluster {
         let events: EventLog = Arc::new(Mutex::new(Events::with_capacity(SIM_EVENTS_MAX)));
         let audit: AuditLog = Arc::default();
         let mut skews = Vec::new();
+        let mut cpus = Vec::new();
         let hosts = start_nodes(
             &fabric,
             &map,
@@ -73,12 +76,19 @@ impl Cluster {
             scenario,
             (&events, start),
             &audit,
-            &mut skews,
+            (&mut skews, &mut cpus),
         );
         // Every host attaches before traffic starts.
         let checker = Arc::new(fabric.endpoint(NodeId(CHECKER_HOST)).expect("new host"));
         let clients = (0..scenario.workload.clients)
-            .map(|c| Arc::new(fabric.endpoint(NodeId(FIRST_CLIENT + c)).expect("new host")))
+            .map(|c| {
+                let id = NodeId(FIRST_CLIENT + c);
+                let transport = Arc::new(fabric.endpoint(id).expect("new host"));
+                if let Some(cpu) = host_cpu(&fabric, id, scenario, 0) {
+                    cpus.push((Role::Client, cpu));
+                }
+                transport
+            })
             .collect();
         // The cluster comes up before clients connect: a Raft leader, the map, and
         // a lease on every node (a few heartbeat ticks).
@@ -93,9 +103,66 @@ impl Cluster {
             skews,
             checker,
             clients,
+            cpus,
             start,
         }
     }
+}
+
+/// What a host is, for CPU figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Role {
+    /// A storage node.
+    Storage,
+    /// A client (compute) host.
+    Client,
+}
+
+/// A host's CPU, shared by its NIC's stack and its devices.
+pub(super) type SharedCpu = Arc<Mutex<weir_host_sim::Cpu>>;
+
+/// The network stack of a scenario's hosts, if they pay for one.
+fn net_stack(s: &Scenario) -> Option<weir_host_sim::NetStack> {
+    use weir_host_sim::profile::{KernelTcp, Rdma};
+    match s.host.network_stack.as_str() {
+        "kernel-tcp" => Some(weir_host_sim::NetStack::KernelTcp(KernelTcp::LINUX)),
+        "rdma" => Some(weir_host_sim::NetStack::Rdma(Rdma::VERBS)),
+        _ => None,
+    }
+}
+
+/// The storage nodes' NVMe driver, if it costs CPU.
+fn nvme_driver(s: &Scenario) -> Option<weir_host_sim::NvmeDriver> {
+    use weir_host_sim::profile::{KernelNvme, PolledNvme};
+    match s.device.driver.as_str() {
+        "kernel" => Some(weir_host_sim::NvmeDriver::Kernel(KernelNvme::LINUX)),
+        "polled" => Some(weir_host_sim::NvmeDriver::Polled(PolledNvme::SPDK)),
+        _ => None,
+    }
+}
+
+/// Host `id`'s CPU (with `poll_cores` polling cores), attached to its network
+/// stack; none when the scenario models no host cost.
+fn host_cpu(fabric: &Fabric, id: NodeId, s: &Scenario, poll_cores: u32) -> Option<SharedCpu> {
+    if !s.host.modelled(&s.device) {
+        return None;
+    }
+    let spec = weir_host_sim::HostSpec {
+        cores: s.host.cores,
+        clock_mhz: (s.host.clock_ghz * 1000.0).round() as u32,
+        numa: s.host.numa,
+        remote_cost_pct: weir_host_sim::profile::NUMA_REMOTE_COST_PCT,
+        poll_cores,
+    };
+    let cpu = weir_host_sim::Cpu::new(spec, weir_host_sim::profile::REFERENCE_MHZ)
+        .expect("validated scenario");
+    let cpu = Arc::new(Mutex::new(cpu));
+    if let Some(net) = net_stack(s) {
+        fabric
+            .attach_stack(id, cpu.clone(), net)
+            .expect("attached host");
+    }
+    Some(cpu)
 }
 
 /// The nodes' replication settings: the scenario's, with its bug switches.
@@ -143,6 +210,7 @@ fn fabric_config(scenario: &Scenario) -> FabricConfig {
     if let Some(tcp) = &mut config.tcp {
         tcp.params.mss = u64::from(f.mtu_bytes);
         config.switch.buffer_bytes = f.buffer_mib << 20;
+        config.switch.ecn_buffer_pct = f.ecn_buffer_pct;
         config.seed = thread_rng().gen();
         return config;
     }
@@ -158,6 +226,7 @@ fn fabric_config(scenario: &Scenario) -> FabricConfig {
     };
     config.nic.bdp_window = f.bdp_window;
     config.switch.buffer_bytes = f.buffer_mib << 20;
+    config.switch.ecn_buffer_pct = f.ecn_buffer_pct;
     config.switch.pfc.enabled = f.pfc;
     config.seed = thread_rng().gen();
     config
@@ -199,7 +268,7 @@ fn start_nodes(
     s: &Scenario,
     (events, cluster_start): (&EventLog, Instant),
     audit: &AuditLog,
-    skews: &mut Vec<(NodeId, Skew)>,
+    (skews, cpus): (&mut Vec<(NodeId, Skew)>, &mut Vec<(Role, SharedCpu)>),
 ) -> Vec<Host> {
     let voters = map.nodes().to_vec();
     let timeouts = timeouts(s);
@@ -224,7 +293,24 @@ fn start_nodes(
             block_size: s.cluster.block_size,
             ..SsdConfig::default()
         };
-        let ssd = Arc::new(SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config"));
+        let mut ssd = SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config");
+        let driver = nvme_driver(s);
+        let poll_cores = u32::from(matches!(driver, Some(weir_host_sim::NvmeDriver::Polled(_))));
+        if let Some(cpu) = host_cpu(fabric, id, s, poll_cores) {
+            if let Some(driver) = driver {
+                ssd = ssd.with_host(weir_nvme_sim::DeviceHost {
+                    cpu: cpu.clone(),
+                    driver,
+                    epoch: fabric.epoch(),
+                    // With two NUMA nodes the SSD hangs off the second, the NIC
+                    // off the first: the polling core (the host's last) is local.
+                    numa_node: u8::from(s.host.numa),
+                    poller: 0,
+                });
+            }
+            cpus.push((Role::Storage, cpu));
+        }
+        let ssd = Arc::new(ssd);
         let device = ssd.clone();
         // What survives a crash: the device, the durable Raft log and the
         // block-version checkpoints.

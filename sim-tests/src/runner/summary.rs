@@ -293,6 +293,7 @@ pub(super) fn fabric(fabric: &Fabric) -> FabricSummary {
         pauses: c.pauses_sent,
         drops: c.drops_in_network(),
         retransmits: c.retransmits,
+        timeouts: c.timeouts,
         ..FabricSummary::default()
     };
     for (_, nic, switch) in fabric.port_stats() {

@@ -215,6 +215,10 @@ pub struct SwitchSpec {
     pub forwarding_ns: u64,
     /// ECN marking.
     pub ecn: EcnSpec,
+    /// Also mark every data packet sent while the shared buffer is at least this
+    /// full, percent of `buffer_bytes` (0: off). Deployments that mark on buffer
+    /// occupancy rather than queue length set 70.
+    pub ecn_buffer_pct: u32,
     /// PFC.
     pub pfc: PfcSpec,
 }
@@ -284,6 +288,7 @@ impl Default for FabricConfig {
                 buffer_bytes: 32 << 20,
                 forwarding_ns: 300,
                 ecn: EcnSpec::hpcc(),
+                ecn_buffer_pct: 0,
                 pfc: PfcSpec {
                     enabled: true,
                     reserve_bytes: 4096,
@@ -398,6 +403,9 @@ impl FabricConfig {
         }
         if let Err(why) = self.switch.ecn.validate() {
             return bad("switch.ecn", &why);
+        }
+        if self.switch.ecn_buffer_pct > 100 {
+            return bad("switch.ecn_buffer_pct", "must be at most 100");
         }
         if self.switch.buffer_bytes < 1 << 20 {
             return bad("switch.buffer_bytes", "must be at least 1 MiB");

@@ -293,7 +293,7 @@ impl Engine {
         match verdict {
             RxVerdict::Accept => {
                 if let Some(frame) = msg {
-                    self.deliver(src, h, frame, msg_sent_ns);
+                    self.stack_receive(src, h, frame, msg_sent_ns);
                 }
                 self.enqueue(port, control(h, src, hash, Kind::Ack { psn, ece: false }));
             }

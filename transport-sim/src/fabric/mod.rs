@@ -15,9 +15,13 @@
 //!   honours PFC pauses from the switch. Fault: a PFC storm (a NIC stuck sending
 //!   XOFF to its switch).
 //!
-//! Not modelled yet: TCP mode (lossy queues, DCTCP/Reno/Cubic), PAUSE quanta (XOFF
-//! holds until XON), per-host CPU cost. Everything random comes from the seed in the
-//! configuration; the engine never reads a clock: [`Engine::advance`] is told the time.
+//! - TCP mode (`tcp.rs`): lossy queues and windowed congestion control.
+//! - Host stacks (`stack.rs`): a host with a CPU attached pays for its sends and
+//!   receives on its cores (kernel TCP or RDMA costs), before the NIC and before
+//!   the application.
+//!
+//! Not modelled yet: PAUSE quanta (XOFF holds until XON). Everything random comes
+//! from the seed in the configuration; the engine never reads a clock: [`Engine::advance`] is told the time.
 
 pub mod config;
 pub mod mmu;
@@ -27,6 +31,7 @@ pub mod telemetry;
 pub mod topology;
 
 mod host;
+mod stack;
 mod switch;
 mod tcp;
 
@@ -112,6 +117,20 @@ enum Event {
     Fault(Fault),
     /// Take a telemetry sample.
     Sample,
+    /// A host stack's send work for a message ended: it goes to the NIC.
+    StackTx {
+        src: HostIdx,
+        dst: HostIdx,
+        frame: Frame,
+    },
+    /// A receive queue's coalesced interrupt, armed at `at`.
+    StackIrq {
+        host: HostIdx,
+        queue: usize,
+        at: u64,
+    },
+    /// A host stack's receive work for a batch ended: it reaches the application.
+    StackDeliver { dst: HostIdx, batch: stack::Batch },
 }
 
 /// A transmitter: one end of a link.
@@ -159,6 +178,8 @@ pub struct Engine {
     wiring: Wiring,
     ports: Vec<Port>,
     hosts: Vec<Host>,
+    /// Each host's network stack, if its CPU is modelled.
+    stacks: Vec<Option<stack::Stack>>,
     switches: Vec<Switch>,
     attached: usize,
     link_up: Vec<bool>,
@@ -206,6 +227,7 @@ impl Engine {
             hosts: (0..wiring.host_ports.len())
                 .map(|_| Host::default())
                 .collect(),
+            stacks: (0..wiring.host_ports.len()).map(|_| None).collect(),
             link_up: vec![true; wiring.links.len()],
             link_errors: vec![(0.0, 0.0); wiring.links.len()],
             rng: SmallRng::seed_from_u64(config.seed),
@@ -273,6 +295,7 @@ impl Engine {
             .send
             .get(&dst)
             .map_or(0, |qp| qp.queued_bytes)
+            + self.stacks[src].as_ref().map_or(0, |s| s.tx_bytes(dst))
     }
 
     /// Congestion signals host `src` has seen on its connection to `dst` (CNPs, ECN
@@ -339,7 +362,7 @@ impl Engine {
         assert!(src < self.attached && dst < self.attached, "unknown host");
         assert_ne!(src, dst, "a host sends to itself without the fabric");
         self.process_until(now_ns);
-        self.host_send(src, dst, frame);
+        self.app_send(src, dst, frame);
         self.arm_sampling();
     }
 
@@ -408,6 +431,9 @@ impl Engine {
             Event::SwitchUp { switch } => self.switch_up(switch),
             Event::Fault(fault) => self.apply_fault(fault),
             Event::Sample => self.sample(),
+            Event::StackTx { src, dst, frame } => self.stack_tx(src, dst, frame),
+            Event::StackIrq { host, queue, at } => self.stack_interrupt_timer(host, queue, at),
+            Event::StackDeliver { dst, batch } => self.stack_deliver(dst, batch),
         }
     }
 

@@ -127,15 +127,21 @@ impl Engine {
 
     /// Dequeue the next data packet of egress `port`, marking ECN RED-style on the
     /// queue's bytes with the packet still counted (the reference simulator takes it
-    /// off first: one frame less).
-    pub(super) fn switch_dequeue_data(&mut self, _s: SwitchIdx, port: PortId) -> Option<Packet> {
+    /// off first: one frame less), or on the shared buffer's occupancy when that
+    /// is configured and reached.
+    pub(super) fn switch_dequeue_data(&mut self, s: SwitchIdx, port: PortId) -> Option<Packet> {
+        let pct = u64::from(self.config.switch.ecn_buffer_pct);
+        let buffer_full = pct > 0
+            && self.switches[s].mmu.used_bytes() * 100 >= pct * self.config.switch.buffer_bytes;
         let p = &mut self.ports[port];
         let mut packet = p.queues[PRIO_DATA].pop_front()?;
         let queued = p.queue_bytes[PRIO_DATA];
         p.queue_bytes[PRIO_DATA] -= u64::from(packet.wire_bytes);
         let ecn = p.ecn;
         let (kmin, kmax) = (ecn.kmin_bytes, ecn.kmax_bytes);
-        let prob = if queued <= kmin {
+        let prob = if buffer_full {
+            1.0
+        } else if queued <= kmin {
             0.0
         } else if queued <= kmax {
             ecn.pmax * (queued - kmin) as f64 / (kmax - kmin).max(1) as f64

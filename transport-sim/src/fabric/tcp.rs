@@ -50,7 +50,7 @@ impl Engine {
         // u64::MAX for none yet): duplicates are how the sender learns of a loss.
         let psn = self.hosts[h].recv[&src].expected.wrapping_sub(1);
         for (frame, sent_ns) in ready.into_iter().flatten() {
-            self.deliver(src, h, frame, sent_ns);
+            self.stack_receive(src, h, frame, sent_ns);
         }
         let hash = Self::flow_hash_of(h, src);
         self.enqueue(port, control(h, src, hash, Kind::Ack { psn, ece: ce }));

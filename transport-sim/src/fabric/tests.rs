@@ -360,3 +360,96 @@ fn the_dcqcn_papers_marking_scales_from_its_40g_row_and_follows_the_paper_preset
     assert!(!c.set_dcqcn_preset("nonsense"));
     assert_eq!(c, before);
 }
+
+/// A host CPU of `cores` cores at the profiles' reference clock.
+fn cpu(cores: u32) -> std::sync::Arc<std::sync::Mutex<weir_host_sim::Cpu>> {
+    let spec = weir_host_sim::HostSpec {
+        cores,
+        clock_mhz: weir_host_sim::profile::REFERENCE_MHZ,
+        numa: false,
+        remote_cost_pct: 100,
+        poll_cores: 0,
+    };
+    let cpu = weir_host_sim::Cpu::new(spec, weir_host_sim::profile::REFERENCE_MHZ).unwrap();
+    std::sync::Arc::new(std::sync::Mutex::new(cpu))
+}
+
+/// When one `bytes`-byte message from host 0 reaches host 1, with `net` on both.
+fn one_message_ns(net: Option<weir_host_sim::NetStack>, bytes: usize) -> u64 {
+    let mut e = engine(no_cc(2));
+    if let Some(net) = net {
+        e.attach_stack(0, cpu(4), net);
+        e.attach_stack(1, cpu(4), net);
+    }
+    e.send(0, 0, 1, Frame::from(vec![7; bytes]));
+    let d = e.run_until_idle(u64::MAX);
+    assert_eq!(d.len(), 1);
+    d[0].at_ns
+}
+
+#[test]
+fn a_kernel_tcp_message_costs_its_profile_on_both_hosts() {
+    use weir_host_sim::profile::KernelTcp;
+    let t = KernelTcp::LINUX;
+    let wire = one_message_ns(None, 1000);
+    let with = one_message_ns(Some(weir_host_sim::NetStack::KernelTcp(t)), 1000);
+    // Idle cores: the sender's call, the interrupt's coalescing delay, the
+    // softirq and the woken receiver, one after the other.
+    let expected =
+        t.send_ns(1000, 1) + t.coalesce_us * 1000 + t.softirq_ns(1000, 1) + t.receive_ns(1000, 1);
+    assert_eq!(with - wire, expected);
+}
+
+#[test]
+fn an_rdma_message_costs_a_post_a_poll_and_the_nic() {
+    use weir_host_sim::profile::Rdma;
+    let r = Rdma::VERBS;
+    let wire = one_message_ns(None, 1 << 20);
+    let with = one_message_ns(Some(weir_host_sim::NetStack::Rdma(r)), 1 << 20);
+    // No per-byte CPU: a 1 MiB message costs what a small one does.
+    let expected = r.send_ns() + 2 * r.nic_ns_per_message() + r.receive_ns();
+    assert_eq!(with - wire, expected);
+    let tcp = weir_host_sim::NetStack::KernelTcp(weir_host_sim::profile::KernelTcp::LINUX);
+    assert!(one_message_ns(Some(tcp), 1 << 20) - wire > 10 * expected);
+}
+
+#[test]
+fn a_one_core_kernel_tcp_receiver_caps_throughput_and_keeps_order() {
+    use weir_host_sim::profile::KernelTcp;
+    let t = KernelTcp::LINUX;
+    let mut e = engine(no_cc(3));
+    let receiver = cpu(1);
+    e.attach_stack(2, receiver.clone(), weir_host_sim::NetStack::KernelTcp(t));
+    let n = 200u64;
+    for i in 0..n {
+        for src in [0, 1] {
+            e.send(0, src, 2, Frame::from(vec![i as u8; 64 << 10]));
+        }
+    }
+    let d = e.run_until_idle(u64::MAX);
+    assert_eq!(d.len() as u64, 2 * n);
+    for src in [0, 1] {
+        let order: Vec<u8> = d
+            .iter()
+            .filter(|d| d.src == src)
+            .map(|d| d.frame.head[0])
+            .collect();
+        assert_eq!(order, (0..n).map(|i| i as u8).collect::<Vec<_>>());
+    }
+    // The one core did every byte's receive work: the last message cannot
+    // arrive before that much CPU time has passed.
+    let packets = (64u64 << 10).div_ceil(u64::from(FabricConfig::default().nic.mtu_bytes));
+    let per_message = t.softirq_ns(64 << 10, packets)
+        + t.syscall_ns
+        + (t.copy_ps_per_byte * (64 << 10)).div_ceil(1000);
+    let last = d.iter().map(|d| d.at_ns).max().unwrap();
+    assert!(
+        last >= 2 * n * per_message,
+        "{last} < {}",
+        2 * n * per_message
+    );
+    // And it is the bottleneck: the wire alone would have taken far less.
+    let wire = 2 * n * (64 << 10) * 8 * 1_000_000_000 / 100_000_000_000;
+    assert!(last > 2 * wire, "{last} vs wire {wire}");
+    receiver.lock().unwrap().self_check();
+}
