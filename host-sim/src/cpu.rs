@@ -30,9 +30,11 @@ use std::collections::BTreeMap;
 /// Index of a core in its host.
 pub type CoreIdx = usize;
 
-/// Work that arrives this long before the latest arrival seen is treated as
-/// arriving then: the callers' event loops are never further apart than this
-/// (madsim wakes each within a few hundred ns of its deadline).
+/// Work that arrives this long before the latest "now" a caller gave is treated
+/// as arriving then: the callers' event loops are never further apart than this
+/// (madsim wakes each within a few hundred ns of its deadline). Work may arrive
+/// in the future (a device completion charged when it is scheduled): that does
+/// not move the watermark, which follows the callers' present only.
 pub const LATE_ARRIVAL_SLACK_NS: u64 = 10_000_000;
 /// Busy intervals a core keeps; past this the oldest is forgotten (its time is in
 /// the past of every caller, see [`LATE_ARRIVAL_SLACK_NS`]).
@@ -217,7 +219,7 @@ pub struct Cpu {
     cores: Vec<Core>,
     general: Vec<CoreIdx>,
     pollers: Vec<CoreIdx>,
-    /// Latest arrival seen, ns.
+    /// Latest present a caller gave, ns.
     latest_ns: u64,
     /// Work arriving before this is moved to it.
     watermark_ns: u64,
@@ -277,13 +279,20 @@ impl Cpu {
         cost as u64
     }
 
-    /// Run `work`, arriving at `at_ns`: returns where and when it ran.
-    pub fn run(&mut self, at_ns: u64, work: Work) -> Ran {
-        self.latest_ns = self.latest_ns.max(at_ns);
+    /// Run `work`, arriving now: returns where and when it ran.
+    pub fn run(&mut self, now_ns: u64, work: Work) -> Ran {
+        self.run_at(now_ns, now_ns, work)
+    }
+
+    /// Run `work`, arriving at `at_ns` (now or later; `now_ns` is the caller's
+    /// present): returns where and when it ran.
+    pub fn run_at(&mut self, now_ns: u64, at_ns: u64, work: Work) -> Ran {
+        debug_assert!(at_ns >= now_ns, "work arrives in the past");
+        self.latest_ns = self.latest_ns.max(now_ns);
         self.watermark_ns = self
             .watermark_ns
             .max(self.latest_ns.saturating_sub(LATE_ARRIVAL_SLACK_NS));
-        let at = at_ns.max(self.watermark_ns);
+        let at = at_ns.max(now_ns).max(self.watermark_ns);
         let pick = |set: &[CoreIdx], n: usize| set[n % set.len()];
         let (core, start, cost) = match work.affinity {
             Affinity::Core(n) => self.place(pick(&self.general, n), at, &work),
@@ -468,14 +477,18 @@ mod tests {
     #[test]
     fn earlier_work_fills_the_gap_before_future_work() {
         let mut cpu = Cpu::new(spec(1), 1000).unwrap();
-        let later = cpu.run(10_000, work(1000));
+        let later = cpu.run_at(0, 10_000, work(1000));
         assert_eq!((later.start_ns, later.end_ns), (10_000, 11_000));
         // Arrives later in call order, earlier in time, and fits before it.
-        let early = cpu.run(2_000, work(3000));
+        let early = cpu.run_at(0, 2_000, work(3000));
         assert_eq!((early.start_ns, early.end_ns), (2_000, 5_000));
         // Does not fit in the gap left (5,000..10,000 holds 5,000): goes after.
-        let big = cpu.run(4_000, work(6000));
+        let big = cpu.run_at(0, 4_000, work(6000));
         assert_eq!(big.start_ns, 11_000);
+        // Work charged far in the future does not hold back work arriving now.
+        let future = cpu.run_at(20_000, 1_000_000_000, work(10));
+        assert_eq!(future.start_ns, 1_000_000_000);
+        assert_eq!(cpu.run(20_000, work(10)).start_ns, 20_000);
         cpu.self_check();
     }
 

@@ -48,31 +48,40 @@ pub struct DeviceHost {
 }
 
 impl DeviceHost {
-    fn run(&self, at_ns: u64, cost_ns: u64, affinity: Affinity) -> weir_host_sim::Ran {
+    fn run(
+        &self,
+        (now_ns, at_ns): (u64, u64),
+        cost_ns: u64,
+        affinity: Affinity,
+    ) -> weir_host_sim::Ran {
         let work = Work {
             cost_ns,
             affinity,
             numa_node: self.numa_node,
         };
-        self.cpu.lock().expect("cpu").run(at_ns, work)
+        self.cpu.lock().expect("cpu").run_at(now_ns, at_ns, work)
     }
 
     /// The driver submits a command at `at_ns`: where and when that ends.
     fn submit(&self, at_ns: u64) -> weir_host_sim::Ran {
         match self.driver {
-            NvmeDriver::Kernel(k) => self.run(at_ns, k.submit_ns, Affinity::Any),
-            NvmeDriver::Polled(p) => self.run(at_ns, p.submit_ns, Affinity::Poller(self.poller)),
+            NvmeDriver::Kernel(k) => self.run((at_ns, at_ns), k.submit_ns, Affinity::Any),
+            NvmeDriver::Polled(p) => {
+                self.run((at_ns, at_ns), p.submit_ns, Affinity::Poller(self.poller))
+            }
         }
     }
 
-    /// The device completed at `at_ns` a command submitted on `core`: when the
-    /// waiting thread has it. The kernel's interrupt goes to the submitting
-    /// core's queue; a poller finds it on its next pass.
-    fn complete(&self, at_ns: u64, core: usize) -> u64 {
+    /// The device will complete at `at_ns` (charged now, at `now_ns`) a command
+    /// submitted on `core`: when the waiting thread has it. The kernel's
+    /// interrupt goes to the submitting core's queue; a poller finds it on its
+    /// next pass.
+    fn complete(&self, now_ns: u64, at_ns: u64, core: usize) -> u64 {
+        let when = (now_ns, at_ns.max(now_ns));
         match self.driver {
-            NvmeDriver::Kernel(k) => self.run(at_ns, k.complete_ns, Affinity::Core(core)).end_ns,
+            NvmeDriver::Kernel(k) => self.run(when, k.complete_ns, Affinity::Core(core)).end_ns,
             NvmeDriver::Polled(p) => {
-                self.run(at_ns, p.complete_ns, Affinity::Poller(self.poller))
+                self.run(when, p.complete_ns, Affinity::Poller(self.poller))
                     .end_ns
             }
         }
@@ -304,7 +313,7 @@ impl BlockDevice for SimSsd {
         }
         let (power_epoch, mut done_ns, completion) = self.schedule(cmd)?;
         if let (Some(host), Some((core, _))) = (&self.host, core) {
-            done_ns = host.complete(done_ns, core);
+            done_ns = host.complete(self.now_ns(), done_ns, core);
         }
         sleep_until_exact(self.epoch + Duration::from_nanos(done_ns)).await;
         loop {

@@ -260,3 +260,82 @@ async fn a_media_error_fails_reads_of_its_blocks_until_they_are_written() {
     );
     assert_eq!(ssd.unreadable_blocks(), 1);
 }
+
+/// An SSD whose driver runs on a host of `cores` cores (one of them a polling
+/// core if the driver polls).
+fn ssd_on_host(
+    driver: weir_host_sim::NvmeDriver,
+    cores: u32,
+) -> (Arc<SimSsd>, weir_nvme_sim::DeviceHost) {
+    use weir_host_sim::profile::REFERENCE_MHZ;
+    let polled = matches!(driver, weir_host_sim::NvmeDriver::Polled(_));
+    let spec = weir_host_sim::HostSpec {
+        cores,
+        clock_mhz: REFERENCE_MHZ,
+        numa: false,
+        remote_cost_pct: 100,
+        poll_cores: u32::from(polled),
+    };
+    let cpu = weir_host_sim::Cpu::new(spec, REFERENCE_MHZ).unwrap();
+    let host = weir_nvme_sim::DeviceHost {
+        cpu: Arc::new(std::sync::Mutex::new(cpu)),
+        driver,
+        epoch: Instant::now(),
+        numa_node: 0,
+        poller: 0,
+    };
+    let ssd = SimSsd::new(SsdConfig::default(), 7)
+        .unwrap()
+        .with_host(host.clone());
+    (Arc::new(ssd), host)
+}
+
+#[madsim::test]
+async fn the_drivers_cost_cpu_and_a_busy_core_caps_iops() {
+    use weir_host_sim::profile::{KernelNvme, PolledNvme};
+    use weir_host_sim::NvmeDriver;
+    let kernel = KernelNvme::LINUX;
+    // QD1: the kernel driver adds its submission and completion work to every
+    // command's latency.
+    let bare = Arc::new(SimSsd::new(SsdConfig::default(), 7).unwrap());
+    let (_, bare_ns) = random_reads(bare, 1, Duration::from_millis(100)).await;
+    let (ssd, _) = ssd_on_host(NvmeDriver::Kernel(kernel), 16);
+    let (_, kernel_ns) = random_reads(ssd, 1, Duration::from_millis(100)).await;
+    let added = kernel_ns - bare_ns;
+    let cost = (kernel.submit_ns + kernel.complete_ns) as f64;
+    println!("QD1: {bare_ns:.0} ns bare, {kernel_ns:.0} ns with the kernel driver");
+    assert!(
+        (added - cost).abs() < 0.5 * cost,
+        "added {added:.0} ns, the driver costs {cost:.0}"
+    );
+
+    // One general core and the kernel driver: the core, not the SSD (about 1M
+    // IOPS), caps random reads at one command per 1,645 ns of CPU.
+    let (ssd, host) = ssd_on_host(NvmeDriver::Kernel(kernel), 1);
+    host.cpu.lock().unwrap().start_window(0);
+    let (iops, _) = random_reads(ssd, 128, Duration::from_millis(20)).await;
+    let cap = 1e9 / cost;
+    println!("one core, kernel driver: {iops:.0} IOPS (CPU cap {cap:.0})");
+    assert!(
+        iops <= cap * 1.02 && iops > cap * 0.8,
+        "{iops:.0} IOPS vs cap {cap:.0}"
+    );
+    let now = (Instant::now() - host.epoch).as_nanos() as u64;
+    let busy = host.cpu.lock().unwrap().usage(now).utilization();
+    assert!(busy > 0.9, "the one core should be saturated: {busy:.2}");
+
+    // A polling core does the same work in 72 ns a command: the SSD binds again,
+    // and the polling core shows fully busy however little it does.
+    let (ssd, host) = ssd_on_host(NvmeDriver::Polled(PolledNvme::SPDK), 2);
+    host.cpu.lock().unwrap().start_window(0);
+    let (iops, _) = random_reads(ssd, 128, Duration::from_millis(20)).await;
+    println!("polled: {iops:.0} IOPS");
+    assert!(iops > 1.4 * cap, "polled {iops:.0} IOPS");
+    let now = (Instant::now() - host.epoch).as_nanos() as u64;
+    let usage = host.cpu.lock().unwrap().usage(now);
+    assert_eq!(usage.poll_ns, now, "the polling core spins the whole time");
+    assert_eq!(
+        usage.work_ns, 0,
+        "the general core did none of the driver's work"
+    );
+}

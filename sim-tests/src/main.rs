@@ -33,6 +33,20 @@ struct Args {
     /// Telemetry sampling interval, microseconds.
     #[arg(long, default_value_t = 10)]
     sample_us: u64,
+    /// Run an experiment (a matrix of variants, see `--experiment list`) instead
+    /// of one scenario: prints its table, writes its plots.
+    #[arg(long, conflicts_with_all = ["scenario", "campaign"])]
+    experiment: Option<String>,
+    /// The experiment's quick form: a few simulated milliseconds per variant.
+    #[arg(long, requires = "experiment")]
+    quick: bool,
+    /// Write the experiment's results as JSON here.
+    #[arg(long, requires = "experiment")]
+    json: Option<PathBuf>,
+    /// Write the experiment's SVG plots here (default:
+    /// target/experiments/NAME).
+    #[arg(long, requires = "experiment")]
+    plots: Option<PathBuf>,
     /// Turn on a deliberate bug (repeatable), to see the checkers catch it:
     /// skip-last-replica, ack-before-slowest, serve-before-lease, rebuild-one-short,
     /// accept-stale-epoch, ignore-lease-margin.
@@ -57,6 +71,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if let Some(name) = &args.experiment {
+        return experiment(&args, name);
+    }
     let (text, name) = match &args.scenario {
         None => (
             weir_sim::scenario::DEFAULT_SCENARIO.to_string(),
@@ -98,6 +115,70 @@ fn main() -> ExitCode {
         }
     }
     run(&args, &scenario, &name)
+}
+
+/// `--experiment NAME`: list them, or run one.
+fn experiment(args: &Args, name: &str) -> ExitCode {
+    use weir_sim::experiment::{find, setups::ALL};
+    if name == "list" {
+        for e in ALL {
+            println!("{:<18} {}", e.name, e.about);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let Some(e) = find(name) else {
+        let names: Vec<&str> = ALL.iter().map(|e| e.name).collect();
+        eprintln!(
+            "error: no experiment {name:?}; there are: {}",
+            names.join(", ")
+        );
+        return ExitCode::from(2);
+    };
+    run_experiment(args, &e)
+}
+
+#[cfg(madsim)]
+fn run_experiment(args: &Args, e: &weir_sim::experiment::Experiment) -> ExitCode {
+    let wall = std::time::Instant::now();
+    let results = weir_sim::experiment::run(e, args.seed, args.quick, |m| {
+        eprintln!(
+            "  {} done: {:.0} IOPS (wall clock {:.1} s so far)",
+            m.name,
+            m.iops,
+            wall.elapsed().as_secs_f64()
+        );
+    });
+    print!("{}", results.table());
+    let dir = args
+        .plots
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/experiments").join(e.name));
+    match results.plot(&dir) {
+        Ok(files) => eprintln!("plots: {}", files.join(", ")),
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(path) = &args.json {
+        if let Err(err) = std::fs::write(path, results.json()) {
+            eprintln!("error: cannot write {}: {err}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("json: {}", path.display());
+    }
+    eprintln!("(wall clock {:.1} s)", wall.elapsed().as_secs_f64());
+    if results.variants.iter().all(|m| m.checkers_passed) {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("error: a variant's checkers failed (see the table)");
+        ExitCode::FAILURE
+    }
+}
+
+#[cfg(not(madsim))]
+fn run_experiment(_: &Args, _: &weir_sim::experiment::Experiment) -> ExitCode {
+    run_needs_madsim()
 }
 
 #[cfg(madsim)]
@@ -144,6 +225,11 @@ fn run(args: &Args, scenario: &weir_sim::scenario::Scenario, name: &str) -> Exit
 
 #[cfg(not(madsim))]
 fn run(_: &Args, _: &weir_sim::scenario::Scenario, _: &str) -> ExitCode {
+    run_needs_madsim()
+}
+
+#[cfg(not(madsim))]
+fn run_needs_madsim() -> ExitCode {
     eprintln!(
         "error: weir-sim runs only on the deterministic simulator; \
          use `cargo xtask sim`, which builds it with RUSTFLAGS=\"--cfg madsim\""

@@ -20,6 +20,8 @@ pub struct Scenario {
     pub host: HostSpec,
     /// The storage nodes' devices.
     pub device: DeviceSpec,
+    /// More client hosts with workloads of their own (`[[extra_clients]]`).
+    pub extra_clients: Vec<ExtraClients>,
     /// Faults injected into the fabric, drawn from the seed.
     pub faults: FaultSpec,
     /// Deliberate bugs, to prove the checkers can fail.
@@ -243,6 +245,50 @@ impl Default for WorkloadSpec {
     }
 }
 
+/// More client hosts beside the workload's, with a workload of their own: an
+/// ingest stream beside analytics reads, or bursts of clients that switch on at
+/// random times.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExtraClients {
+    /// Client hosts.
+    pub clients: u32,
+    /// Random or sequential.
+    pub pattern: Pattern,
+    /// Percent of requests that are reads.
+    pub read_percent: u32,
+    /// Bytes per request.
+    pub block_size: u32,
+    /// Outstanding requests per client.
+    pub queue_depth: u32,
+    /// Each client starts at a random time up to this long after the workload
+    /// (drawn from the seed), milliseconds; 0: with the rest.
+    pub start_spread_ms: u64,
+    /// Each client runs this long, milliseconds; 0: to the workload's end.
+    pub run_ms: u64,
+}
+
+impl Default for ExtraClients {
+    fn default() -> Self {
+        ExtraClients {
+            clients: 1,
+            pattern: Pattern::Sequential,
+            read_percent: 0,
+            block_size: 131072,
+            queue_depth: 8,
+            start_spread_ms: 0,
+            run_ms: 0,
+        }
+    }
+}
+
+impl Scenario {
+    /// Client hosts in all.
+    pub fn client_hosts(&self) -> u32 {
+        self.workload.clients + self.extra_clients.iter().map(|e| e.clients).sum::<u32>()
+    }
+}
+
 /// Fabric parameters: a star of RoCE v2 hosts on one switch.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -394,14 +440,18 @@ impl Scenario {
             source_name: source_name.to_string(),
             error,
         })?;
-        scenario
-            .validate()
+        scenario.checked(source_name)
+    }
+
+    /// `self`, if it is valid; `source_name` names it in errors.
+    pub fn checked(self, source_name: &str) -> Result<Scenario, ScenarioError> {
+        self.validate()
             .map_err(|(key, why)| ScenarioError::Invalid {
                 source_name: source_name.to_string(),
                 key,
                 why,
             })?;
-        Ok(scenario)
+        Ok(self)
     }
 
     /// The fault campaign's scenario for `seed`: a small cluster under a light
@@ -534,6 +584,28 @@ impl Scenario {
         }
         if w.clients == 0 || w.clients > 256 {
             return bad("workload.clients", "must be between 1 and 256");
+        }
+        for e in &self.extra_clients {
+            if e.read_percent > 100
+                || e.queue_depth == 0
+                || e.queue_depth > 1024
+                || e.block_size == 0
+                || !e.block_size.is_multiple_of(c.block_size)
+                || e.block_size / c.block_size > 256
+                || u64::from(e.block_size) > c.volume_mib << 20
+            {
+                return bad(
+                    "extra_clients",
+                    "read_percent at most 100, queue_depth 1 to 1024, block_size 1 to 256 \
+                     times cluster.block_size",
+                );
+            }
+            if e.start_spread_ms > 60_000 || e.run_ms > 60_000 {
+                return bad("extra_clients", "start_spread_ms and run_ms at most 60000");
+            }
+        }
+        if self.client_hosts() > 256 {
+            return bad("extra_clients.clients", "at most 256 client hosts in all");
         }
         if w.duration_ms == 0 || w.duration_ms > 60_000 {
             return bad("workload.duration_ms", "must be between 1 and 60000");

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 /// Points of one series: (time us, value).
-type Points = Vec<(f64, f64)>;
+pub(crate) type Points = Vec<(f64, f64)>;
 
 /// Series plotted at most per chart.
 pub const SERIES_PLOTTED_MAX: usize = 8;
@@ -168,48 +168,60 @@ impl Telemetry {
         y_label: &str,
         series: Vec<(String, Points)>,
     ) -> Result<(), TelemetryError> {
-        let err = |e: &dyn std::fmt::Display| TelemetryError::Plot {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        };
         let t_max = self.samples.last().map_or(1.0, |s| s.time_us).max(1.0);
-        let y_max = series
-            .iter()
-            .flat_map(|(_, pts)| pts.iter().map(|p| p.1))
-            .fold(1.0, f64::max)
-            * 1.05;
-        let root = SVGBackend::new(path, (960, 540)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| err(&e))?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0.0..t_max, 0.0..y_max)
-            .map_err(|e| err(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("time us")
-            .y_desc(y_label)
-            .draw()
-            .map_err(|e| err(&e))?;
-        for (i, (name, points)) in series.into_iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            chart
-                .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
-        }
-        chart
-            .configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.8))
-            .draw()
-            .map_err(|e| err(&e))?;
-        root.present().map_err(|e| err(&e))?;
-        Ok(())
+        line_chart(path, title, ("time us", t_max), y_label, series)
     }
+}
+
+/// An SVG line chart of `series` over x in `0..x_max`, one colour and legend
+/// entry per series.
+pub(crate) fn line_chart(
+    path: &Path,
+    title: &str,
+    (x_label, x_max): (&str, f64),
+    y_label: &str,
+    series: Vec<(String, Points)>,
+) -> Result<(), TelemetryError> {
+    let err = |e: &dyn std::fmt::Display| TelemetryError::Plot {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    let y_max = series
+        .iter()
+        .flat_map(|(_, pts)| pts.iter().map(|p| p.1))
+        .fold(1.0, f64::max)
+        * 1.05;
+    let root = SVGBackend::new(path, (960, 540)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (i, (name, points)) in series.into_iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
 }
 
 /// The `SERIES_PLOTTED_MAX` series with the highest `score`, ties by name.

@@ -4,6 +4,10 @@
 //!   (`RUSTFLAGS="--cfg madsim"`, in `target/madsim` so the normal build is never
 //!   invalidated) and run it; ARGS go to `weir-sim` (`--seed N`, `--scenario FILE`,
 //!   `--check-determinism`, `--duration-ms MS`).
+//! - `cargo xtask experiment NAME [--seed N] [--json FILE] [--quick] [--plots DIR]`:
+//!   one of the published deployments' comparisons (`cargo xtask experiment list`
+//!   names them) on the simulator: a table, SVG plots (default
+//!   `target/experiments/NAME`), and with `--json` the measured figures.
 //! - `cargo xtask bench fabric`: the fabric engine's speed (events per second,
 //!   simulated time per wall time) on the 2:1 and 60:1 scenarios.
 //! - `cargo xtask bench nbd`: fio through the nbd engine against weir (1 and 3
@@ -18,7 +22,8 @@
 //! - `cargo xtask test`: every check: formatting, clippy on both builds, the normal
 //!   `cargo test --workspace`, and the madsim build of the workspace's tests (device
 //!   model, fabric, seeded scenarios, a determinism check and the seed sweep), then
-//!   100 campaign seeds derived from the commit id: the same for a commit, new
+//!   every experiment in its quick form (twice, comparing the JSON byte for
+//!   byte), then 100 campaign seeds derived from the commit id: the same for a commit, new
 //!   for the next, so every commit widens the campaign's reach.
 
 mod campaign;
@@ -37,10 +42,12 @@ fn main() -> ExitCode {
         Some("sim") => sim(&root, &args[1..]),
         Some("test") => test(&root),
         Some("bench") => bench(&root, &args[1..]),
+        Some("experiment") => experiment(&root, &args[1..]),
         Some("campaign") => campaign::run_cli(&root, &args[1..]),
         _ => {
             eprintln!("usage: cargo xtask sim [--seed N] [--scenario FILE] [--check-determinism]");
             eprintln!("       cargo xtask campaign --seeds A..B [--jobs N] [weir-sim args]");
+            eprintln!("       cargo xtask experiment list|NAME [--seed N] [--json FILE] [--quick]");
             eprintln!("       cargo xtask test");
             eprintln!("       cargo xtask bench fabric|nbd|memory");
             return ExitCode::from(2);
@@ -95,6 +102,64 @@ fn sim(root: &Path, args: &[String]) -> Result<(), String> {
     } else {
         Err("weir-sim (a checker failed or the run could not start)".into())
     }
+}
+
+/// `cargo xtask experiment ...`: weir-sim's `--experiment`, built for the
+/// simulator.
+fn experiment(root: &Path, args: &[String]) -> Result<(), String> {
+    let Some(name) = args.first() else {
+        return Err("experiment: say which one (`cargo xtask experiment list` names them)".into());
+    };
+    let mut cmd = cargo(root, true, &["run", "--quiet", "-p", "weir-sim", "--"]);
+    cmd.arg("--experiment").arg(name).args(&args[1..]);
+    let status = cmd.status().map_err(|e| format!("weir-sim ({e})"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("experiment {name}"))
+    }
+}
+
+/// Every experiment in its quick form, twice with the same seed: each must run
+/// to its end with its checkers passing, and both runs must write the same JSON.
+fn quick_experiments(root: &Path) -> Result<(), String> {
+    let bin = root.join(MADSIM_TARGET_DIR).join("debug/weir-sim");
+    let list = Command::new(&bin)
+        .args(["--experiment", "list"])
+        .output()
+        .map_err(|e| format!("weir-sim --experiment list ({e})"))?;
+    let list = String::from_utf8_lossy(&list.stdout).to_string();
+    let names: Vec<&str> = list
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    if names.is_empty() {
+        return Err("weir-sim --experiment list (named no experiment)".into());
+    }
+    let dir = root.join("target/experiments/quick");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{} ({e})", dir.display()))?;
+    for name in names {
+        let mut jsons = Vec::new();
+        for run_no in 0..2 {
+            let json = dir.join(format!("{name}-{run_no}.json"));
+            let mut cmd = Command::new(&bin);
+            cmd.args(["--experiment", name, "--quick", "--json"])
+                .arg(&json)
+                .arg("--plots")
+                .arg(dir.join(name));
+            run(
+                &format!("experiment {name} --quick (run {})", run_no + 1),
+                cmd,
+            )?;
+            jsons.push(std::fs::read(&json).map_err(|e| format!("{} ({e})", json.display()))?);
+        }
+        if jsons[0] != jsons[1] {
+            return Err(format!(
+                "experiment {name} --quick: two runs of one seed wrote different JSON"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Benchmarks, in release mode, one core.
@@ -190,6 +255,7 @@ fn test(root: &Path) -> Result<(), String> {
         let what = format!("weir-sim {}", args[5..].join(" "));
         run(&what, cargo(root, true, &args))?;
     }
+    quick_experiments(root)?;
     campaign::commit_seeds(root)?;
     eprintln!("xtask: all tests passed");
     Ok(())

@@ -50,7 +50,7 @@ pub(super) struct Cluster {
     /// The clients' hosts.
     pub(super) clients: Vec<Arc<SimTransport>>,
     /// The CPU of every storage node and client host, when hosts are modelled.
-    pub(super) cpus: Vec<(Role, SharedCpu)>,
+    pub(super) cpus: HostCpus,
     /// When the cluster started.
     pub(super) start: Instant,
 }
@@ -80,7 +80,7 @@ impl Cluster {
         );
         // Every host attaches before traffic starts.
         let checker = Arc::new(fabric.endpoint(NodeId(CHECKER_HOST)).expect("new host"));
-        let clients = (0..scenario.workload.clients)
+        let clients = (0..scenario.client_hosts())
             .map(|c| {
                 let id = NodeId(FIRST_CLIENT + c);
                 let transport = Arc::new(fabric.endpoint(id).expect("new host"));
@@ -120,6 +120,8 @@ pub(super) enum Role {
 
 /// A host's CPU, shared by its NIC's stack and its devices.
 pub(super) type SharedCpu = Arc<Mutex<weir_host_sim::Cpu>>;
+/// Every modelled host's CPU, with its role.
+pub(super) type HostCpus = Vec<(Role, SharedCpu)>;
 
 /// The network stack of a scenario's hosts, if they pay for one.
 fn net_stack(s: &Scenario) -> Option<weir_host_sim::NetStack> {
@@ -200,7 +202,7 @@ fn fabric_config(scenario: &Scenario) -> FabricConfig {
         "tcp-cubic" => FabricConfig::tcp(rate_bps, Algorithm::Cubic),
         _ => FabricConfig::at_rate(rate_bps),
     };
-    let hosts = scenario.cluster.nodes + scenario.workload.clients + 1;
+    let hosts = scenario.cluster.nodes + scenario.client_hosts() + 1;
     config.topology = Topology::Star {
         hosts: hosts as usize,
     };
@@ -268,7 +270,7 @@ fn start_nodes(
     s: &Scenario,
     (events, cluster_start): (&EventLog, Instant),
     audit: &AuditLog,
-    (skews, cpus): (&mut Vec<(NodeId, Skew)>, &mut Vec<(Role, SharedCpu)>),
+    (skews, cpus): (&mut Vec<(NodeId, Skew)>, &mut HostCpus),
 ) -> Vec<Host> {
     let voters = map.nodes().to_vec();
     let timeouts = timeouts(s);

@@ -1,5 +1,6 @@
-//! Stage 3 of a run: the workload. Each client host opens the volume and runs
-//! `queue_depth` workers until the deadline, each recording every operation it
+//! Stage 3 of a run: the workload. Each client host (the workload's, then the
+//! `[[extra_clients]]`) opens the volume and runs `queue_depth` workers from its
+//! start until its stop (by default the workload's deadline), each recording every operation it
 //! invokes (and when it completed, if it did) for the history.
 
 use super::cluster::Cluster;
@@ -17,12 +18,71 @@ use weir_core::map::ClusterMap;
 use weir_core::Lba;
 use weir_transport_sim::SimTransport;
 
+/// What one client host does: its workload, its first worker's index among all
+/// the run's workers, and when it starts and stops.
+#[derive(Clone, Debug)]
+struct ClientPlan {
+    pattern: Pattern,
+    read_percent: u32,
+    block_size: u32,
+    queue_depth: u32,
+    first_worker: u64,
+    start: Instant,
+    stop: Instant,
+}
+
+/// Every client's plan: the workload's clients for the whole run, then each
+/// `[[extra_clients]]` group's, starting and stopping as it says.
+fn plans(scenario: &Scenario, epoch: Instant, deadline: Instant) -> Vec<ClientPlan> {
+    let w = &scenario.workload;
+    let mut plans = Vec::new();
+    let mut first_worker = 0u64;
+    for _ in 0..w.clients {
+        plans.push(ClientPlan {
+            pattern: w.pattern,
+            read_percent: w.read_percent,
+            block_size: w.block_size,
+            queue_depth: w.queue_depth,
+            first_worker,
+            start: epoch,
+            stop: deadline,
+        });
+        first_worker += u64::from(w.queue_depth);
+    }
+    for e in &scenario.extra_clients {
+        for _ in 0..e.clients {
+            let delay_ms = match e.start_spread_ms {
+                0 => 0,
+                spread => thread_rng().gen_range(0..spread),
+            };
+            let start = (epoch + Duration::from_millis(delay_ms)).min(deadline);
+            let stop = match e.run_ms {
+                0 => deadline,
+                run => (start + Duration::from_millis(run)).min(deadline),
+            };
+            plans.push(ClientPlan {
+                pattern: e.pattern,
+                read_percent: e.read_percent,
+                block_size: e.block_size,
+                queue_depth: e.queue_depth,
+                first_worker,
+                start,
+                stop,
+            });
+            first_worker += u64::from(e.queue_depth);
+        }
+    }
+    plans
+}
+
 /// Run every client from `epoch` for the workload's duration; returns every
 /// operation, in completion order (operations that never completed last).
 pub(super) async fn drive(cluster: &Cluster, scenario: &Scenario, epoch: Instant) -> Vec<OpRecord> {
     let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
+    let plans = plans(scenario, epoch, deadline);
+    let workers: u64 = plans.iter().map(|p| u64::from(p.queue_depth)).sum();
     let mut clients = Vec::new();
-    for (c, transport) in cluster.clients.iter().cloned().enumerate() {
+    for ((c, transport), plan) in cluster.clients.iter().cloned().enumerate().zip(plans) {
         let c = c as u32;
         let (map, spec) = (cluster.map.clone(), scenario.clone());
         let host = Handle::current()
@@ -30,7 +90,11 @@ pub(super) async fn drive(cluster: &Cluster, scenario: &Scenario, epoch: Instant
             .name(format!("client-{c}"))
             .build();
         clients.push(host.spawn(async move {
-            run_client(transport, map, spec, c as u16, epoch, deadline).await
+            // Only later starters wait: a madsim sleep waits at least 1 ms.
+            if plan.start > Instant::now() {
+                weir_core::time::sleep_until_exact(plan.start).await;
+            }
+            run_client(transport, map, spec, (c as u16, plan, workers), epoch).await
         }));
     }
     let mut ops = Vec::new();
@@ -45,30 +109,33 @@ async fn run_client(
     transport: Arc<SimTransport>,
     map: ClusterMap,
     spec: Scenario,
-    client: u16,
+    (client, plan, workers): (u16, ClientPlan, u64),
     epoch: Instant,
-    deadline: Instant,
 ) -> Vec<OpRecord> {
     let volume = Volume::open(transport, map, thread_rng().gen());
     let seq = Arc::new(AtomicU64::new(0));
     let log = Arc::new(Mutex::new(Vec::new()));
-    let mut workers = Vec::new();
-    for w in 0..spec.workload.queue_depth {
+    let mut tasks = Vec::new();
+    for w in 0..plan.queue_depth {
         let (volume, spec, seq, log) = (volume.clone(), spec.clone(), seq.clone(), log.clone());
-        workers.push(tokio::spawn(async move {
+        let plan = plan.clone();
+        tasks.push(tokio::spawn(async move {
+            let stop = plan.stop;
             let worker = Worker {
                 volume,
-                spec,
+                block_size: spec.cluster.block_size,
+                me: plan.first_worker + u64::from(w),
+                workers,
+                plan,
                 client,
-                index: w,
                 seq,
                 epoch,
             };
-            worker.run(deadline, log).await
+            worker.run(stop, log).await
         }));
     }
-    for w in workers {
-        w.await.expect("worker task");
+    for t in tasks {
+        t.await.expect("worker task");
     }
     let mut log = log.lock().expect("log lock");
     std::mem::take(&mut *log)
@@ -76,9 +143,13 @@ async fn run_client(
 
 struct Worker {
     volume: Arc<Volume<SimTransport>>,
-    spec: Scenario,
+    /// The volume's block size.
+    block_size: u32,
+    plan: ClientPlan,
+    /// This worker's index among all the run's workers, and how many there are.
+    me: u64,
+    workers: u64,
     client: u16,
-    index: u32,
     seq: Arc<AtomicU64>,
     epoch: Instant,
 }
@@ -89,14 +160,13 @@ impl Worker {
     }
 
     async fn run(self, deadline: Instant, log: Arc<Mutex<Vec<OpRecord>>>) {
-        let w = &self.spec.workload;
-        let bs = u64::from(self.spec.cluster.block_size);
+        let w = &self.plan;
+        let bs = u64::from(self.block_size);
         let req_blocks = u64::from(w.block_size) / bs;
         let capacity = self.volume.map().volume().capacity_blocks;
         let slots = capacity / req_blocks;
         // Sequential workers each stream through a region of their own.
-        let workers = u64::from(w.clients * w.queue_depth);
-        let me = u64::from(self.client) * u64::from(w.queue_depth) + u64::from(self.index);
+        let (me, workers) = (self.me, self.workers);
         let region = (slots / workers).max(1);
         let mut cursor = 0u64;
         while Instant::now() < deadline {

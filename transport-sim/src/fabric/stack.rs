@@ -74,13 +74,18 @@ impl Stack {
         }
     }
 
-    fn run(&self, at_ns: u64, cost_ns: u64, affinity: Affinity) -> u64 {
+    /// Run work arriving at `at_ns` (`now_ns` or later): when it ends.
+    fn run(&self, (now_ns, at_ns): (u64, u64), cost_ns: u64, affinity: Affinity) -> u64 {
         let work = Work {
             cost_ns,
             affinity,
             numa_node: NIC_NUMA_NODE,
         };
-        self.cpu.lock().expect("cpu").run(at_ns, work).end_ns
+        self.cpu
+            .lock()
+            .expect("cpu")
+            .run_at(now_ns, at_ns, work)
+            .end_ns
     }
 
     /// The NIC's message engine takes one message at `at_ns`: when it is done.
@@ -117,9 +122,11 @@ impl Engine {
             return self.host_send(src, dst, frame);
         };
         let mut done = match stack.net {
-            NetStack::KernelTcp(tcp) => stack.run(now, tcp.send_ns(bytes, packets), Affinity::Any),
+            NetStack::KernelTcp(tcp) => {
+                stack.run((now, now), tcp.send_ns(bytes, packets), Affinity::Any)
+            }
             NetStack::Rdma(rdma) => {
-                let posted = stack.run(now, rdma.send_ns(), Affinity::Any);
+                let posted = stack.run((now, now), rdma.send_ns(), Affinity::Any);
                 stack.nic_message(posted, rdma.nic_ns_per_message())
             }
         };
@@ -175,7 +182,7 @@ impl Engine {
             }
             NetStack::Rdma(rdma) => {
                 let seen = stack.nic_message(now, rdma.nic_ns_per_message());
-                let done = stack.run(seen, rdma.receive_ns(), Affinity::Core(q));
+                let done = stack.run((now, seen), rdma.receive_ns(), Affinity::Core(q));
                 let queue = &mut stack.rx[q];
                 let done = done.max(queue.last_done_ns);
                 queue.last_done_ns = done;
@@ -213,12 +220,13 @@ impl Engine {
         queue.packets = 0;
         queue.irq_at = None;
         debug_assert!(!batch.is_empty());
-        let softirq = stack.run(now, tcp.softirq_ns(bytes, packets), Affinity::Core(q));
-        let done = stack.run(
-            softirq,
-            tcp.receive_ns(bytes, batch.len() as u64),
-            Affinity::Any,
+        let softirq = stack.run(
+            (now, now),
+            tcp.softirq_ns(bytes, packets),
+            Affinity::Core(q),
         );
+        let receive = tcp.receive_ns(bytes, batch.len() as u64);
+        let done = stack.run((now, softirq), receive, Affinity::Any);
         let queue = &mut stack.rx[q];
         let done = done.max(queue.last_done_ns);
         queue.last_done_ns = done;

@@ -1,0 +1,244 @@
+//! The experiments' setups: the published deployments' comparisons.
+//!
+//! Shared by all: storage nodes and compute nodes (clients) on one 100 GbE
+//! switch, every host with 16 cores at the cost profiles' reference clock, every
+//! volume 3-way replicated. "Kernel TCP" is Linux's default: CUBIC on a lossy
+//! fabric, the kernel's socket stack and, where the device side is part of the
+//! comparison, the kernel's NVMe driver. "RoCE" is RoCE v2 with PFC, ECN and
+//! DCQCN, verbs, and a polled user-space NVMe driver. Where an experiment keeps
+//! one side fixed to isolate the other, it says so.
+
+use super::{Experiment, Variant};
+use crate::scenario::{ExtraClients, Pattern, Scenario};
+
+/// Every experiment, in the order `list` prints them.
+pub const ALL: &[Experiment] = &[
+    Experiment {
+        name: "roce-vs-tcp-small",
+        about: "4 KiB random reads, then writes, at QD128 from 3 compute nodes to 3 storage \
+                nodes: RoCE v2 + verbs vs kernel TCP (both with the polled NVMe driver)",
+        variants: roce_vs_tcp_small,
+    },
+    Experiment {
+        name: "roce-vs-tcp-large",
+        about: "1 MiB sequential reads, then writes, at QD32 from 3 compute nodes: bandwidth \
+                as % of the clients' line rate and CPU, RoCE v2 vs kernel TCP",
+        variants: roce_vs_tcp_large,
+    },
+    Experiment {
+        name: "mixed",
+        about: "analytics (4 KiB random reads) and ingest (128 KiB sequential writes) at once \
+                and each alone, on both fabrics: how much each slows the other",
+        variants: mixed,
+    },
+    Experiment {
+        name: "incast",
+        about: "32 compute nodes read 4 KiB at random at once, ECN marked at 70% buffer \
+                occupancy: DCQCN on vs off vs kernel TCP (and 128 KiB reads from 6 nodes)",
+        variants: incast,
+    },
+    Experiment {
+        name: "spdk-vs-kernel",
+        about: "one node, 4 KiB random reads at QD16 against its NVMe: a polled user-space \
+                driver vs the kernel's interrupt-driven one (RDMA to the client in both)",
+        variants: spdk_vs_kernel,
+    },
+    Experiment {
+        name: "full-stack",
+        about: "3 nodes, 4 KiB random 70% reads at QD64 per node: kernel NVMe + kernel TCP vs \
+                polled + RoCE, steady and with bursts of extra clients",
+        variants: full_stack,
+    },
+];
+
+/// Simulated time of the quick form (`cargo xtask test` runs every experiment so).
+const QUICK_MS: u64 = 4;
+
+fn base(quick: bool, duration_ms: u64) -> Scenario {
+    let mut s = Scenario::default();
+    s.cluster.nodes = 3;
+    s.cluster.replicas = 3;
+    s.cluster.volume_mib = 4096;
+    s.workload.duration_ms = if quick { QUICK_MS } else { duration_ms };
+    s.host.cores = 16;
+    s.host.clock_ghz = f64::from(weir_host_sim::profile::REFERENCE_MHZ) / 1000.0;
+    s
+}
+
+/// Kernel TCP: CUBIC on a lossy fabric, the kernel's socket stack.
+fn kernel_tcp(s: &mut Scenario) {
+    s.fabric.transport = "tcp-cubic".into();
+    s.host.network_stack = "kernel-tcp".into();
+}
+
+/// RoCE v2 with PFC, ECN and DCQCN, through verbs.
+fn roce(s: &mut Scenario) {
+    s.fabric.transport = "roce".into();
+    s.fabric.dcqcn = "hpcc".into();
+    s.fabric.pfc = true;
+    s.host.network_stack = "rdma".into();
+}
+
+fn workload(s: &mut Scenario, pattern: Pattern, block_size: u32, read_percent: u32, qd: u32) {
+    s.workload.pattern = pattern;
+    s.workload.block_size = block_size;
+    s.workload.read_percent = read_percent;
+    s.workload.queue_depth = qd;
+}
+
+fn variant(name: &str, scenario: Scenario) -> Variant {
+    Variant {
+        name: name.to_string(),
+        scenario,
+    }
+}
+
+/// `tcp-read`, `tcp-write`, `roce-read`, `roce-write` of one block size and
+/// pattern.
+fn fabric_matrix(
+    quick: bool,
+    duration_ms: u64,
+    pattern: Pattern,
+    bs: u32,
+    qd: u32,
+) -> Vec<Variant> {
+    let mut out = Vec::new();
+    for (fabric, set) in [("tcp", kernel_tcp as fn(&mut Scenario)), ("roce", roce)] {
+        for (kind, reads) in [("read", 100), ("write", 0)] {
+            let mut s = base(quick, duration_ms);
+            s.workload.clients = 3;
+            s.device.driver = "polled".into();
+            set(&mut s);
+            workload(&mut s, pattern, bs, reads, qd);
+            out.push(variant(&format!("{fabric}-{kind}"), s));
+        }
+    }
+    out
+}
+
+fn roce_vs_tcp_small(quick: bool) -> Vec<Variant> {
+    fabric_matrix(quick, 60, Pattern::Random, 4096, 128)
+}
+
+fn roce_vs_tcp_large(quick: bool) -> Vec<Variant> {
+    fabric_matrix(quick, 40, Pattern::Sequential, 1 << 20, 32)
+}
+
+fn mixed(quick: bool) -> Vec<Variant> {
+    let ingest = ExtraClients {
+        clients: 1,
+        pattern: Pattern::Sequential,
+        read_percent: 0,
+        block_size: 128 << 10,
+        queue_depth: 8,
+        start_spread_ms: 0,
+        run_ms: 0,
+    };
+    let mut out = Vec::new();
+    for (fabric, set) in [("tcp", kernel_tcp as fn(&mut Scenario)), ("roce", roce)] {
+        let analytics = |s: &mut Scenario| {
+            s.workload.clients = 2;
+            workload(s, Pattern::Random, 4096, 100, 64);
+        };
+        let driver = if fabric == "tcp" { "kernel" } else { "polled" };
+        let mut both = base(quick, 60);
+        set(&mut both);
+        both.device.driver = driver.into();
+        analytics(&mut both);
+        both.extra_clients = vec![ingest.clone()];
+        let mut reads = base(quick, 60);
+        set(&mut reads);
+        reads.device.driver = driver.into();
+        analytics(&mut reads);
+        let mut writes = base(quick, 60);
+        set(&mut writes);
+        writes.device.driver = driver.into();
+        writes.workload.clients = ingest.clients;
+        workload(
+            &mut writes,
+            ingest.pattern,
+            ingest.block_size,
+            0,
+            ingest.queue_depth,
+        );
+        out.push(variant(&format!("{fabric}-mixed"), both));
+        out.push(variant(&format!("{fabric}-read-alone"), reads));
+        out.push(variant(&format!("{fabric}-write-alone"), writes));
+    }
+    out
+}
+
+fn incast(quick: bool) -> Vec<Variant> {
+    let mut out = Vec::new();
+    for (suffix, nodes, bs, qd) in [("", 3, 4096, 16), ("-128k", 6, 128 << 10, 4)] {
+        for name in ["dcqcn-on", "dcqcn-off", "tcp"] {
+            let mut s = base(quick, 40);
+            s.cluster.nodes = nodes;
+            s.cluster.extent_mib = 16;
+            s.workload.clients = 32;
+            s.device.driver = "polled".into();
+            s.fabric.ecn_buffer_pct = 70;
+            workload(&mut s, Pattern::Random, bs, 100, qd);
+            match name {
+                "tcp" => kernel_tcp(&mut s),
+                "dcqcn-off" => {
+                    roce(&mut s);
+                    s.fabric.dcqcn = "off".into();
+                }
+                _ => roce(&mut s),
+            }
+            out.push(variant(&format!("{name}{suffix}"), s));
+        }
+    }
+    out
+}
+
+fn spdk_vs_kernel(quick: bool) -> Vec<Variant> {
+    ["polled", "kernel"]
+        .into_iter()
+        .map(|driver| {
+            let mut s = base(quick, 100);
+            s.cluster.nodes = 1;
+            s.cluster.replicas = 1;
+            s.workload.clients = 1;
+            roce(&mut s);
+            s.device.driver = driver.into();
+            workload(&mut s, Pattern::Random, 4096, 100, 16);
+            variant(driver, s)
+        })
+        .collect()
+}
+
+fn full_stack(quick: bool) -> Vec<Variant> {
+    let mut out = Vec::new();
+    for burst in [false, true] {
+        for (name, set, driver) in [
+            ("kernel-tcp", kernel_tcp as fn(&mut Scenario), "kernel"),
+            ("polled-roce", roce, "polled"),
+        ] {
+            let mut s = base(quick, 100);
+            set(&mut s);
+            s.device.driver = driver.into();
+            s.workload.clients = 3;
+            workload(&mut s, Pattern::Random, 4096, 70, 64);
+            let mut name = name.to_string();
+            if burst {
+                // Six more clients of the same workload, each switched on at a
+                // random time in the first 80% of the run for a fifth of it.
+                let d = s.workload.duration_ms;
+                s.extra_clients = vec![ExtraClients {
+                    clients: 6,
+                    pattern: Pattern::Random,
+                    read_percent: 70,
+                    block_size: 4096,
+                    queue_depth: 64,
+                    start_spread_ms: (d * 4 / 5).max(1),
+                    run_ms: (d / 5).max(1),
+                }];
+                name.push_str("-burst");
+            }
+            out.push(variant(&name, s));
+        }
+    }
+    out
+}
