@@ -49,6 +49,9 @@ pub struct SsdConfig {
     pub cache_write_ns_per_unit: u64,
     /// Volatile write cache size in bytes; writes stall when it is full.
     pub cache_bytes: u64,
+    /// Drives of this kind striped into the one namespace (RAID 0, see
+    /// `timing::Array`); `capacity_blocks` is each drive's.
+    pub drives: u32,
 }
 
 /// Size of the flash mapping unit: reads and programs are modelled per 4 KiB.
@@ -76,6 +79,7 @@ impl Default for SsdConfig {
             host_bytes_per_sec: 7_000_000_000,
             cache_write_ns_per_unit: 2_000,
             cache_bytes: 256 << 20,
+            drives: 1,
         }
     }
 }
@@ -94,6 +98,9 @@ impl SsdConfig {
         }
         if self.capacity_blocks == 0 {
             return fail("capacity_blocks", "must be > 0");
+        }
+        if self.drives == 0 || self.drives > 32 {
+            return fail("drives", "must be between 1 and 32");
         }
         if self.queues == 0 || self.queue_depth == 0 {
             return fail("queues/queue_depth", "must be > 0");

@@ -9,8 +9,12 @@
 //! [`timing`] for the resource model and [`config::SsdConfig`] for the defaults and
 //! the datasheet they come from.
 //!
+//! Contents change when a command completes, not when it is submitted, so
+//! overlapping commands in flight together race as on a real SSD.
+//!
 //! Fault model: `power_loss` drops the volatile cache (unflushed, non-FUA writes
-//! vanish) and fails commands until `power_on`; `hang` stalls every command until
+//! vanish), tears every write in flight at a block boundary (a seeded prefix of
+//! its blocks reaches media) and fails commands until `power_on`; `hang` stalls every command until
 //! `resume`; `media_error` makes blocks unreadable (latent sector errors): a read
 //! touching one fails with `DevError::Media` until a write covers it (the drive
 //! remaps a block on write).
@@ -94,7 +98,7 @@ use rand::SeedableRng;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use store::Store;
-use timing::Timing;
+use timing::Array;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use weir_core::device::{BlockDevice, DevCommand, DevCompletion, DevError, Geometry};
@@ -103,7 +107,7 @@ use weir_core::time::sleep_until_exact;
 use weir_host_sim::{Affinity, Cpu, NvmeDriver, Work};
 
 struct State {
-    timing: Timing,
+    timing: Array,
     store: Store,
     rng: SmallRng,
     powered: bool,
@@ -111,6 +115,28 @@ struct State {
     power_epoch: u64,
     /// Blocks that cannot be read until written.
     bad: std::collections::BTreeSet<u64>,
+    /// Writes the device has taken and not yet completed, by id: what a power
+    /// loss tears.
+    in_flight: std::collections::BTreeMap<u64, InFlight>,
+    next_id: u64,
+}
+
+/// A write in flight: where its blocks go, and the blocks.
+struct InFlight {
+    lba: u64,
+    data: bytes::Bytes,
+}
+
+/// What a command does to the contents when it completes.
+enum Effect {
+    /// Fill the read buffer from the contents as they are then.
+    Read { lba: u64, buf: weir_core::Buf },
+    /// Store the blocks (durable at `durable_ns`); `id` is its in-flight entry.
+    Write { id: u64, durable_ns: u64 },
+    /// Forget the blocks.
+    Discard { lba: u64, blocks: u64 },
+    /// Nothing (a flush).
+    None,
 }
 
 /// A simulated SSD.
@@ -133,7 +159,7 @@ impl SimSsd {
         config.validate()?;
         let geometry = Geometry {
             block_size: config.block_size,
-            capacity_blocks: config.capacity_blocks,
+            capacity_blocks: config.capacity_blocks * u64::from(config.drives),
             max_transfer_blocks: config.max_transfer_bytes / config.block_size,
             queues: config.queues,
             queue_depth: config.queue_depth,
@@ -143,12 +169,14 @@ impl SimSsd {
             .collect();
         Ok(SimSsd {
             state: Mutex::new(State {
-                timing: Timing::new(config.clone()),
+                timing: Array::new(config.clone()),
                 store: Store::new(config.block_size as usize),
                 rng: SmallRng::seed_from_u64(seed),
                 powered: true,
                 power_epoch: 0,
                 bad: std::collections::BTreeSet::new(),
+                in_flight: std::collections::BTreeMap::new(),
+                next_id: 0,
             }),
             config,
             geometry,
@@ -178,17 +206,60 @@ impl SimSsd {
     }
 
     /// Power loss: the volatile cache is lost and commands fail with `Gone` until
-    /// [`SimSsd::power_on`]. Returns the blocks lost (written, not yet on media).
+    /// [`SimSsd::power_on`]. A write in flight is torn at a block boundary: a
+    /// prefix of its blocks (drawn from the seed, from none to all) reached
+    /// media, the rest did not. Returns the blocks lost (written, not yet on
+    /// media, and the torn-off blocks of writes in flight).
     pub fn power_loss(&self) -> usize {
+        use rand::Rng;
         let now = self.now_ns();
-        let mut s = self.state.lock().expect("ssd state");
+        let mut guard = self.state.lock().expect("ssd state");
+        let s = &mut *guard;
         s.store.settle(now);
-        let lost = s.store.blocks_dirty();
+        let mut lost = s.store.blocks_dirty();
         s.store.power_loss();
+        let bs = self.config.block_size as usize;
+        for (_, w) in std::mem::take(&mut s.in_flight) {
+            let blocks = w.data.len() / bs;
+            let kept = s.rng.gen_range(0..=blocks);
+            if kept > 0 {
+                s.store.write(w.lba, &w.data[..kept * bs], now);
+                s.store.settle(now);
+            }
+            lost += blocks - kept;
+        }
         s.timing.power_cycle(now);
         s.powered = false;
         s.power_epoch += 1;
         lost
+    }
+
+    /// Apply a command's effect on the contents at its completion; `None` if
+    /// power was lost since it was taken (it never completed).
+    fn complete(&self, power_epoch: u64, effect: Effect) -> Option<DevCompletion> {
+        let now = self.now_ns();
+        let mut guard = self.state.lock().expect("ssd state");
+        let s = &mut *guard;
+        if s.power_epoch != power_epoch {
+            return None;
+        }
+        s.store.settle(now);
+        Some(match effect {
+            Effect::Read { lba, mut buf } => {
+                s.store.read(lba, buf.as_mut());
+                DevCompletion::Read(buf)
+            }
+            Effect::Write { id, durable_ns } => {
+                let w = s.in_flight.remove(&id).expect("a write in flight");
+                s.store.write(w.lba, &w.data, durable_ns.max(now));
+                DevCompletion::Done
+            }
+            Effect::Discard { lba, blocks } => {
+                s.store.discard(lba, blocks);
+                DevCompletion::Done
+            }
+            Effect::None => DevCompletion::Done,
+        })
     }
 
     /// Blocks `[lba, lba + blocks)` become unreadable (latent sector errors)
@@ -248,9 +319,12 @@ impl SimSsd {
         Ok((len / bs) as u64)
     }
 
-    /// Validate `cmd`, apply its effect on the contents and return its completion
-    /// time (ns since the device's epoch).
-    fn schedule(&self, cmd: DevCommand) -> Result<(u64, u64, DevCompletion), DevError> {
+    /// Validate `cmd`, reserve the device's resources and return its completion
+    /// time (ns since the device's epoch) and what it does to the contents then.
+    /// Contents change at completion, not here: commands in flight together race
+    /// as they do on a real SSD (a read sees a write only if the write completed
+    /// first; of two overlapping writes, the one completing last wins).
+    fn schedule(&self, cmd: DevCommand) -> Result<(u64, u64, Effect), DevError> {
         let now = self.now_ns();
         let mut guard = self.state.lock().expect("ssd state");
         let s = &mut *guard;
@@ -260,15 +334,14 @@ impl SimSsd {
         let epoch = s.power_epoch;
         s.store.settle(now);
         match cmd {
-            DevCommand::Read { lba, mut buf } => {
+            DevCommand::Read { lba, buf } => {
                 let blocks = self.blocks_of(buf.len())?;
                 self.geometry.check_range(lba, blocks)?;
                 if let Some(&bad) = s.bad.range(lba.0..lba.0 + blocks).next() {
                     return Err(DevError::Media(Lba(bad)));
                 }
-                s.store.read(lba.0, buf.as_mut());
                 let done = s.timing.read(now, &self.units(lba, blocks), &mut s.rng);
-                Ok((epoch, done, DevCompletion::Read(buf)))
+                Ok((epoch, done, Effect::Read { lba: lba.0, buf }))
             }
             DevCommand::Write { lba, data, fua } => {
                 let blocks = self.blocks_of(data.len())?;
@@ -276,16 +349,22 @@ impl SimSsd {
                 let t = s
                     .timing
                     .write(now, &self.units(lba, blocks), fua, &mut s.rng);
-                s.store.write(lba.0, &data, t.durable_ns);
                 s.bad.retain(|b| !(lba.0..lba.0 + blocks).contains(b));
-                Ok((epoch, t.complete_ns, DevCompletion::Done))
+                s.next_id += 1;
+                let id = s.next_id;
+                s.in_flight.insert(id, InFlight { lba: lba.0, data });
+                let effect = Effect::Write {
+                    id,
+                    durable_ns: t.durable_ns,
+                };
+                Ok((epoch, t.complete_ns, effect))
             }
-            DevCommand::Flush => Ok((epoch, s.timing.flush(now), DevCompletion::Done)),
+            DevCommand::Flush => Ok((epoch, s.timing.flush(now), Effect::None)),
             DevCommand::WriteZeroes { lba, blocks } | DevCommand::Deallocate { lba, blocks } => {
                 self.geometry.check_range(lba, blocks)?;
-                s.store.discard(lba.0, blocks);
                 s.bad.retain(|b| !(lba.0..lba.0 + blocks).contains(b));
-                Ok((epoch, s.timing.metadata(now), DevCompletion::Done))
+                let effect = Effect::Discard { lba: lba.0, blocks };
+                Ok((epoch, s.timing.metadata(now), effect))
             }
         }
     }
@@ -311,7 +390,7 @@ impl BlockDevice for SimSsd {
         if let Some((_, submitted_ns)) = core {
             sleep_until_exact(self.epoch + Duration::from_nanos(submitted_ns)).await;
         }
-        let (power_epoch, mut done_ns, completion) = self.schedule(cmd)?;
+        let (power_epoch, mut done_ns, effect) = self.schedule(cmd)?;
         if let (Some(host), Some((core, _))) = (&self.host, core) {
             done_ns = host.complete(self.now_ns(), done_ns, core);
         }
@@ -326,9 +405,6 @@ impl BlockDevice for SimSsd {
             resumed.await;
         }
         // Power lost while the command was in flight: it never completed.
-        if self.state.lock().expect("ssd state").power_epoch != power_epoch {
-            return Err(DevError::Gone);
-        }
-        Ok(completion)
+        self.complete(power_epoch, effect).ok_or(DevError::Gone)
     }
 }

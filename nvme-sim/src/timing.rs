@@ -206,6 +206,93 @@ impl Timing {
     }
 }
 
+/// Stripe of a drive array, in 4 KiB units: 512 KiB, mdadm's default chunk size
+/// for RAID 0 (`mdadm(8)`, `--chunk`).
+pub const STRIPE_UNITS: u64 = 512 * 1024 / UNIT_BYTES;
+
+/// `drives` SSDs striped into one namespace (RAID 0 by [`STRIPE_UNITS`]): each
+/// drive has its own controller, flash, host link and cache; a command touching
+/// several drives completes when its part on each has.
+#[derive(Debug)]
+pub struct Array {
+    drives: Vec<Timing>,
+}
+
+impl Array {
+    /// Idle drives of `config` (its `drives` of them).
+    pub fn new(config: SsdConfig) -> Self {
+        let n = config.drives.max(1) as usize;
+        Array {
+            drives: (0..n).map(|_| Timing::new(config.clone())).collect(),
+        }
+    }
+
+    /// The units of each drive a command touches, by drive, in drive order.
+    fn parts(&self, units: &[u64]) -> std::collections::BTreeMap<usize, Vec<u64>> {
+        let n = self.drives.len() as u64;
+        let mut parts: std::collections::BTreeMap<usize, Vec<u64>> = Default::default();
+        for &u in units {
+            parts
+                .entry(((u / STRIPE_UNITS) % n) as usize)
+                .or_default()
+                .push(u);
+        }
+        parts
+    }
+
+    /// A read of `units`: when its last part completes.
+    pub fn read(&mut self, now_ns: u64, units: &[u64], rng: &mut impl Rng) -> u64 {
+        let mut done = 0;
+        for (d, part) in self.parts(units) {
+            done = done.max(self.drives[d].read(now_ns, &part, rng));
+        }
+        done
+    }
+
+    /// A write of `units`: when its last part completes and is durable.
+    pub fn write(
+        &mut self,
+        now_ns: u64,
+        units: &[u64],
+        fua: bool,
+        rng: &mut impl Rng,
+    ) -> WriteTimes {
+        let mut t = WriteTimes {
+            complete_ns: 0,
+            durable_ns: 0,
+        };
+        for (d, part) in self.parts(units) {
+            let w = self.drives[d].write(now_ns, &part, fua, rng);
+            t.complete_ns = t.complete_ns.max(w.complete_ns);
+            t.durable_ns = t.durable_ns.max(w.durable_ns);
+        }
+        t
+    }
+
+    /// A flush of every drive.
+    pub fn flush(&mut self, now_ns: u64) -> u64 {
+        self.drives
+            .iter_mut()
+            .map(|d| d.flush(now_ns))
+            .max()
+            .unwrap_or(now_ns)
+    }
+
+    /// A command with no data (deallocate, write zeroes), sent to every drive.
+    pub fn metadata(&mut self, now_ns: u64) -> u64 {
+        self.drives
+            .iter_mut()
+            .map(|d| d.metadata(now_ns))
+            .max()
+            .unwrap_or(now_ns)
+    }
+
+    /// Power loss on every drive.
+    pub fn power_cycle(&mut self, now_ns: u64) {
+        self.drives.iter_mut().for_each(|d| d.power_cycle(now_ns));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,5 +374,42 @@ mod tests {
         // A small write behind it may not jump the queue into room B waits for.
         let c = t.write(0, &[1000], false, &mut rng);
         assert!(c.complete_ns >= 2_800_000, "{c:?}");
+    }
+
+    #[test]
+    fn an_array_of_two_serves_twice_the_reads_and_one_drive_is_one_timing() {
+        // Saturated 4 KiB reads: one drive's controller caps them at one per
+        // microsecond; two drives, striped, take twice as many in the same time.
+        let reads = |drives: u32| {
+            let mut a = Array::new(SsdConfig { drives, ..exact() });
+            let mut rng = SmallRng::seed_from_u64(1);
+            (0..10_000u64)
+                .map(|i| a.read(0, &[(i * 7919) % 1_000_000], &mut rng))
+                .max()
+                .unwrap()
+        };
+        let (one, two) = (reads(1), reads(2));
+        assert!(two * 10 < one * 6, "one drive {one} ns, two {two} ns");
+        // One drive behaves as the bare timing model, draw for draw.
+        let mut a = Array::new(SsdConfig::default());
+        let mut t = Timing::new(SsdConfig::default());
+        let (mut r1, mut r2) = (SmallRng::seed_from_u64(3), SmallRng::seed_from_u64(3));
+        for i in 0..100u64 {
+            assert_eq!(
+                a.read(i, &[i * 31, i * 31 + 1], &mut r1),
+                t.read(i, &[i * 31, i * 31 + 1], &mut r2)
+            );
+            assert_eq!(
+                a.write(i, &[i], i % 2 == 0, &mut r1),
+                t.write(i, &[i], i % 2 == 0, &mut r2)
+            );
+        }
+        // A 1 MiB read spans two stripes: both drives of a pair take part.
+        let a = Array::new(SsdConfig {
+            drives: 2,
+            ..exact()
+        });
+        let units: Vec<u64> = (0..256).collect();
+        assert_eq!(a.parts(&units).len(), 2);
     }
 }

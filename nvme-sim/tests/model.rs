@@ -141,13 +141,14 @@ async fn flush_and_fua_survive_power_loss_and_the_rest_does_not() {
     );
 }
 
-#[madsim::test]
-async fn a_fua_write_in_flight_at_power_loss_fails() {
-    let ssd = Arc::new(SimSsd::new(SsdConfig::default(), 1).unwrap());
+/// A FUA write of `blocks` blocks of 5s at LBA 3, cut by a power loss half-way
+/// through its program time; returns what the blocks hold after power returns.
+async fn write_cut_by_power_loss(seed: u64, blocks: usize) -> Vec<u8> {
+    let ssd = Arc::new(SimSsd::new(SsdConfig::default(), seed).unwrap());
     let writer = {
         let ssd = ssd.clone();
         tokio::spawn(async move {
-            let data = Bytes::from(vec![5u8; 4096]);
+            let data = Bytes::from(vec![5u8; 4096 * blocks]);
             let cmd = DevCommand::Write {
                 lba: Lba(3),
                 data,
@@ -161,7 +162,7 @@ async fn a_fua_write_in_flight_at_power_loss_fails() {
     ssd.power_loss();
     assert_eq!(writer.await.unwrap().unwrap_err(), DevError::Gone);
     ssd.power_on();
-    let buf = BufPool::new(1 << 20).alloc(4096).unwrap();
+    let buf = BufPool::new(1 << 20).alloc(4096 * blocks).unwrap();
     let DevCompletion::Read(buf) = ssd
         .submit(0, DevCommand::Read { lba: Lba(3), buf })
         .await
@@ -169,9 +170,83 @@ async fn a_fua_write_in_flight_at_power_loss_fails() {
     else {
         panic!("read returned no data");
     };
+    buf.as_ref().to_vec()
+}
+
+#[madsim::test]
+async fn a_write_in_flight_at_power_loss_fails_and_is_torn_at_a_block_boundary() {
+    // One block is atomic: old or new, never a mix.
+    let mut outcomes = std::collections::BTreeSet::new();
+    for seed in 0..16 {
+        let data = write_cut_by_power_loss(seed, 1).await;
+        let first = data[0];
+        assert!(data.iter().all(|&b| b == first), "a block was torn inside");
+        outcomes.insert(first);
+    }
+    assert_eq!(outcomes.len(), 2, "both outcomes occur: {outcomes:?}");
+    // Many blocks: a prefix of new blocks, then old ones; different tears occur.
+    let mut prefixes = std::collections::BTreeSet::new();
+    for seed in 0..16 {
+        let data = write_cut_by_power_loss(seed, 16).await;
+        let blocks: Vec<u8> = data
+            .chunks(4096)
+            .map(|b| {
+                assert!(b.iter().all(|&x| x == b[0]), "a block was torn inside");
+                b[0]
+            })
+            .collect();
+        let kept = blocks.iter().take_while(|&&b| b == 5).count();
+        assert!(
+            blocks[kept..].iter().all(|&b| b == 0),
+            "not a prefix: {blocks:?}"
+        );
+        prefixes.insert(kept);
+    }
+    assert!(prefixes.len() > 2, "tears vary with the seed: {prefixes:?}");
+}
+
+#[madsim::test]
+async fn a_read_in_flight_with_a_write_sees_the_contents_when_it_completes() {
+    let ssd = Arc::new(SimSsd::new(SsdConfig::default(), 1).unwrap());
+    let pool = BufPool::new(1 << 20);
+    // A FUA write takes milliseconds; a read issued meanwhile completes first
+    // and sees the old contents (zeroes), not the write's.
+    let writer = {
+        let ssd = ssd.clone();
+        tokio::spawn(async move {
+            let cmd = DevCommand::Write {
+                lba: Lba(9),
+                data: Bytes::from(vec![7u8; 4096]),
+                fua: true,
+            };
+            ssd.submit(0, cmd).await
+        })
+    };
+    tokio::time::sleep(Duration::from_micros(100)).await;
+    let buf = pool.alloc(4096).unwrap();
+    let DevCompletion::Read(buf) = ssd
+        .submit(1, DevCommand::Read { lba: Lba(9), buf })
+        .await
+        .unwrap()
+    else {
+        panic!("read returned no data");
+    };
     assert!(
         buf.as_ref().iter().all(|&b| b == 0),
-        "a write that failed left data"
+        "saw a write still in flight"
+    );
+    writer.await.unwrap().unwrap();
+    let buf = pool.alloc(4096).unwrap();
+    let DevCompletion::Read(buf) = ssd
+        .submit(1, DevCommand::Read { lba: Lba(9), buf })
+        .await
+        .unwrap()
+    else {
+        panic!("read returned no data");
+    };
+    assert!(
+        buf.as_ref().iter().all(|&b| b == 7),
+        "a completed write is not seen"
     );
 }
 

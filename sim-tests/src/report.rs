@@ -260,12 +260,13 @@ impl fmt::Display for Report {
         if s.host.modelled(&s.device) {
             writeln!(
                 f,
-                "  hosts     {} cores at {} GHz{}, network stack {}, NVMe driver {}",
+                "  hosts     {} cores at {} GHz{}, network stack {}, NVMe driver {}, {} SSD(s) a node",
                 s.host.cores,
                 s.host.clock_ghz,
                 if s.host.numa { ", two NUMA nodes" } else { "" },
                 s.host.network_stack,
-                s.device.driver
+                s.device.driver,
+                s.device.ssds
             )?;
         }
         let pattern = match w.pattern {

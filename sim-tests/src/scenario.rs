@@ -381,12 +381,16 @@ pub struct DeviceSpec {
     /// NVMe driver: "none" (free), "kernel" (interrupts) or "polled" (a
     /// user-space driver on a dedicated polling core).
     pub driver: String,
+    /// SSDs per storage node, striped into one namespace (RAID 0, 512 KiB
+    /// stripes), each with its own controller, flash and host link.
+    pub ssds: u32,
 }
 
 impl Default for DeviceSpec {
     fn default() -> Self {
         DeviceSpec {
             driver: "none".into(),
+            ssds: 1,
         }
     }
 }
@@ -532,6 +536,18 @@ impl Scenario {
         // one installs a snapshot, often while it is also catching up), a few, or
         // the daemon's.
         s.cluster.raft_snapshot_entries = [1, 2, 8, 1024][pick(27, 4) as usize];
+        // A quarter of the seeds model the hosts: the stack of the fabric drawn,
+        // a kernel or polled driver, and few cores (2 or 4: saturated hosts
+        // stretch every timing the protocols depend on) or many.
+        if pick(28, 4) == 0 {
+            s.host.network_stack = if s.fabric.transport == "roce" {
+                "rdma".into()
+            } else {
+                "kernel-tcp".into()
+            };
+            s.device.driver = ["kernel", "polled"][pick(29, 2) as usize].into();
+            s.host.cores = [2, 4, 16][pick(30, 3) as usize];
+        }
         s
     }
 
@@ -693,6 +709,9 @@ impl Scenario {
                 "device.driver",
                 "must be \"none\", \"kernel\" or \"polled\"",
             );
+        }
+        if self.device.ssds == 0 || self.device.ssds > 32 {
+            return bad("device.ssds", "must be between 1 and 32");
         }
         if self.device.driver == "polled" && h.cores < 2 {
             return bad(

@@ -293,6 +293,7 @@ fn start_nodes(
         skews.push((id, skew));
         let ssd = SsdConfig {
             block_size: s.cluster.block_size,
+            drives: s.device.ssds,
             ..SsdConfig::default()
         };
         let mut ssd = SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config");
