@@ -104,7 +104,8 @@ impl KernelTcp {
     }
 
     /// Softirq work for a batch of `packets` packets of `bytes` taken in one
-    /// interrupt: the interrupt, the per-packet work, the checksum.
+    /// interrupt: the per-packet work (which includes the interrupts' share,
+    /// see `packet_ns`) and the checksum.
     pub fn softirq_ns(&self, bytes: u64, packets: u64) -> u64 {
         packets * self.packet_ns + per_byte_ns(self.checksum_ps_per_byte, bytes)
     }

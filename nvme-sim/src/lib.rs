@@ -225,6 +225,8 @@ impl SimSsd {
             if kept > 0 {
                 s.store.write(w.lba, &w.data[..kept * bs], now);
                 s.store.settle(now);
+                let end = w.lba + kept as u64;
+                s.bad.retain(|b| !(w.lba..end).contains(b));
             }
             lost += blocks - kept;
         }
@@ -252,10 +254,14 @@ impl SimSsd {
             Effect::Write { id, durable_ns } => {
                 let w = s.in_flight.remove(&id).expect("a write in flight");
                 s.store.write(w.lba, &w.data, durable_ns.max(now));
+                // The drive remaps a bad block when a write covers it.
+                let end = w.lba + (w.data.len() / self.config.block_size as usize) as u64;
+                s.bad.retain(|b| !(w.lba..end).contains(b));
                 DevCompletion::Done
             }
             Effect::Discard { lba, blocks } => {
                 s.store.discard(lba, blocks);
+                s.bad.retain(|b| !(lba..lba + blocks).contains(b));
                 DevCompletion::Done
             }
             Effect::None => DevCompletion::Done,
@@ -349,7 +355,6 @@ impl SimSsd {
                 let t = s
                     .timing
                     .write(now, &self.units(lba, blocks), fua, &mut s.rng);
-                s.bad.retain(|b| !(lba.0..lba.0 + blocks).contains(b));
                 s.next_id += 1;
                 let id = s.next_id;
                 s.in_flight.insert(id, InFlight { lba: lba.0, data });
@@ -362,7 +367,6 @@ impl SimSsd {
             DevCommand::Flush => Ok((epoch, s.timing.flush(now), Effect::None)),
             DevCommand::WriteZeroes { lba, blocks } | DevCommand::Deallocate { lba, blocks } => {
                 self.geometry.check_range(lba, blocks)?;
-                s.bad.retain(|b| !(lba.0..lba.0 + blocks).contains(b));
                 let effect = Effect::Discard { lba: lba.0, blocks };
                 Ok((epoch, s.timing.metadata(now), effect))
             }
@@ -390,10 +394,18 @@ impl BlockDevice for SimSsd {
         if let Some((_, submitted_ns)) = core {
             sleep_until_exact(self.epoch + Duration::from_nanos(submitted_ns)).await;
         }
-        let (power_epoch, mut done_ns, effect) = self.schedule(cmd)?;
-        if let (Some(host), Some((core, _))) = (&self.host, core) {
-            done_ns = host.complete(self.now_ns(), done_ns, core);
-        }
+        let (power_epoch, done_ns, effect) = self.schedule(cmd)?;
+        // From here the device has the command: if the caller goes away (its
+        // host crashed without a power loss), the device still completes it.
+        let mut pending = Pending {
+            ssd: self,
+            power_epoch,
+            effect: Some(effect),
+        };
+        let host_done_ns = match (&self.host, core) {
+            (Some(host), Some((core, _))) => Some(host.complete(self.now_ns(), done_ns, core)),
+            _ => None,
+        };
         sleep_until_exact(self.epoch + Duration::from_nanos(done_ns)).await;
         loop {
             let resumed = self.resumed.notified();
@@ -404,7 +416,36 @@ impl BlockDevice for SimSsd {
             }
             resumed.await;
         }
-        // Power lost while the command was in flight: it never completed.
-        self.complete(power_epoch, effect).ok_or(DevError::Gone)
+        // The device completes it now (power lost meanwhile: it never did);
+        // the caller has it once the driver's completion work is done.
+        let completion = pending.finish().ok_or(DevError::Gone);
+        if let Some(at) = host_done_ns {
+            sleep_until_exact(self.epoch + Duration::from_nanos(at)).await;
+        }
+        completion
+    }
+}
+
+/// A command the device has taken: its effect happens exactly once, when the
+/// device completes it, or when its caller's future is dropped (the device
+/// does not know its host crashed).
+struct Pending<'a> {
+    ssd: &'a SimSsd,
+    power_epoch: u64,
+    effect: Option<Effect>,
+}
+
+impl Pending<'_> {
+    fn finish(&mut self) -> Option<DevCompletion> {
+        let effect = self.effect.take().expect("finished once");
+        self.ssd.complete(self.power_epoch, effect)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(effect) = self.effect.take() {
+            let _ = self.ssd.complete(self.power_epoch, effect);
+        }
     }
 }

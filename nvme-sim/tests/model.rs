@@ -414,3 +414,40 @@ async fn the_drivers_cost_cpu_and_a_busy_core_caps_iops() {
         "the general core did none of the driver's work"
     );
 }
+
+#[madsim::test]
+async fn a_write_whose_host_crashed_still_lands() {
+    // The host dies (no power loss) while its FUA write is in flight: the
+    // device has the command and completes it; nothing is left behind for a
+    // later power loss to tear onto media.
+    let ssd = Arc::new(SimSsd::new(SsdConfig::default(), 1).unwrap());
+    let handle = madsim::runtime::Handle::current();
+    let host = handle.create_node().name("host").build();
+    let writer = ssd.clone();
+    host.spawn(async move {
+        let cmd = DevCommand::Write {
+            lba: Lba(4),
+            data: Bytes::from(vec![6u8; 4096]),
+            fua: true,
+        };
+        let _ = writer.submit(0, cmd).await;
+    });
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    handle.kill(host.id());
+    // Power cut later: the write was complete on media, not in flight.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(ssd.power_loss(), 0, "nothing was in flight or in the cache");
+    ssd.power_on();
+    let buf = BufPool::new(1 << 20).alloc(4096).unwrap();
+    let DevCompletion::Read(buf) = ssd
+        .submit(0, DevCommand::Read { lba: Lba(4), buf })
+        .await
+        .unwrap()
+    else {
+        panic!("read returned no data");
+    };
+    assert!(
+        buf.as_ref().iter().all(|&b| b == 6),
+        "the crashed host's write was lost"
+    );
+}

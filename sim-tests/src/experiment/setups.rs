@@ -46,8 +46,8 @@ pub const ALL: &[Experiment] = &[
     },
     Experiment {
         name: "full-stack",
-        about: "3 nodes with 2 SSDs each, 4 KiB random 70% reads at QD64 per node: kernel \
-                NVMe + kernel TCP vs polled + RoCE, steady and with bursts of extra clients",
+        about: "3 nodes with 2 SSDs each, 3 clients of 4 KiB random 70% reads at QD64 (one \
+                per node): kernel NVMe + kernel TCP vs polled + RoCE, steady and with bursts",
         variants: full_stack,
     },
 ];

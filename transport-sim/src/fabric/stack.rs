@@ -6,13 +6,15 @@
 //! - Kernel TCP, sending: the sending thread's call, copy and per-packet work run
 //!   on a core; the message reaches the NIC when they end.
 //! - Kernel TCP, receiving: the NIC spreads flows over receive queues (RSS), one
-//!   per general core; a queue raises its interrupt `coalesce_us` after its first
-//!   packet, or at once when `coalesce_packets` have arrived; the softirq then
+//!   per general core; a queue raises its interrupt `coalesce_us` after the first
+//!   message of a batch is complete (its last packet in), or at once when
+//!   `coalesce_packets` have arrived; the softirq then
 //!   runs on the queue's core for the whole batch, and the receiving thread is
 //!   woken once for it and takes each message with a call and a copy. The batch
 //!   reaches the application when that ends.
 //! - RDMA: a post (sending) or a poll and a re-post (receiving) on a core, and the
-//!   NIC's own per-message time, serialized per host: its message rate.
+//!   NIC's own per-message time, serialized per host and direction: its message
+//!   rate.
 //!
 //! Order per peer pair is kept: a message never reaches the NIC, or the
 //! application, before one sent before it on the same pair.
@@ -53,8 +55,10 @@ pub(super) struct Stack {
     tx_done_ns: BTreeMap<HostIdx, u64>,
     /// Per destination: bytes sent and not yet at the NIC.
     tx_bytes: BTreeMap<HostIdx, u64>,
-    /// The NIC's message engine is busy until (RDMA's message rate).
-    nic_free_ns: u64,
+    /// The NIC's send and receive message engines are busy until (RDMA's
+    /// message rate, taken as each direction's).
+    nic_tx_free_ns: u64,
+    nic_rx_free_ns: u64,
 }
 
 impl Stack {
@@ -70,7 +74,8 @@ impl Stack {
             rx: (0..queues).map(|_| RxQueue::default()).collect(),
             tx_done_ns: BTreeMap::new(),
             tx_bytes: BTreeMap::new(),
-            nic_free_ns: 0,
+            nic_tx_free_ns: 0,
+            nic_rx_free_ns: 0,
         }
     }
 
@@ -88,11 +93,12 @@ impl Stack {
             .end_ns
     }
 
-    /// The NIC's message engine takes one message at `at_ns`: when it is done.
-    fn nic_message(&mut self, at_ns: u64, ns_per_message: u64) -> u64 {
-        let start = at_ns.max(self.nic_free_ns);
-        self.nic_free_ns = start + ns_per_message;
-        self.nic_free_ns
+    /// The NIC's message engine of one direction takes one message at `at_ns`:
+    /// when it is done.
+    fn nic_message(free_ns: &mut u64, at_ns: u64, ns_per_message: u64) -> u64 {
+        let start = at_ns.max(*free_ns);
+        *free_ns = start + ns_per_message;
+        *free_ns
     }
 
     /// Bytes sent towards `dst` that have not reached the NIC yet.
@@ -127,7 +133,7 @@ impl Engine {
             }
             NetStack::Rdma(rdma) => {
                 let posted = stack.run((now, now), rdma.send_ns(), Affinity::Any);
-                stack.nic_message(posted, rdma.nic_ns_per_message())
+                Stack::nic_message(&mut stack.nic_tx_free_ns, posted, rdma.nic_ns_per_message())
             }
         };
         let last = stack.tx_done_ns.entry(dst).or_default();
@@ -181,7 +187,8 @@ impl Engine {
                 }
             }
             NetStack::Rdma(rdma) => {
-                let seen = stack.nic_message(now, rdma.nic_ns_per_message());
+                let seen =
+                    Stack::nic_message(&mut stack.nic_rx_free_ns, now, rdma.nic_ns_per_message());
                 let done = stack.run((now, seen), rdma.receive_ns(), Affinity::Core(q));
                 let queue = &mut stack.rx[q];
                 let done = done.max(queue.last_done_ns);

@@ -453,3 +453,20 @@ fn a_one_core_kernel_tcp_receiver_caps_throughput_and_keeps_order() {
     assert!(last > 2 * wire, "{last} vs wire {wire}");
     receiver.lock().unwrap().self_check();
 }
+
+#[test]
+fn a_many_core_sender_keeps_each_pairs_order() {
+    // A large message then small ones to the same peer: on four idle cores the
+    // small ones' send work would end first; the stack holds them behind it.
+    let mut e = engine(no_cc(2));
+    let net = weir_host_sim::NetStack::KernelTcp(weir_host_sim::profile::KernelTcp::LINUX);
+    e.attach_stack(0, cpu(4), net);
+    e.attach_stack(1, cpu(4), net);
+    e.send(0, 0, 1, Frame::from(vec![0u8; 1 << 20]));
+    for i in 1..8u8 {
+        e.send(0, 0, 1, Frame::from(vec![i; 64]));
+    }
+    let d = e.run_until_idle(u64::MAX);
+    let order: Vec<u8> = d.iter().map(|d| d.frame.head[0]).collect();
+    assert_eq!(order, (0..8).collect::<Vec<_>>());
+}
