@@ -27,6 +27,12 @@ pub struct WriteOrder {
     per_grain: BTreeMap<u64, u32>,
     /// Writes waiting for an earlier overlapping one, with their commands.
     waiting: BTreeMap<IoId, IoCmd>,
+    /// Reads waiting for the writes in flight to their blocks when they were
+    /// made (not for later ones): the writes each still waits for, and its
+    /// command. A device completes what it holds in any order, so a read issued
+    /// beside a write to its blocks may return the old data; a read whose data
+    /// goes out labelled with the grains' versions must see those writes.
+    reads: BTreeMap<IoId, (std::collections::BTreeSet<IoId>, IoCmd)>,
 }
 
 /// A device write that left the device.
@@ -40,7 +46,8 @@ pub struct Finished {
     pub grains: Range<u64>,
     /// Of those, the ones no write is in flight to now.
     pub idle: Vec<u64>,
-    /// Writes that waited for it and go to the device now, in order.
+    /// Writes that waited for it and go to the device now, in order, then the
+    /// reads that waited for it last.
     pub ready: Vec<(IoId, IoCmd)>,
 }
 
@@ -54,6 +61,7 @@ impl WriteOrder {
             writes: BTreeMap::new(),
             per_grain: BTreeMap::new(),
             waiting: BTreeMap::new(),
+            reads: BTreeMap::new(),
         }
     }
 
@@ -83,6 +91,27 @@ impl WriteOrder {
         }
     }
 
+    /// Device read `io`: `Some` of its command if no write to its blocks is in
+    /// flight, `None` if it waits for those (and comes back in the last one's
+    /// [`Finished::ready`]).
+    pub fn submit_read(&mut self, io: IoId, cmd: IoCmd) -> Option<IoCmd> {
+        let IoCmd::Read { lba, blocks } = cmd else {
+            panic!("{io:?} is not a read");
+        };
+        let before: std::collections::BTreeSet<IoId> = self
+            .writes
+            .iter()
+            .filter(|(_, &(l, n))| l.0 < lba.0 + blocks && lba.0 < l.0 + n)
+            .map(|(&w, _)| w)
+            .collect();
+        if before.is_empty() {
+            return Some(cmd);
+        }
+        let previous = self.reads.insert(io, (before, cmd));
+        assert!(previous.is_none(), "{io:?} submitted twice");
+        None
+    }
+
     /// `io` left the device. `None` if it was not a write.
     pub fn finish(&mut self, io: IoId) -> Option<Finished> {
         let (lba, blocks) = self.writes.remove(&io)?;
@@ -97,7 +126,7 @@ impl WriteOrder {
                 idle.push(g);
             }
         }
-        let ready = self
+        let mut ready: Vec<(IoId, IoCmd)> = self
             .lock
             .release(OpId(io.0))
             .into_iter()
@@ -107,6 +136,16 @@ impl WriteOrder {
                 (next, cmd)
             })
             .collect();
+        let mut done_reads = Vec::new();
+        for (&r, (before, _)) in self.reads.iter_mut() {
+            if before.remove(&io) && before.is_empty() {
+                done_reads.push(r);
+            }
+        }
+        for r in done_reads {
+            let (_, cmd) = self.reads.remove(&r).expect("a waiting read");
+            ready.push((r, cmd));
+        }
         Some(Finished {
             lba,
             blocks,
@@ -141,10 +180,18 @@ impl WriteOrder {
     /// Check the bookkeeping; panics on a broken invariant:
     /// - every waiting write is in flight, and holds no lock yet;
     /// - the per-grain counts are exactly those of the writes in flight;
-    /// - the lock holds exactly the writes in flight.
+    /// - the lock holds exactly the writes in flight;
+    /// - every waiting read waits for writes still in flight.
     pub fn self_check(&self) {
         for io in self.waiting.keys() {
             assert!(self.writes.contains_key(io), "waiting {io:?} not in flight");
+        }
+        for (r, (before, _)) in &self.reads {
+            assert!(!before.is_empty(), "{r:?} waits for nothing");
+            assert!(
+                before.iter().all(|w| self.writes.contains_key(w)),
+                "{r:?} waits for a write no longer in flight"
+            );
         }
         let mut per_grain: BTreeMap<u64, u32> = BTreeMap::new();
         for &(lba, blocks) in self.writes.values() {

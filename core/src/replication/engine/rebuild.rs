@@ -320,8 +320,9 @@ impl Replicator {
             return self.finish_chunk(op, Ok(()));
         }
         let io = self.io(IoPurpose::Op(op));
-        let cmd = IoCmd::Read { lba: start, blocks };
-        self.actions.push_back(Action::Io { io, cmd });
+        // The chunk goes out with the grains' versions: the data must hold every
+        // write those count, including one still on this node's device.
+        self.read_device(io, IoCmd::Read { lba: start, blocks });
     }
 
     /// The local read of rebuild chunk `op` finished: send it.

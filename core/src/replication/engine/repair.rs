@@ -222,10 +222,7 @@ impl Replicator {
             // The primary asks an in-sync replica: it holds the lock itself.
             Ok(FetchRole::Replica) => {
                 let io = self.io(IoPurpose::Fetch { to: from, op });
-                self.actions.push_back(Action::Io {
-                    io,
-                    cmd: IoCmd::Read { lba, blocks },
-                });
+                self.read_device(io, IoCmd::Read { lba, blocks });
             }
         }
     }

@@ -17,6 +17,15 @@ impl Replicator {
         }
     }
 
+    /// Issue device read `io` once every device write to its blocks in flight
+    /// now has left the device: what it returns then holds them (the versions
+    /// its data goes out with count them as held).
+    pub(super) fn read_device(&mut self, io: IoId, cmd: IoCmd) {
+        if let Some(cmd) = self.writes.submit_read(io, cmd) {
+            self.actions.push_back(Action::Io { io, cmd });
+        }
+    }
+
     /// Whether a device write to any of `[lba, lba + blocks)` is in flight here:
     /// its versions are claimed already, and a failed one breaks their grains.
     pub(super) fn writing_to(&self, lba: Lba, blocks: u64) -> bool {
