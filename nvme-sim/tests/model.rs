@@ -46,6 +46,16 @@ async fn random_reads(ssd: Arc<SimSsd>, qd: usize, span: Duration) -> (f64, f64)
     (ops as f64 / secs, latency_ns as f64 / ops as f64)
 }
 
+/// Read `bytes` at `lba` through `queue`: what the device returns.
+async fn read_back(ssd: &SimSsd, queue: u16, lba: u64, bytes: usize) -> Vec<u8> {
+    let buf = BufPool::new(1 << 20).alloc(bytes).unwrap();
+    let cmd = DevCommand::Read { lba: Lba(lba), buf };
+    match ssd.submit(queue, cmd).await {
+        Ok(DevCompletion::Read(buf)) => buf.as_ref().to_vec(),
+        other => panic!("read returned no data: {other:?}"),
+    }
+}
+
 fn within(measured: f64, model: f64, tolerance: f64) -> bool {
     (measured - model).abs() <= tolerance * model
 }
@@ -123,16 +133,7 @@ async fn flush_and_fua_survive_power_loss_and_the_rest_does_not() {
         DevError::Gone
     );
     ssd.power_on();
-    let pool = BufPool::new(1 << 20);
-    let buf = pool.alloc(3 * 512).unwrap();
-    let DevCompletion::Read(buf) = ssd
-        .submit(0, DevCommand::Read { lba: Lba(10), buf })
-        .await
-        .unwrap()
-    else {
-        panic!("read returned no data");
-    };
-    let data = buf.as_ref();
+    let data = read_back(&ssd, 0, 10, 3 * 512).await;
     assert!(data[..512].iter().all(|&b| b == 1), "flushed write lost");
     assert!(data[512..1024].iter().all(|&b| b == 2), "FUA write lost");
     assert!(
@@ -162,15 +163,7 @@ async fn write_cut_by_power_loss(seed: u64, blocks: usize) -> Vec<u8> {
     ssd.power_loss();
     assert_eq!(writer.await.unwrap().unwrap_err(), DevError::Gone);
     ssd.power_on();
-    let buf = BufPool::new(1 << 20).alloc(4096 * blocks).unwrap();
-    let DevCompletion::Read(buf) = ssd
-        .submit(0, DevCommand::Read { lba: Lba(3), buf })
-        .await
-        .unwrap()
-    else {
-        panic!("read returned no data");
-    };
-    buf.as_ref().to_vec()
+    read_back(&ssd, 0, 3, 4096 * blocks).await
 }
 
 #[madsim::test]
@@ -208,7 +201,6 @@ async fn a_write_in_flight_at_power_loss_fails_and_is_torn_at_a_block_boundary()
 #[madsim::test]
 async fn a_read_in_flight_with_a_write_sees_the_contents_when_it_completes() {
     let ssd = Arc::new(SimSsd::new(SsdConfig::default(), 1).unwrap());
-    let pool = BufPool::new(1 << 20);
     // A FUA write takes milliseconds; a read issued meanwhile completes first
     // and sees the old contents (zeroes), not the write's.
     let writer = {
@@ -223,29 +215,12 @@ async fn a_read_in_flight_with_a_write_sees_the_contents_when_it_completes() {
         })
     };
     tokio::time::sleep(Duration::from_micros(100)).await;
-    let buf = pool.alloc(4096).unwrap();
-    let DevCompletion::Read(buf) = ssd
-        .submit(1, DevCommand::Read { lba: Lba(9), buf })
-        .await
-        .unwrap()
-    else {
-        panic!("read returned no data");
-    };
-    assert!(
-        buf.as_ref().iter().all(|&b| b == 0),
-        "saw a write still in flight"
-    );
+    let data = read_back(&ssd, 1, 9, 4096).await;
+    assert!(data.iter().all(|&b| b == 0), "saw a write still in flight");
     writer.await.unwrap().unwrap();
-    let buf = pool.alloc(4096).unwrap();
-    let DevCompletion::Read(buf) = ssd
-        .submit(1, DevCommand::Read { lba: Lba(9), buf })
-        .await
-        .unwrap()
-    else {
-        panic!("read returned no data");
-    };
+    let data = read_back(&ssd, 1, 9, 4096).await;
     assert!(
-        buf.as_ref().iter().all(|&b| b == 7),
+        data.iter().all(|&b| b == 7),
         "a completed write is not seen"
     );
 }
@@ -438,16 +413,9 @@ async fn a_write_whose_host_crashed_still_lands() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(ssd.power_loss(), 0, "nothing was in flight or in the cache");
     ssd.power_on();
-    let buf = BufPool::new(1 << 20).alloc(4096).unwrap();
-    let DevCompletion::Read(buf) = ssd
-        .submit(0, DevCommand::Read { lba: Lba(4), buf })
-        .await
-        .unwrap()
-    else {
-        panic!("read returned no data");
-    };
+    let data = read_back(&ssd, 0, 4, 4096).await;
     assert!(
-        buf.as_ref().iter().all(|&b| b == 6),
+        data.iter().all(|&b| b == 6),
         "the crashed host's write was lost"
     );
 }

@@ -14,7 +14,6 @@ pub mod setups;
 use crate::history::{History, OpKind};
 use crate::report::Report;
 use crate::scenario::Scenario;
-use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -125,12 +124,7 @@ pub struct Results {
 
 /// Percentiles and mean of the latencies of operations matching `pick`.
 fn latency(history: &History, pick: impl Fn(&crate::history::OpRecord) -> bool) -> LatencyUs {
-    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
-    for op in history.ops.iter().filter(|o| pick(o)) {
-        if let Some(done) = op.complete_ns {
-            h.saturating_record((done - op.invoke_ns).max(1));
-        }
-    }
+    let h = crate::report::latency_histogram(history, |o| pick(o));
     if h.is_empty() {
         return LatencyUs::default();
     }
@@ -162,12 +156,7 @@ pub fn measure(name: &str, report: &Report, history: &History, interval_ns: u64)
     }
     let secs = interval_ns as f64 / 1e9;
     let iops_per_interval: Vec<f64> = per_interval.iter().map(|v| v.len() as f64 / secs).collect();
-    let mean = iops_per_interval.iter().sum::<f64>() / intervals as f64;
-    let var = iops_per_interval
-        .iter()
-        .map(|r| (r - mean).powi(2))
-        .sum::<f64>()
-        / intervals as f64;
+    let (mean, stddev) = crate::report::mean_stddev(&iops_per_interval);
     let max_dev = iops_per_interval
         .iter()
         .map(|r| (r - mean).abs())
@@ -195,7 +184,7 @@ pub fn measure(name: &str, report: &Report, history: &History, interval_ns: u64)
             write: latency(history, |o| o.kind == OpKind::Write),
         },
         interval_ms: interval_ns as f64 / 1e6,
-        iops_stddev: var.sqrt(),
+        iops_stddev: stddev,
         iops_max_dev_pct: 100.0 * max_dev / mean.max(1.0),
         iops_per_interval,
         p99_us_per_interval,

@@ -51,12 +51,7 @@ impl Latency {
         history: &History,
         inside: impl Fn(&&crate::history::OpRecord) -> bool,
     ) -> Latency {
-        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
-        for op in history.ops.iter().filter(inside) {
-            if let Some(done) = op.complete_ns {
-                h.saturating_record((done - op.invoke_ns).max(1));
-            }
-        }
+        let h = latency_histogram(history, inside);
         let us = |ns: u64| ns as f64 / 1000.0;
         Latency {
             count: h.len(),
@@ -74,6 +69,28 @@ impl Latency {
             self.p50_us, self.p99_us, self.p999_us
         )
     }
+}
+
+/// Latencies (ns) of the completed operations of `history` that `inside` picks.
+pub(crate) fn latency_histogram(
+    history: &History,
+    inside: impl Fn(&&crate::history::OpRecord) -> bool,
+) -> Histogram<u64> {
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
+    for op in history.ops.iter().filter(inside) {
+        if let Some(done) = op.complete_ns {
+            h.saturating_record((done - op.invoke_ns).max(1));
+        }
+    }
+    h
+}
+
+/// Mean and standard deviation of `rates` (0 and 0 for none).
+pub(crate) fn mean_stddev(rates: &[f64]) -> (f64, f64) {
+    let n = rates.len().max(1) as f64;
+    let mean = rates.iter().sum::<f64>() / n;
+    let var = rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
+    (mean, var.sqrt())
 }
 
 /// Fabric counters worth a line in the report.
@@ -180,8 +197,7 @@ impl Report {
             .iter()
             .map(|&n| n as f64 * 1e9 / INTERVAL_NS as f64)
             .collect();
-        let mean = rates.iter().sum::<f64>() / rates.len().max(1) as f64;
-        let var = rates.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / rates.len().max(1) as f64;
+        let (mean, stddev) = mean_stddev(&rates);
         Report {
             seed,
             scenario: scenario.clone(),
@@ -192,7 +208,7 @@ impl Report {
             iops: done.len() as f64 / secs,
             mb_per_sec: bytes as f64 / secs / 1e6,
             interval_iops_mean: mean,
-            interval_iops_stddev: var.sqrt(),
+            interval_iops_stddev: stddev,
             intervals,
             fabric,
             verdicts,

@@ -137,23 +137,17 @@ fn mixed(quick: bool) -> Vec<Variant> {
     };
     let mut out = Vec::new();
     for (fabric, set) in [("tcp", kernel_tcp as fn(&mut Scenario)), ("roce", roce)] {
-        let analytics = |s: &mut Scenario| {
-            s.workload.clients = 2;
-            workload(s, Pattern::Random, 4096, 100, 64);
-        };
         let driver = if fabric == "tcp" { "kernel" } else { "polled" };
-        let mut both = base(quick, 60);
-        set(&mut both);
-        both.device.driver = driver.into();
-        analytics(&mut both);
+        let mut common = base(quick, 60);
+        set(&mut common);
+        common.device.driver = driver.into();
+        // Analytics: 2 clients of 4 KiB random reads; beside them, the ingest.
+        let mut reads = common.clone();
+        reads.workload.clients = 2;
+        workload(&mut reads, Pattern::Random, 4096, 100, 64);
+        let mut both = reads.clone();
         both.extra_clients = vec![ingest.clone()];
-        let mut reads = base(quick, 60);
-        set(&mut reads);
-        reads.device.driver = driver.into();
-        analytics(&mut reads);
-        let mut writes = base(quick, 60);
-        set(&mut writes);
-        writes.device.driver = driver.into();
+        let mut writes = common;
         writes.workload.clients = ingest.clients;
         workload(
             &mut writes,

@@ -158,13 +158,12 @@ impl Engine {
     /// the stack's receive path first.
     pub(super) fn stack_receive(&mut self, src: HostIdx, dst: HostIdx, frame: Frame, sent_ns: u64) {
         let now = self.now_ns;
-        let q = (Self::flow_hash_of(src, dst)
-            % self.stacks[dst].as_ref().map_or(1, |s| s.rx.len()) as u64) as usize;
         let bytes = frame.len() as u64;
         let packets = self.packets_of(bytes);
         let Some(stack) = self.stacks[dst].as_mut() else {
             return self.deliver(src, dst, frame, sent_ns);
         };
+        let q = (Self::flow_hash_of(src, dst) % stack.rx.len() as u64) as usize;
         match stack.net {
             NetStack::KernelTcp(tcp) => {
                 let queue = &mut stack.rx[q];
@@ -190,16 +189,7 @@ impl Engine {
                 let seen =
                     Stack::nic_message(&mut stack.nic_rx_free_ns, now, rdma.nic_ns_per_message());
                 let done = stack.run((now, seen), rdma.receive_ns(), Affinity::Core(q));
-                let queue = &mut stack.rx[q];
-                let done = done.max(queue.last_done_ns);
-                queue.last_done_ns = done;
-                self.schedule(
-                    done,
-                    Event::StackDeliver {
-                        dst,
-                        batch: vec![(src, frame, sent_ns)],
-                    },
-                );
+                self.stack_ready(dst, q, done, vec![(src, frame, sent_ns)]);
             }
         }
     }
@@ -234,10 +224,16 @@ impl Engine {
         );
         let receive = tcp.receive_ns(bytes, batch.len() as u64);
         let done = stack.run((now, softirq), receive, Affinity::Any);
-        let queue = &mut stack.rx[q];
-        let done = done.max(queue.last_done_ns);
+        self.stack_ready(host, q, done, batch);
+    }
+
+    /// Receive queue `q` of `dst` finished its work on `batch` at `done_ns`: it
+    /// reaches the application then, never before the queue's previous batch.
+    fn stack_ready(&mut self, dst: HostIdx, q: usize, done_ns: u64, batch: Batch) {
+        let queue = &mut self.stacks[dst].as_mut().expect("a stack took it").rx[q];
+        let done = done_ns.max(queue.last_done_ns);
         queue.last_done_ns = done;
-        self.schedule(done, Event::StackDeliver { dst: host, batch });
+        self.schedule(done, Event::StackDeliver { dst, batch });
     }
 
     /// A received batch reaches the application.
