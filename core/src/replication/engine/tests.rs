@@ -2174,6 +2174,71 @@ fn a_rebuilding_replica_takes_the_copy_over_an_older_reigns_newer_block() {
     assert!(!rebuild::takes(old(5), Version(0), reign));
 }
 
+/// The shape campaign seed 321 (with the host model) found: an in-sync replica
+/// whose grain is broken (it missed an unacknowledged write to part of it, which
+/// reconciliation then wrote back) becomes primary and rebuilds a replica that
+/// lacks an acknowledged write to that grain. Its copy must send the grain.
+#[test]
+fn a_primary_with_a_broken_grain_still_copies_it_to_a_rebuilding_replica() {
+    use crate::control::Command;
+    let mut c = cluster(grain_config());
+    fill(&mut c, 1, 8, 1, 1);
+    // A later write (grain 2) tells the replicas the fill's writes were all
+    // answered: the tails below name only what follows.
+    c.client_sends(NodeId(1), write(40, 8, block(1, 1)));
+    c.settle();
+    // n1's write to block 1 reaches n3, not n2; n1 is declared down before it
+    // is answered. n2 takes over and writes its own block 1 back to n3: n3's
+    // grain 0 is at n2's version, but broken (a write to part of it it holds
+    // older than that).
+    c.client_sends(NodeId(1), write(50, 1, block(7, 1)));
+    c.settle_without(NodeId(2));
+    c.net.retain(|(_, to, _)| *to != NodeId(2));
+    n1_goes_down(&mut c);
+    c.settle_without(NodeId(1));
+    assert_eq!(c.disk_block(NodeId(3), 1), Some(1), "written back");
+    let grain = |c: &Cluster, n: u32| c.engines[&NodeId(n)].grains.get(0);
+    assert!(!grain(&c, 3).whole, "n3's grain 0 is broken");
+    // n2 leads; an acknowledged write to block 2 reaches n2 and n3 only, and one
+    // after it (grain 3) settles it.
+    let epoch = c.engines[&NodeId(2)].map().extent(ExtentId(0)).epoch.0;
+    c.client_sends(NodeId(2), write_at_epoch(60, 2, block(9, 1), epoch));
+    c.settle_without(NodeId(1));
+    c.client_sends(NodeId(2), write_at_epoch(61, 12, block(9, 1), epoch));
+    c.settle_without(NodeId(1));
+    for req in [60, 61] {
+        assert!(c.replies.contains(&Message::WriteOk {
+            req: RequestId(req)
+        }));
+    }
+    assert!(
+        !grain(&c, 3).whole,
+        "a write to part of it leaves it broken"
+    );
+    // n1 comes back, and n2 goes down before it copies anything: n3, the last
+    // in-sync copy, leads and rebuilds n1.
+    publish(&mut c, Command::NodeUp { node: NodeId(1) });
+    c.net.clear();
+    goes_down(&mut c, NodeId(2));
+    c.settle_without(NodeId(2));
+    let map = c.engines[&NodeId(3)].map().clone();
+    assert_eq!(map.extent(ExtentId(0)).primary, NodeId(3));
+    assert!(map.extent(ExtentId(0)).rebuilding.contains(&NodeId(1)));
+    assert_eq!(
+        c.disk_block(NodeId(1), 2),
+        Some(9),
+        "n1 lacks acknowledged write 60"
+    );
+    for lba in 0..16 {
+        // A block never written reads as zeroes, copied or not.
+        assert_eq!(
+            c.disk_block(NodeId(1), lba).unwrap_or(0),
+            c.disk_block(NodeId(3), lba).unwrap_or(0),
+            "block {lba} differs after the rebuild"
+        );
+    }
+}
+
 #[test]
 fn a_tail_longer_than_a_request_is_sent_in_runs_the_new_primary_takes() {
     let mut c = cluster(test_config());

@@ -598,18 +598,24 @@ pub(super) fn chunk_versions(
         // the replica may hold a later write this node lost with its cache.
         // Every such grain is sent at `base`, above them all, so the replica
         // takes this node's.
-        Some(base) => (from..to).map(|g| grains.get(g).held().max(base)).collect(),
+        Some(base) => (from..to)
+            .map(|g| grains.get(g).version.max(base))
+            .collect(),
         None => grains
             .written(from, to)
             .zip(from..)
             .take_while(|((g, _), want)| g == want)
             .map(|((g, s), _)| {
-                // A grain broken here (a write to it failed) goes at 0: the
-                // replica keeps its own, as for a block never written here.
+                // A grain broken here goes at its version all the same: this
+                // node, the primary, holds every acknowledged write to it (an
+                // in-sync replica misses only unacknowledged ones, and those
+                // were written back when it took over), and its data is what it
+                // serves. Sent at 0, a replica that also lacks writes to it
+                // would keep its own and miss acknowledged writes.
                 if skip == Some(grains.start_of(g)) {
                     Version::default()
                 } else {
-                    s.held()
+                    s.version
                 }
             })
             .collect(),
