@@ -24,10 +24,6 @@ struct Args {
     /// report lists the faults injected, failovers and rebuilds, and the verdicts.
     #[arg(long, visible_alias = "faults", conflicts_with = "scenario")]
     campaign: bool,
-    /// With `--campaign`: model the hosts on a quarter of the seeds (CPU cores,
-    /// network stack and NVMe driver drawn from the seed).
-    #[arg(long, requires = "campaign")]
-    hosts: bool,
     /// Override the scenario's simulated duration, in milliseconds.
     #[arg(long)]
     duration_ms: Option<u64>,
@@ -92,12 +88,10 @@ fn main() -> ExitCode {
         },
     };
     let (mut scenario, name) = if args.campaign {
-        let scenario = if args.hosts {
-            weir_sim::scenario::Scenario::campaign_with_hosts(args.seed)
-        } else {
-            weir_sim::scenario::Scenario::campaign(args.seed)
-        };
-        (scenario, "campaign".to_string())
+        (
+            weir_sim::scenario::Scenario::campaign(args.seed),
+            "campaign".to_string(),
+        )
     } else {
         match weir_sim::scenario::Scenario::parse(&text, &name) {
             Ok(s) => (s, name),

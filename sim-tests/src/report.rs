@@ -370,8 +370,6 @@ impl fmt::Display for Report {
         write!(f, "  replay  cargo xtask sim --seed {}", self.seed)?;
         match self.scenario_name.as_str() {
             "default" => {}
-            // Only `--hosts` models hosts in a campaign.
-            "campaign" if s.host.modelled(&s.device) => write!(f, " --campaign --hosts")?,
             "campaign" => write!(f, " --campaign")?,
             name => write!(f, " --scenario {name}")?,
         }

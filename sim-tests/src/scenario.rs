@@ -470,7 +470,8 @@ impl Scenario {
     /// The fault campaign's scenario for `seed`: a small cluster under a light
     /// workload, long enough for a failover, with a fault mix drawn from the seed
     /// (a swarm: each seed tests a different mix): a node crash (sometimes the Raft
-    /// leader), link loss and corruption, link flaps, on RoCE or the TCP baseline.
+    /// leader), link loss and corruption, link flaps, on RoCE or the TCP baseline,
+    /// with the hosts' CPUs modelled on a quarter of the seeds.
     /// `cargo xtask sim --campaign --seed N` replays one.
     pub fn campaign(seed: u64) -> Scenario {
         let pick = |salt: u64, n: u64| campaign_pick(seed, salt, n);
@@ -540,17 +541,10 @@ impl Scenario {
         // one installs a snapshot, often while it is also catching up), a few, or
         // the daemon's.
         s.cluster.raft_snapshot_entries = [1, 2, 8, 1024][pick(27, 4) as usize];
-        s
-    }
-
-    /// [`Scenario::campaign`] with the hosts modelled on a quarter of the seeds:
-    /// the stack of the fabric drawn, a kernel or polled driver, and few cores
-    /// (2 or 4: saturated hosts stretch every timing the protocols depend on) or
-    /// many. Not yet part of `cargo xtask test`: seed 321 loses acknowledged
-    /// writes in a rebuild interrupted by a failover (see docs/testing.md).
-    pub fn campaign_with_hosts(seed: u64) -> Scenario {
-        let mut s = Scenario::campaign(seed);
-        let pick = |salt: u64, n: u64| campaign_pick(seed, salt, n);
+        // A quarter of the seeds model the hosts: the fabric's own stack (verbs on
+        // RoCE, the kernel's sockets on TCP), a kernel or polled NVMe driver, and
+        // few cores (2 or 4: saturated hosts stretch every timing the protocols
+        // depend on) or many.
         if pick(28, 4) == 0 {
             s.host.network_stack = if s.fabric.transport == "roce" {
                 "rdma".into()
