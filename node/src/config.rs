@@ -127,6 +127,29 @@ pub struct Config {
     /// Control-plane timing.
     #[serde(default)]
     pub timeouts: TimeoutSection,
+    /// The transport between nodes.
+    #[serde(default)]
+    pub transport: TransportSection,
+}
+
+/// `[transport]`
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransportSection {
+    /// `"tcp"` (the default) or `"rdma"`.
+    #[serde(default)]
+    pub kind: TransportKind,
+}
+
+/// What carries frames between nodes.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// TCP (weir-transport-tcp).
+    #[default]
+    Tcp,
+    /// RDMA: refused, this build has none yet.
+    Rdma,
 }
 
 /// `[node]`
@@ -417,6 +440,15 @@ impl Config {
                 message,
             })
         };
+        if self.transport.kind == TransportKind::Rdma {
+            return bad(
+                "transport.kind",
+                "\"rdma\": this build of weir has no RDMA transport yet (its verbs layer \
+                 over rdma-sys is not written; its messenger runs only in the simulator); \
+                 use kind = \"tcp\""
+                    .into(),
+            );
+        }
         let members = &self.cluster.members;
         if members.is_empty() || members.len() > MAX_MEMBERS {
             return bad(
@@ -591,6 +623,22 @@ mod tests {
         assert!(e.contains("clock_offset_max_us"), "{e}");
         let ok = parse(&format!("{GOOD}\n[timeouts]\nclock_offset_max_us = 100"));
         assert_eq!(ok.unwrap().timeouts.lease_margin_ns(), 200_000 + 45_000);
+    }
+
+    #[test]
+    fn rdma_is_refused_at_once_with_the_way_out() {
+        let c = parse(&format!("{GOOD}\n[transport]\nkind = \"tcp\""));
+        assert!(c.is_ok());
+        let e = parse(&format!("{GOOD}\n[transport]\nkind = \"rdma\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("transport.kind")
+                && e.contains("no RDMA transport")
+                && e.contains("kind = \"tcp\""),
+            "{e}"
+        );
+        assert!(parse(&format!("{GOOD}\n[transport]\nkind = \"udp\"")).is_err());
     }
 
     #[test]

@@ -354,6 +354,7 @@ mod tests {
             "incast",
             "spdk-vs-kernel",
             "full-stack",
+            "rdma-messenger",
         ] {
             assert!(names.contains(&want), "{want} missing");
         }
@@ -396,6 +397,10 @@ mod tests {
             ),
             ("incast", &["dcqcn-on", "dcqcn-off", "tcp"][..]),
             ("spdk-vs-kernel", &["polled", "kernel"][..]),
+            (
+                "rdma-messenger",
+                &["roce-4k", "rdma-4k", "roce-128k", "rdma-128k"][..],
+            ),
             (
                 "full-stack",
                 &[

@@ -27,6 +27,11 @@ struct Args {
     /// Override the scenario's simulated duration, in milliseconds.
     #[arg(long)]
     duration_ms: Option<u64>,
+    /// Carry frames through RDMA's messenger wherever the fabric is RoCE's
+    /// (`fabric.transport = "rdma"` for "roce"): with `--campaign`, the campaign
+    /// over RDMA.
+    #[arg(long)]
+    rdma: bool,
     /// Write fabric telemetry (CSV series, SVG plots of queues and QP rates) here.
     #[arg(long)]
     telemetry: Option<PathBuf>,
@@ -103,6 +108,9 @@ fn main() -> ExitCode {
     };
     if let Some(ms) = args.duration_ms {
         scenario.workload.duration_ms = ms;
+    }
+    if args.rdma && scenario.fabric.transport == "roce" {
+        scenario.fabric.transport = "rdma".into();
     }
     for bug in &args.bug {
         match bug {

@@ -154,6 +154,9 @@ pub struct Report {
     /// The nodes' flow counts over the run: frames a full transport
     /// queue refused, held, dropped (see `weir_core::flow`).
     pub flow: weir_core::flow::FlowTotals,
+    /// RDMA's messenger's connection counts, summed over the hosts (their last
+    /// incarnations), when the fabric carries frames through it.
+    pub messenger: Option<weir_transport_rdma::messenger::Counters>,
     /// CPU utilization over the workload by role ("storage", "client"), 0..=1,
     /// when hosts are modelled.
     pub cpu: Vec<(String, f64)>,
@@ -216,6 +219,7 @@ impl Report {
             grain_bytes: 0,
             payload_copies: 0,
             flow: Default::default(),
+            messenger: None,
             cpu: Vec::new(),
             node_events: Vec::new(),
             faults: Vec::new(),
@@ -254,10 +258,15 @@ impl fmt::Display for Report {
             writeln!(f, "  clocks    {}", self.clocks)?;
         }
         let fs = &s.fabric;
-        if fs.transport == "roce" {
+        if fs.lossless() {
+            let messenger = if fs.transport == "rdma" {
+                " (RDMA messenger)"
+            } else {
+                ""
+            };
             writeln!(
                 f,
-                "  fabric    RoCE v2 star, {} Gb/s links, {} ns propagation, MTU {}, DCQCN {}, CNP {}{}{}",
+                "  fabric    RoCE v2{messenger} star, {} Gb/s links, {} ns propagation, MTU {}, DCQCN {}, CNP {}{}{}",
                 fs.link_gbps,
                 fs.link_delay_ns,
                 fs.mtu_bytes,
@@ -327,6 +336,13 @@ impl fmt::Display for Report {
             "  flow    {} sends refused by a full queue, {} frames held until it had room, {} dropped",
             self.flow.refused, self.flow.held, self.flow.dropped
         )?;
+        if let Some(m) = &self.messenger {
+            writeln!(
+                f,
+                "  rdma    {} connections up, {} refused (broke the protocol), {} reset, {} images dropped, {} frames lost",
+                m.connects, m.refused, m.resets, m.dropped, m.frames_lost
+            )?;
+        }
         if !self.cpu.is_empty() {
             let roles: Vec<String> = self
                 .cpu
@@ -370,6 +386,13 @@ impl fmt::Display for Report {
         write!(f, "  replay  cargo xtask sim --seed {}", self.seed)?;
         match self.scenario_name.as_str() {
             "default" => {}
+            // `--rdma` where the campaign's own draw is RoCE without it.
+            "campaign"
+                if s.fabric.transport == "rdma"
+                    && Scenario::campaign(self.seed).fabric.transport != "rdma" =>
+            {
+                write!(f, " --campaign --rdma")?
+            }
             "campaign" => write!(f, " --campaign")?,
             name => write!(f, " --scenario {name}")?,
         }

@@ -190,6 +190,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     report.payload_copies = weir_core::copies::on_this_thread() - copies_before;
     let flow = weir_core::flow::on_this_thread();
     report.cpu = cpu;
+    report.messenger = cluster.fabric.messenger_totals();
     report.flow = weir_core::flow::FlowTotals {
         refused: flow.refused - flow_before.refused,
         held: flow.held - flow_before.held,

@@ -299,8 +299,10 @@ pub struct FabricSpec {
     pub link_delay_ns: u64,
     /// Packet payload size.
     pub mtu_bytes: u32,
-    /// "roce" (lossless, PFC + DCQCN) or the lossy TCP baseline: "tcp-reno",
-    /// "tcp-dctcp", "tcp-cubic" (no PFC, no DCQCN, ECN at K).
+    /// "roce" (lossless, PFC + DCQCN), "rdma" (the same fabric, frames carried
+    /// by RDMA's messenger: connections, credits, granted regions), or the lossy
+    /// TCP baseline: "tcp-reno", "tcp-dctcp", "tcp-cubic" (no PFC, no DCQCN,
+    /// ECN at K).
     pub transport: String,
     /// DCQCN reaction-point preset: "hpcc", "paper", "connectx", or "off".
     pub dcqcn: String,
@@ -319,6 +321,14 @@ pub struct FabricSpec {
     /// is at least this full, percent (deployments mark at 70%); 0: off, RED on
     /// the egress queue's length only.
     pub ecn_buffer_pct: u32,
+}
+
+impl FabricSpec {
+    /// Whether the fabric is RoCE's (lossless, PFC and DCQCN), with or without
+    /// RDMA's messenger.
+    pub fn lossless(&self) -> bool {
+        matches!(self.transport.as_str(), "roce" | "rdma")
+    }
 }
 
 impl Default for FabricSpec {
@@ -470,8 +480,9 @@ impl Scenario {
     /// The fault campaign's scenario for `seed`: a small cluster under a light
     /// workload, long enough for a failover, with a fault mix drawn from the seed
     /// (a swarm: each seed tests a different mix): a node crash (sometimes the Raft
-    /// leader), link loss and corruption, link flaps, on RoCE or the TCP baseline,
-    /// with the hosts' CPUs modelled on a quarter of the seeds.
+    /// leader), link loss and corruption, link flaps, on RoCE (a third of it
+    /// through RDMA's messenger) or the TCP baseline, with the hosts' CPUs
+    /// modelled on a quarter of the seeds.
     /// `cargo xtask sim --campaign --seed N` replays one.
     pub fn campaign(seed: u64) -> Scenario {
         let pick = |salt: u64, n: u64| campaign_pick(seed, salt, n);
@@ -530,6 +541,10 @@ impl Scenario {
         s.faults.link_flaps = pick(11, 4) as u32;
         if pick(12, 4) == 0 {
             s.fabric.transport = "tcp-dctcp".into();
+        } else if pick(31, 3) == 0 {
+            // A third of the RoCE seeds carry their frames through RDMA's
+            // messenger (connections, credits, granted regions).
+            s.fabric.transport = "rdma".into();
         }
         // Clocks from perfect to 5 ms apart (an NTP server lost for a while),
         // drifting up to RFC 5905's 15 ppm or a free-running oscillator's 100 ppm.
@@ -546,7 +561,7 @@ impl Scenario {
         // few cores (2 or 4: saturated hosts stretch every timing the protocols
         // depend on) or many.
         if pick(28, 4) == 0 {
-            s.host.network_stack = if s.fabric.transport == "roce" {
+            s.host.network_stack = if s.fabric.lossless() {
                 "rdma".into()
             } else {
                 "kernel-tcp".into()
@@ -641,11 +656,11 @@ impl Scenario {
         }
         if !matches!(
             f.transport.as_str(),
-            "roce" | "tcp-reno" | "tcp-dctcp" | "tcp-cubic"
+            "roce" | "rdma" | "tcp-reno" | "tcp-dctcp" | "tcp-cubic"
         ) {
             return bad(
                 "fabric.transport",
-                "must be \"roce\", \"tcp-reno\", \"tcp-dctcp\" or \"tcp-cubic\"",
+                "must be \"roce\", \"rdma\", \"tcp-reno\", \"tcp-dctcp\" or \"tcp-cubic\"",
             );
         }
         if !matches!(f.dcqcn.as_str(), "hpcc" | "paper" | "connectx" | "off") {

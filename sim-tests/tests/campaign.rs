@@ -3,7 +3,8 @@
 //! those after a power loss that empties the SSD's volatile cache), node pauses,
 //! nodes cut off from the network, SSD stalls, SSDs that disappear, SSD media
 //! errors (repaired from a peer), link loss, corruption and flaps, on
-//! RoCE or TCP, with the nodes' clocks up to 5 ms apart, and on a quarter of the
+//! RoCE (a third of it through RDMA's messenger) or TCP, with the nodes' clocks
+//! up to 5 ms apart, and on a quarter of the
 //! seeds with the hosts' CPUs, network stacks and NVMe drivers modelled; every history must pass every checker (linearizability, no lost
 //! write, leases, acked-means-persisted, epochs only grow, liveness: every extent
 //! back to 3 in-sync copies, on spares where a node stayed down) with no client
@@ -42,6 +43,8 @@ struct Tally {
     skewed: u32,
     /// Seeds that model the hosts' CPUs.
     hosts: u32,
+    /// Seeds whose frames go through RDMA's messenger.
+    rdma: u32,
 }
 
 fn campaign(part: u64) {
@@ -56,6 +59,7 @@ fn campaign(part: u64) {
         "no seed of this part skewed the nodes' clocks"
     );
     assert!(t.hosts > 0, "no seed of this part modelled the hosts");
+    assert!(t.rdma > 0, "no seed of this part ran over RDMA's messenger");
     assert!(
         t.media == 0 || t.repaired > 0,
         "{} seeds gave an SSD media errors, but nothing was repaired",
@@ -67,11 +71,12 @@ fn campaign(part: u64) {
 fn check_seeds(seeds: impl Iterator<Item = u64>) -> Tally {
     let mut failed = Vec::new();
     let (mut crashes, mut stalls, mut media, mut repaired) = (0, 0, 0, 0);
-    let (mut skewed, mut hosts) = (0, 0);
+    let (mut skewed, mut hosts, mut rdma) = (0, 0, 0);
     for seed in seeds {
         let s = Scenario::campaign(seed);
         skewed += u32::from(s.cluster.clock_offset_max_us > 0);
         hosts += u32::from(s.host.modelled(&s.device));
+        rdma += u32::from(s.fabric.transport == "rdma");
         crashes += s.faults.node_crashes;
         stalls += s.faults.node_pauses + s.faults.partitions;
         let (passed, r) = run_seed(seed);
@@ -129,6 +134,7 @@ fn check_seeds(seeds: impl Iterator<Item = u64>) -> Tally {
         repaired,
         skewed,
         hosts,
+        rdma,
     }
 }
 

@@ -25,6 +25,7 @@ use weir_core::time::sleep_until_exact;
 use weir_core::transport::{CongestionSignals, SendError, Transport, TransportError};
 use weir_core::wire::{Frame, HEADER_BYTES, MAX_BODY_BYTES};
 use weir_core::NodeId;
+use weir_transport_rdma::messenger::{Messenger, Out};
 
 type Inbox = mpsc::Sender<(NodeId, Frame)>;
 
@@ -44,6 +45,13 @@ struct State {
     /// Bytes of `waiting` by (sender, receiver).
     waiting_bytes: BTreeMap<(HostIdx, HostIdx), u64>,
     driver_started: bool,
+    /// With RDMA's messenger: its settings, and each host's messenger (see
+    /// [`Fabric::enable_messenger`]) with its incarnation.
+    rdma: Option<weir_transport_rdma::proto::Config>,
+    messengers: Vec<(Messenger, u32)>,
+    /// The messengers' time-driven work is looked at no earlier than this (the
+    /// earliest any of it can be due).
+    timers_due_ns: u64,
 }
 
 impl State {
@@ -59,6 +67,42 @@ impl State {
     fn takes(&self, src: HostIdx, dst: HostIdx, len: u64) -> bool {
         let queued = self.queued(src, dst);
         queued == 0 || queued + len <= self.engine.config().nic.send_queue_bytes_max
+    }
+
+    /// A message reached `dst`: with the messenger, an image for `dst`'s
+    /// messenger (its frames then go to the inbox, its answers on the wire, and
+    /// the sender's messenger hears that it arrived); without, a frame for the
+    /// inbox.
+    fn arrive(&mut self, now_ns: u64, src: HostIdx, dst: HostIdx, frame: Frame) {
+        if self.messengers.is_empty() {
+            return self.deliver(src, dst, frame);
+        }
+        let mut out = Out::default();
+        let (from, to) = (self.ids[src], self.ids[dst]);
+        self.messengers[dst]
+            .0
+            .arrived(from, frame, now_ns, &mut out);
+        self.put(now_ns, dst, out);
+        let mut out = Out::default();
+        self.messengers[src].0.wire_done(to, true, now_ns, &mut out);
+        self.put(now_ns, src, out);
+    }
+
+    /// What host `at`'s messenger handed out: images onto the wire, frames into
+    /// its inbox.
+    fn put(&mut self, now_ns: u64, at: HostIdx, out: Out) {
+        // Whatever a messenger did may have armed a timer, none sooner than this.
+        let soonest = now_ns + weir_transport_rdma::messenger::PROBE_AFTER_NS;
+        self.timers_due_ns = self.timers_due_ns.min(soonest);
+        for (to, image) in out.images {
+            if let Some(&dst) = self.hosts.get(&to) {
+                self.engine.send(now_ns, at, dst, image);
+            }
+        }
+        for (from, frame) in out.frames {
+            let src = self.hosts[&from];
+            self.deliver(src, at, frame);
+        }
     }
 
     /// Hand a delivered frame to `dst`'s inbox, or keep it waiting behind the
@@ -122,6 +166,9 @@ impl Simulator for Fabric {
                 waiting: Vec::new(),
                 waiting_bytes: BTreeMap::new(),
                 driver_started: false,
+                rdma: None,
+                messengers: Vec::new(),
+                timers_due_ns: u64::MAX,
             }),
             wake: Notify::new(),
             space: Notify::new(),
@@ -151,6 +198,40 @@ impl Fabric {
         (Instant::now() - self.epoch).as_nanos() as u64
     }
 
+    /// Carry every host's frames through RDMA's messenger
+    /// (`weir_transport_rdma::messenger`): connections set up by its connection
+    /// manager, SENDs into receive slots under credits, large frames written
+    /// into granted regions, on the fabric's RC queue pairs. Must come before
+    /// the first endpoint.
+    pub fn enable_messenger(&self, cfg: weir_transport_rdma::proto::Config) -> Result<(), String> {
+        cfg.validate().map_err(|e| e.to_string())?;
+        let mut s = self.state.lock().expect("fabric state");
+        if !s.ids.is_empty() {
+            return Err("messenger enabled after hosts were added".into());
+        }
+        s.rdma = Some(cfg);
+        Ok(())
+    }
+
+    /// Host `id` restarted: its messenger starts afresh (its connections are
+    /// gone; peers find out from their next message, or its first).
+    pub fn reboot(&self, id: NodeId) {
+        let mut s = self.state.lock().expect("fabric state");
+        let (Some(cfg), Some(&h)) = (s.rdma, s.hosts.get(&id)) else {
+            return;
+        };
+        let boot = s.messengers[h].1 + 1;
+        s.messengers[h] = (Messenger::new(id, cfg, boot).expect("validated"), boot);
+    }
+
+    /// The counters of every host's messenger in this incarnation, summed; none
+    /// without the messenger.
+    pub fn messenger_totals(&self) -> Option<weir_transport_rdma::messenger::Counters> {
+        let s = self.state.lock().expect("fabric state");
+        s.rdma?;
+        Some(s.messengers.iter().map(|m| m.0.counters()).sum())
+    }
+
     /// Attach host `id` to the fabric and return its transport endpoint.
     pub fn endpoint(self: &Arc<Self>, id: NodeId) -> Result<SimTransport, String> {
         let (tx, rx) = mpsc::channel(INBOX_FRAMES_MAX);
@@ -163,6 +244,10 @@ impl Fabric {
         s.ids.push(id);
         s.inboxes.push(tx);
         s.waiting.push(VecDeque::new());
+        if let Some(cfg) = s.rdma {
+            let m = Messenger::new(id, cfg, 0).map_err(|e| e.to_string())?;
+            s.messengers.push((m, 0));
+        }
         if !s.driver_started {
             s.driver_started = true;
             let fabric = self.clone();
@@ -307,16 +392,34 @@ impl Fabric {
         loop {
             let next = {
                 let mut s = self.state.lock().expect("fabric state");
-                let delivered = s.engine.advance(self.now_ns());
+                let now = self.now_ns();
+                let delivered = s.engine.advance(now);
                 // Frames that waited for room first, so each receiver's order holds.
                 for dst in 0..s.waiting.len() {
                     s.move_waiting(dst);
                 }
                 for d in delivered {
-                    s.deliver(d.src, d.dst, d.frame);
+                    s.arrive(now, d.src, d.dst, d.frame);
                 }
+                // Connection attempts that timed out, probes; the next one due.
+                if s.timers_due_ns <= now {
+                    s.timers_due_ns = u64::MAX;
+                    let mut due = u64::MAX;
+                    for h in 0..s.messengers.len() {
+                        let mut out = Out::default();
+                        if let Some(t) = s.messengers[h].0.poll(now, &mut out) {
+                            due = due.min(t);
+                        }
+                        s.put(now, h, out);
+                    }
+                    s.timers_due_ns = s.timers_due_ns.min(due);
+                }
+                let timer = (s.timers_due_ns != u64::MAX).then_some(s.timers_due_ns);
                 self.space.notify_waiters();
-                s.engine.next_event_ns()
+                match (s.engine.next_event_ns(), timer) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
             };
             match next {
                 Some(at) => {
@@ -361,6 +464,17 @@ impl Transport for SimTransport {
         }
         let mut s = self.fabric.state.lock().expect("fabric state");
         let dst = *s.hosts.get(&to).ok_or(TransportError::UnknownPeer(to))?;
+        if !s.messengers.is_empty() {
+            let now = self.fabric.now_ns();
+            let mut out = Out::default();
+            let sent = s.messengers[self.idx].0.send(to, frame, now, &mut out);
+            if let Err(SendError::Full(_)) = &sent {
+                self.refused.lock().expect("refused").insert(dst);
+            }
+            s.put(now, self.idx, out);
+            self.fabric.wake.notify_one();
+            return sent;
+        }
         if !s.takes(self.idx, dst, frame.len() as u64) {
             self.refused.lock().expect("refused").insert(dst);
             return Err(SendError::Full(frame));
@@ -386,7 +500,12 @@ impl Transport for SimTransport {
                 }
                 let max = (HEADER_BYTES + MAX_BODY_BYTES) as u64;
                 let before = refused.len();
-                refused.retain(|&dst| !s.takes(self.idx, dst, max));
+                if s.messengers.is_empty() {
+                    refused.retain(|&dst| !s.takes(self.idx, dst, max));
+                } else {
+                    let m = &s.messengers[self.idx].0;
+                    refused.retain(|&dst| !m.writable(s.ids[dst]));
+                }
                 if refused.len() < before {
                     return;
                 }

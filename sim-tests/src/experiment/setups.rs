@@ -50,6 +50,13 @@ pub const ALL: &[Experiment] = &[
                 per node): kernel NVMe + kernel TCP vs polled + RoCE, steady and with bursts",
         variants: full_stack,
     },
+    Experiment {
+        name: "rdma-messenger",
+        about: "3 compute nodes, 4 KiB random 70% reads and 128 KiB random reads at QD32: \
+                RoCE's frames as they are vs carried by RDMA's messenger (connection set-up, \
+                SENDs under credits, large frames into granted regions)",
+        variants: rdma_messenger,
+    },
 ];
 
 /// Simulated time of the quick form (`cargo xtask test` runs every experiment so).
@@ -112,6 +119,24 @@ fn fabric_matrix(
             set(&mut s);
             workload(&mut s, pattern, bs, reads, qd);
             out.push(variant(&format!("{fabric}-{kind}"), s));
+        }
+    }
+    out
+}
+
+/// `roce-4k`, `rdma-4k`, `roce-128k`, `rdma-128k`: the same RoCE fabric, hosts
+/// and polled driver; `rdma-` carries every frame through the messenger.
+fn rdma_messenger(quick: bool) -> Vec<Variant> {
+    let mut out = Vec::new();
+    for (size, bs, reads) in [("4k", 4096, 70), ("128k", 128 << 10, 100)] {
+        for via in ["roce", "rdma"] {
+            let mut s = base(quick, 40);
+            s.workload.clients = 3;
+            s.device.driver = "polled".into();
+            roce(&mut s);
+            s.fabric.transport = via.into();
+            workload(&mut s, Pattern::Random, bs, reads, 32);
+            out.push(variant(&format!("{via}-{size}"), s));
         }
     }
     out

@@ -63,6 +63,15 @@ impl Cluster {
         fabric
             .configure(fabric_config(scenario))
             .expect("validated scenario");
+        if scenario.fabric.transport == "rdma" {
+            let rdma = weir_transport_rdma::proto::Config {
+                queue_bytes: (scenario.fabric.send_queue_kib << 10) as usize,
+                ..Default::default()
+            };
+            fabric
+                .enable_messenger(rdma)
+                .expect("valid messenger settings");
+        }
         let map = build_map(scenario);
         let config = replication_config(scenario);
         let events: EventLog = Arc::new(Mutex::new(Events::with_capacity(SIM_EVENTS_MAX)));
@@ -327,6 +336,9 @@ fn start_nodes(
         // Run at start and again at every restart: a new incarnation of the node
         // from what survived.
         let incarnation = move || {
+            // A restarted host's queue pairs are new (a no-op without RDMA's
+            // messenger, and at the first start).
+            Fabric::current().reboot(id);
             let bytes = log.0.lock().expect("raft log").clone();
             let device = format!("sim-ssd-{id}");
             let restored = {

@@ -4,25 +4,12 @@
 
 use super::header::Header;
 use super::*;
+use crate::testing::{frame, op_of};
 use bytes::Bytes;
 use proptest::prelude::*;
 use std::collections::VecDeque;
-use weir_core::wire::{Frame, Message};
-use weir_core::{OpId, SendError};
-
-/// A frame of `op` with `n` payload bytes.
-fn frame(op: u64, n: usize) -> Frame {
-    Message::fetched(OpId(op), Ok(Bytes::from(vec![op as u8; n])))
-        .encode()
-        .expect("encodes")
-}
-
-fn op_of(f: &Frame) -> u64 {
-    match Message::decode(f.clone()).expect("decodes") {
-        Message::FetchBlocksOk { op, .. } => op.0,
-        m => panic!("unexpected {m:?}"),
-    }
-}
+use weir_core::wire::Frame;
+use weir_core::SendError;
 
 /// Small shapes, so credits, grants and the send queue all run out.
 fn cfg(recv_slots: u16, large_slots: u16, send_queue: u16, signal_every: u16) -> Config {

@@ -136,6 +136,7 @@ impl Replicator {
             let lba = self.withdraw_chunk(extent, op);
             self.rebuild.give_up((extent, node), op, lba, self.now_ns);
         }
+        self.rebuild.expire_forwards(self.now_ns, &self.map);
     }
 
     /// Forget chunk `op` of `extent` if it is still out, and let go of its range

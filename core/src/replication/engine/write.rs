@@ -254,7 +254,7 @@ impl Replicator {
             acks.promote(node);
         }
         for &node in &acks.extra {
-            self.rebuild.forwarded(node, op, extent);
+            self.rebuild.forwarded(node, op, extent, self.now_ns);
         }
         let w = self.ops.writes.get_mut(&op).expect("a write being started");
         w.acks = Some(acks);

@@ -77,8 +77,8 @@ pub(in crate::replication::engine) struct Ended {
 pub(in crate::replication::engine) struct Rebuilds {
     copies: BTreeMap<CopyKey, Copy>,
     /// Writes forwarded to a rebuilding replica that it has not answered, by
-    /// replica: op -> extent.
-    unacked: BTreeMap<NodeId, BTreeMap<OpId, ExtentId>>,
+    /// replica: op -> extent and when it was forwarded.
+    unacked: BTreeMap<NodeId, BTreeMap<OpId, (ExtentId, u64)>>,
     incoming: Vec<Incoming>,
     /// Bytes sent since `since_ns`, for the bandwidth bound.
     sent_bytes: u64,
@@ -111,14 +111,44 @@ impl Rebuilds {
     }
 
     /// Write `op` of `extent` went to `node`, a rebuilding replica not waited
-    /// for: its copy joins only once the replica has answered it.
+    /// for, at `now`: its copy joins only once the replica has answered it (or
+    /// the answer is given up, see [`Rebuilds::expire_forwards`]).
     pub(in crate::replication::engine) fn forwarded(
         &mut self,
         node: NodeId,
         op: OpId,
         extent: ExtentId,
+        now: u64,
     ) {
-        self.unacked.entry(node).or_default().insert(op, extent);
+        self.unacked
+            .entry(node)
+            .or_default()
+            .insert(op, (extent, now));
+    }
+
+    /// Give up answers to forwarded writes unanswered for
+    /// [`REBUILD_CHUNK_TIMEOUT_NS`] at `now`: the write or its answer was lost
+    /// (a connection reset loses frames), so the replica may lack those blocks,
+    /// and its copy walks the extent again, as after a failed write. Without
+    /// this a copy would wait for ever to join.
+    pub(in crate::replication::engine) fn expire_forwards(&mut self, now: u64, map: &ClusterMap) {
+        let mut lost = Vec::new();
+        for (&node, ops) in &mut self.unacked {
+            ops.retain(|_, &mut (extent, since)| {
+                let keep = now.saturating_sub(since) < REBUILD_CHUNK_TIMEOUT_NS;
+                if !keep {
+                    lost.push((extent, node));
+                }
+                keep
+            });
+        }
+        lost.dedup();
+        for key in lost {
+            if let Some(c) = self.copies.get_mut(&key) {
+                tracing::warn!(extent = %key.0, node = %key.1, "a rebuilding replica never answered a write; walking its copy again");
+                c.restart(map.extent_start(key.0));
+            }
+        }
     }
 
     /// Rebuilding replica `from` answered forwarded write `op`; whether it was
@@ -132,7 +162,7 @@ impl Rebuilds {
         failed: bool,
         map: &ClusterMap,
     ) -> bool {
-        let Some(extent) = self.unacked.get_mut(&from).and_then(|ops| ops.remove(&op)) else {
+        let Some((extent, _)) = self.unacked.get_mut(&from).and_then(|ops| ops.remove(&op)) else {
             return false;
         };
         if failed {
@@ -341,7 +371,7 @@ impl Rebuilds {
         let owes = self
             .unacked
             .get(&node)
-            .is_some_and(|ops| ops.values().any(|e| *e == extent));
+            .is_some_and(|ops| ops.values().any(|&(e, _)| e == extent));
         let c = self.copies.get_mut(&key).expect("listed");
         if owes
             || c.asked_ns

@@ -101,7 +101,7 @@ fn a_copy_walks_in_bounded_chunks_then_joins_and_asks_once_owed_writes_are_answe
         "4 chunks per copy"
     );
     // A write forwarded to the replica, not yet answered, holds the join back.
-    r.forwarded(N2, OpId(1000), E0);
+    r.forwarded(N2, OpId(1000), E0, 0);
     const MS: u64 = 1_000_000;
     t.answer_all(&mut r, MS);
     assert!(
@@ -124,13 +124,42 @@ fn a_copy_walks_in_bounded_chunks_then_joins_and_asks_once_owed_writes_are_answe
     let p = &r.progress()[0];
     assert_eq!((p.bytes_done, p.bytes_sent), (64 * BS, 64 * BS));
     // A forwarded write the replica failed: it may lack those blocks.
-    r.forwarded(N2, OpId(1001), E0);
+    r.forwarded(N2, OpId(1001), E0, 0);
     assert!(r.replica_answered(N2, OpId(1001), true, &map));
     assert!(r.joining(E0).is_empty());
     assert_eq!(
         t.pump(&mut r, 4 * MS + REBUILD_RETRY_NS, &grains, &map),
         [0, 16, 32, 48]
     );
+}
+
+#[test]
+fn a_forwarded_write_never_answered_is_given_up_and_the_copy_walks_again() {
+    // The write or its answer was lost (a connection reset loses frames): the
+    // copy must not wait for ever to join.
+    let (grains, map) = setup();
+    let map = with_node(&map, N2, true);
+    let (mut r, mut t) = started(&grains, &map);
+    t.pump(&mut r, 0, &grains, &map);
+    const MS: u64 = 1_000_000;
+    r.forwarded(N2, OpId(1000), E0, MS);
+    t.answer_all(&mut r, MS);
+    t.pump(&mut r, 2 * MS, &grains, &map);
+    assert_eq!(r.joining(E0), [N2]);
+    assert_eq!(t.asked, 0, "the replica owes a write");
+    r.expire_forwards(MS + REBUILD_CHUNK_TIMEOUT_NS - 1, &map);
+    assert_eq!(r.joining(E0), [N2], "not yet given up");
+    r.expire_forwards(MS + REBUILD_CHUNK_TIMEOUT_NS, &map);
+    assert!(r.joining(E0).is_empty(), "given up: the copy walks again");
+    assert!(
+        !r.replica_answered(N2, OpId(1000), false, &map),
+        "no longer owed"
+    );
+    let now = MS + REBUILD_CHUNK_TIMEOUT_NS;
+    assert_eq!(t.pump(&mut r, now, &grains, &map), [0, 16, 32, 48]);
+    t.answer_all(&mut r, now);
+    t.pump(&mut r, now, &grains, &map);
+    assert_eq!((r.joining(E0), t.asked), (vec![N2], 1), "joins and asks");
 }
 
 #[test]
@@ -280,7 +309,7 @@ fn a_map_change_restarts_a_moved_copy_and_ends_one_in_sync() {
     // Down instead: the copy ends, not rebuilt, and the replica owes nothing.
     let (mut r, mut t) = started(&grains, &map);
     t.pump(&mut r, 0, &grains, &map);
-    r.forwarded(N2, OpId(1000), E0);
+    r.forwarded(N2, OpId(1000), E0, 0);
     let mut state = map.state().clone();
     state.extents.get_mut(&E0).unwrap().rebuilding.remove(&N2);
     let down = map.with_state(state).unwrap();

@@ -1,0 +1,328 @@
+//! Messengers of three nodes on a model wire that keeps order per pair: first
+//! contact from both sides at once, every frame in order, a restarted peer, a
+//! hostile one.
+
+use super::image::{Image, Work};
+use super::*;
+use crate::testing::{frame, op_of};
+use proptest::prelude::*;
+
+fn cfg() -> Config {
+    Config {
+        params: Params {
+            recv_slots: 8,
+            slot_bytes: 1024,
+            large_slots: 2,
+            large_bytes: 64 * 1024,
+        },
+        send_queue: 8,
+        signal_every: 4,
+        max_inline: 0,
+        queue_bytes: 128 * 1024,
+    }
+}
+
+const N: [NodeId; 3] = [NodeId(1), NodeId(2), NodeId(3)];
+
+struct Net {
+    m: BTreeMap<NodeId, Messenger>,
+    wires: BTreeMap<(NodeId, NodeId), VecDeque<Frame>>,
+    sent: BTreeMap<(NodeId, NodeId), Vec<u64>>,
+    got: BTreeMap<(NodeId, NodeId), Vec<u64>>,
+    now: u64,
+    next_op: u64,
+}
+
+impl Net {
+    fn new() -> Net {
+        Net {
+            m: N.iter()
+                .map(|&id| (id, Messenger::new(id, cfg(), 0).unwrap()))
+                .collect(),
+            wires: BTreeMap::new(),
+            sent: BTreeMap::new(),
+            got: BTreeMap::new(),
+            now: 0,
+            next_op: 1,
+        }
+    }
+
+    fn take(&mut self, at: NodeId, out: Out) {
+        for (to, image) in out.images {
+            self.wires.entry((at, to)).or_default().push_back(image);
+        }
+        for (from, f) in out.frames {
+            self.got.entry((from, at)).or_default().push(op_of(&f));
+        }
+    }
+
+    /// The application at `from` sends `to` a frame with `n` payload bytes;
+    /// whether it was taken.
+    fn send(&mut self, from: NodeId, to: NodeId, n: usize) -> bool {
+        let op = self.next_op;
+        self.next_op += 1;
+        let mut out = Out::default();
+        let r = self
+            .m
+            .get_mut(&from)
+            .unwrap()
+            .send(to, frame(op, n), self.now, &mut out);
+        self.take(from, out);
+        match r {
+            Ok(()) => {
+                self.sent.entry((from, to)).or_default().push(op);
+                true
+            }
+            Err(SendError::Full(_)) => false,
+            Err(e) => panic!("refused: {e}"),
+        }
+    }
+
+    /// The oldest image from `from` to `to` arrives; the wire tells `from`.
+    fn deliver(&mut self, from: NodeId, to: NodeId) -> bool {
+        let Some(image) = self.wires.get_mut(&(from, to)).and_then(|w| w.pop_front()) else {
+            return false;
+        };
+        let mut out = Out::default();
+        self.m
+            .get_mut(&to)
+            .unwrap()
+            .arrived(from, image, self.now, &mut out);
+        self.take(to, out);
+        let mut out = Out::default();
+        self.m
+            .get_mut(&from)
+            .unwrap()
+            .wire_done(to, true, self.now, &mut out);
+        self.take(from, out);
+        true
+    }
+
+    fn settle(&mut self) {
+        for _ in 0..1_000_000 {
+            let pairs: Vec<_> = self.wires.keys().copied().collect();
+            let mut moved = false;
+            for (a, b) in pairs {
+                moved |= self.deliver(a, b);
+            }
+            if !moved {
+                return;
+            }
+        }
+        panic!("never settles");
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Send(usize, usize, usize),
+    Deliver(usize, usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let pair = (0..3usize, 1..3usize).prop_map(|(a, d)| (a, (a + d) % 3));
+    prop_oneof![
+        (pair.clone(), prop_oneof![0..500usize, 900..60_000usize])
+            .prop_map(|((a, b), n)| Step::Send(a, b, n)),
+        pair.clone().prop_map(|(a, b)| Step::Deliver(a, b)),
+        pair.prop_map(|(a, b)| Step::Deliver(a, b)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whoever speaks first, and in whatever order images arrive across pairs,
+    /// every frame taken arrives once, in order, and no connection resets.
+    #[test]
+    fn every_frame_arrives_in_order_whoever_connects_first(
+        steps in proptest::collection::vec(step(), 1..200),
+    ) {
+        let mut net = Net::new();
+        for s in &steps {
+            match *s {
+                Step::Send(a, b, n) => {
+                    net.send(N[a], N[b], n);
+                }
+                Step::Deliver(a, b) => {
+                    net.deliver(N[a], N[b]);
+                }
+            }
+        }
+        net.settle();
+        for (pair, sent) in &net.sent {
+            prop_assert_eq!(net.got.get(pair), Some(sent), "{:?}", pair);
+        }
+        for m in net.m.values() {
+            let c = m.counters();
+            prop_assert_eq!((c.resets, c.refused, c.frames_lost), (0, 0, 0), "{:?}", c);
+        }
+    }
+}
+
+#[test]
+fn a_restarted_peer_is_connected_again_after_the_backoff() {
+    let mut net = Net::new();
+    let (a, b) = (N[0], N[1]);
+    for _ in 0..5 {
+        net.send(a, b, 100);
+    }
+    net.settle();
+    assert_eq!(net.got[&(a, b)], net.sent[&(a, b)]);
+    // b restarts: a fresh messenger of its next incarnation.
+    net.m.insert(b, Messenger::new(b, cfg(), 1).unwrap());
+    assert!(net.send(a, b, 100), "taken: a does not know yet");
+    net.settle();
+    // The stale message was dropped (the frame is lost, as on a connection that
+    // reset) and answered with a reset: a is down for its backoff.
+    assert_eq!(net.m[&b].counters().dropped, 1, "the stale message");
+    let c = net.m[&a].counters();
+    assert_eq!((c.resets, c.frames_lost), (1, 0), "{c:?}");
+    assert!(!net.m[&a].is_up(b));
+    net.send(a, b, 100);
+    assert_eq!(net.m[&a].counters().frames_lost, 1, "sent while down: lost");
+    // After the backoff a connects again and frames flow.
+    net.now += 1_000_000;
+    let before = net.got[&(a, b)].len();
+    let ops: Vec<u64> = (0..5)
+        .map(|_| {
+            assert!(net.send(a, b, 2_000));
+            net.sent[&(a, b)].last().copied().unwrap()
+        })
+        .collect();
+    net.settle();
+    assert!(net.m[&a].is_up(b) && net.m[&b].is_up(a));
+    assert_eq!(net.got[&(a, b)][before..], ops[..]);
+}
+
+#[test]
+fn a_peer_restarting_and_connecting_first_replaces_the_old_connection() {
+    let mut net = Net::new();
+    let (a, b) = (N[0], N[1]);
+    net.send(a, b, 100);
+    net.settle();
+    net.m.insert(b, Messenger::new(b, cfg(), 1).unwrap());
+    assert!(net.send(b, a, 100));
+    net.send(a, b, 100);
+    net.settle();
+    // a gave up its old connection when b's Connect came, then both carried on.
+    assert_eq!(net.m[&a].counters().resets, 1);
+    assert_eq!(net.got[&(b, a)], net.sent[&(b, a)]);
+    assert!(net.m[&a].is_up(b) && net.m[&b].is_up(a));
+}
+
+#[test]
+fn a_hostile_peer_loses_its_own_connection_only() {
+    let mut net = Net::new();
+    let (a, b, c) = (N[0], N[1], N[2]);
+    net.send(b, a, 100);
+    net.send(c, a, 100);
+    net.settle();
+    // b writes into a region it was never granted, on its current connection.
+    let (from, to) = {
+        let ma = &net.m[&a];
+        let p = &ma.peers[&b];
+        let State::Up { peer_gen, .. } = p.state else {
+            panic!("up")
+        };
+        (peer_gen, p.gen)
+    };
+    let hostile = Image::Work {
+        from,
+        to,
+        op: Work::Op(crate::proto::Op::WriteImm {
+            slot: 7,
+            frame: frame(99, 10),
+        }),
+    }
+    .encode();
+    let mut out = Out::default();
+    net.m.get_mut(&a).unwrap().arrived(b, hostile, 0, &mut out);
+    net.take(a, out);
+    assert_eq!(net.m[&a].counters().refused, 1);
+    assert!(!net.m[&a].is_up(b));
+    // Garbage that is no image at all is dropped.
+    let mut out = Out::default();
+    net.m
+        .get_mut(&a)
+        .unwrap()
+        .arrived(b, Frame::from(vec![9, 9, 9]), 0, &mut out);
+    assert!(out.images.is_empty() && out.frames.is_empty());
+    // c's connection carries on.
+    for _ in 0..10 {
+        net.send(c, a, 3_000);
+    }
+    net.settle();
+    assert_eq!(net.got[&(c, a)], net.sent[&(c, a)]);
+    assert!(net.m[&a].is_up(c));
+}
+
+#[test]
+fn images_decode_as_they_were_encoded_and_garbage_does_not() {
+    let p = cfg().params;
+    for image in [
+        Image::Connect { gen: 7, params: p },
+        Image::Accept {
+            gen: 8,
+            to: 7,
+            params: p,
+        },
+        Image::Reset { to: 3 },
+        Image::Probe { from: 4, to: 5 },
+    ] {
+        assert_eq!(Image::decode(image.encode()), Ok(image));
+    }
+    for bad in [&[][..], &[1, 2, 3], &[3, 0, 0, 0, 0, 0, 0, 0, 0, 1], &[6]] {
+        assert!(Image::decode(Frame::from(bad.to_vec())).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn a_connect_attempt_nobody_answers_times_out_into_the_backoff() {
+    let mut m = Messenger::new(N[0], cfg(), 0).unwrap();
+    let mut out = Out::default();
+    m.send(N[1], frame(1, 10), 0, &mut out).unwrap();
+    assert_eq!(out.images.len(), 1, "a Connect");
+    assert_eq!(m.poll(0, &mut out), Some(CONNECT_TIMEOUT_NS));
+    assert_eq!(m.poll(CONNECT_TIMEOUT_NS, &mut out), None);
+    let c = m.counters();
+    assert_eq!((c.resets, c.frames_lost), (1, 1), "{c:?}");
+}
+
+#[test]
+fn a_side_out_of_credits_probes_a_silent_peer_and_finds_it_restarted() {
+    let mut net = Net::new();
+    let (a, b) = (N[0], N[1]);
+    net.send(a, b, 100);
+    net.settle();
+    // More frames than b has receive slots for a, none delivered: a runs out of
+    // credits with frames still queued.
+    for _ in 0..20 {
+        assert!(net.send(a, b, 100));
+    }
+    // b restarts; what was on the wire to it is lost with the old host.
+    net.m.insert(b, Messenger::new(b, cfg(), 1).unwrap());
+    net.wires.remove(&(a, b));
+    net.settle();
+    assert!(net.m[&a].is_up(b), "nothing told a yet");
+    // Nothing heard from b for the probe interval: a probes, b (restarted)
+    // answers with a reset.
+    let mut out = Out::default();
+    let next = net.m.get_mut(&a).unwrap().poll(net.now, &mut out);
+    assert!(out.images.is_empty(), "not yet");
+    assert_eq!(next, Some(PROBE_AFTER_NS));
+    net.now = PROBE_AFTER_NS;
+    let mut out = Out::default();
+    net.m.get_mut(&a).unwrap().poll(net.now, &mut out);
+    assert_eq!(out.images.len(), 1, "a probe");
+    net.take(a, out);
+    net.settle();
+    assert!(!net.m[&a].is_up(b), "the reset came back");
+    assert!(net.m[&a].counters().frames_lost > 0);
+    // After the backoff the next frame connects again.
+    net.now += 1_000_000;
+    net.send(a, b, 100);
+    net.settle();
+    assert!(net.m[&a].is_up(b) && net.m[&b].is_up(a));
+    assert_eq!(net.got[&(a, b)].last(), net.sent[&(a, b)].last());
+}
