@@ -19,7 +19,9 @@
 //!   its own, `--jobs` at a time (default: one per core); ARGS go to every run (a
 //!   `--bug NAME` to see which seeds catch it). Prints each failing seed's failed
 //!   checkers and replay command, then a summary line; fails if any seed failed.
-//! - `cargo xtask test`: every check: formatting, clippy on both builds, the normal
+//! - `cargo xtask test`: first the tools of the real-client tests (installed with
+//!   apt-get when missing and run as root; else it stops with the command to run),
+//!   then every check: formatting, clippy on both builds, the normal
 //!   `cargo test --workspace`, and the madsim build of the workspace's tests (device
 //!   model, fabric, seeded scenarios, a determinism check and the seed sweep), then
 //!   every experiment in its quick form (twice, comparing the JSON byte for
@@ -215,7 +217,84 @@ fn release_example(root: &Path, example: &str, what: &str) -> Result<(), String>
     run(what, cmd)
 }
 
+/// The tools the daemon's real-client tests drive, with the Debian package of each.
+const TEST_TOOLS: [(&str, &str); 7] = [
+    ("qemu-io", "qemu-utils"),
+    ("nbdcopy", "libnbd-bin"),
+    ("nbdfuse", "libnbd-bin"),
+    ("fio", "fio"),
+    ("mkfs.ext4", "e2fsprogs"),
+    ("e2fsck", "e2fsprogs"),
+    ("fusermount3", "fuse3"),
+];
+
+/// Whether `tool` is an executable file in a directory of `path` (as `PATH`).
+fn on_path(tool: &str, path: &std::ffi::OsStr) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(path).any(|dir| {
+        std::fs::metadata(dir.join(tool))
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
+}
+
+/// The Debian packages of the test tools missing from `path`, each once.
+fn missing_packages(path: &std::ffi::OsStr) -> Vec<&'static str> {
+    let mut pkgs: Vec<&str> = TEST_TOOLS
+        .iter()
+        .filter(|(tool, _)| !on_path(tool, path))
+        .map(|&(_, pkg)| pkg)
+        .collect();
+    pkgs.dedup();
+    pkgs
+}
+
+/// Make sure the real-client tests' tools are there before anything is built:
+/// as root with apt-get, install the missing packages (`apt-get update` once,
+/// then one install); otherwise stop at once with the command to run.
+fn ensure_test_tools() -> Result<(), String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let missing = missing_packages(&path);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let command = format!("sudo apt-get install -y {}", missing.join(" "));
+    if !root || !on_path("apt-get", &path) {
+        eprintln!(
+            "xtask: the daemon's real-client tests need the Debian packages {}; install them first:\n    {command}",
+            missing.join(", ")
+        );
+        return Err("the test tools check".into());
+    }
+    eprintln!(
+        "xtask: installing {} for the real-client tests",
+        missing.join(" ")
+    );
+    let apt = |args: &[&str]| {
+        let mut c = Command::new("apt-get");
+        c.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        c
+    };
+    run("apt-get update", apt(&["update", "-qq"]))?;
+    let mut install = vec!["install", "-y", "-qq"];
+    install.extend(&missing);
+    run("apt-get install", apt(&install))?;
+    let still = missing_packages(&path);
+    if !still.is_empty() {
+        eprintln!(
+            "xtask: still missing after the install: {}",
+            still.join(", ")
+        );
+        return Err("the test tools check".into());
+    }
+    Ok(())
+}
+
 fn test(root: &Path) -> Result<(), String> {
+    ensure_test_tools()?;
     run(
         "cargo fmt --check",
         cargo(root, false, &["fmt", "--all", "--check"]),
@@ -259,4 +338,32 @@ fn test(root: &Path) -> Result<(), String> {
     campaign::commit_seeds(root)?;
     eprintln!("xtask: all tests passed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn missing_tools_name_their_packages_once_and_present_ones_none() {
+        let dir = std::env::temp_dir().join(format!("xtask-tools-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.clone().into_os_string();
+        assert_eq!(
+            missing_packages(&path),
+            ["qemu-utils", "libnbd-bin", "fio", "e2fsprogs", "fuse3"],
+            "all missing, each package once"
+        );
+        for (tool, _) in TEST_TOOLS {
+            let f = dir.join(tool);
+            std::fs::write(&f, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        assert!(missing_packages(&path).is_empty());
+        // A file that is not executable is not the tool.
+        std::fs::set_permissions(dir.join("fio"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(missing_packages(&path), ["fio"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
