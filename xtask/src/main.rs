@@ -8,6 +8,9 @@
 //!   one of the published deployments' comparisons (`cargo xtask experiment list`
 //!   names them) on the simulator: a table, SVG plots (default
 //!   `target/experiments/NAME`), and with `--json` the measured figures.
+//! - `cargo xtask bench rdma`: RDMA's messenger on the simulated fabric against the
+//!   raw path: message rate and latency at 64 B, 4 KiB and 128 KiB
+//!   (`transport-sim/benches/rdma.rs`).
 //! - `cargo xtask bench fabric`: the fabric engine's speed (events per second,
 //!   simulated time per wall time) on the 2:1 and 60:1 scenarios.
 //! - `cargo xtask bench nbd`: fio through the nbd engine against weir (1 and 3
@@ -51,7 +54,7 @@ fn main() -> ExitCode {
             eprintln!("       cargo xtask campaign --seeds A..B [--jobs N] [weir-sim args]");
             eprintln!("       cargo xtask experiment list|NAME [--seed N] [--json FILE] [--quick]");
             eprintln!("       cargo xtask test");
-            eprintln!("       cargo xtask bench fabric|nbd|memory");
+            eprintln!("       cargo xtask bench fabric|rdma|nbd|memory");
             return ExitCode::from(2);
         }
     };
@@ -183,6 +186,22 @@ fn bench(root: &Path, args: &[String]) -> Result<(), String> {
                 ],
             ),
         ),
+        Some("rdma") => run(
+            "RDMA messenger benchmark (simulated fabric)",
+            cargo(
+                root,
+                false,
+                &[
+                    "bench",
+                    "-j",
+                    "1",
+                    "-p",
+                    "weir-transport-sim",
+                    "--bench",
+                    "rdma",
+                ],
+            ),
+        ),
         Some("nbd") => release_example(
             root,
             "bench_nbd",
@@ -193,7 +212,7 @@ fn bench(root: &Path, args: &[String]) -> Result<(), String> {
             "bench_memory",
             "memory benchmark (a node's RSS as 6 GiB are written and rewritten)",
         ),
-        _ => Err("bench: say which one (available: fabric, nbd, memory)".into()),
+        _ => Err("bench: say which one (available: fabric, rdma, nbd, memory)".into()),
     }
 }
 
