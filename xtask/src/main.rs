@@ -170,38 +170,8 @@ fn quick_experiments(root: &Path) -> Result<(), String> {
 /// Benchmarks, in release mode, one core.
 fn bench(root: &Path, args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
-        Some("fabric") => run(
-            "fabric benchmark",
-            cargo(
-                root,
-                false,
-                &[
-                    "bench",
-                    "-j",
-                    "1",
-                    "-p",
-                    "weir-transport-sim",
-                    "--bench",
-                    "fabric",
-                ],
-            ),
-        ),
-        Some("rdma") => run(
-            "RDMA messenger benchmark (simulated fabric)",
-            cargo(
-                root,
-                false,
-                &[
-                    "bench",
-                    "-j",
-                    "1",
-                    "-p",
-                    "weir-transport-sim",
-                    "--bench",
-                    "rdma",
-                ],
-            ),
-        ),
+        Some("fabric") => sim_bench(root, "fabric", "fabric benchmark"),
+        Some("rdma") => sim_bench(root, "rdma", "RDMA messenger benchmark (simulated fabric)"),
         Some("nbd") => release_example(
             root,
             "bench_nbd",
@@ -214,6 +184,20 @@ fn bench(root: &Path, args: &[String]) -> Result<(), String> {
         ),
         _ => Err("bench: say which one (available: fabric, rdma, nbd, memory)".into()),
     }
+}
+
+/// Run weir-transport-sim's bench target `name` in release mode on one core.
+fn sim_bench(root: &Path, name: &str, what: &str) -> Result<(), String> {
+    let args = [
+        "bench",
+        "-j",
+        "1",
+        "-p",
+        "weir-transport-sim",
+        "--bench",
+        name,
+    ];
+    run(what, cargo(root, false, &args))
 }
 
 /// Build the release `weir` binary, then run the `weir` crate's `example` in
