@@ -282,6 +282,8 @@ impl Default for ExtraClients {
     }
 }
 
+mod campaign;
+
 impl Scenario {
     /// Client hosts in all.
     pub fn client_hosts(&self) -> u32 {
@@ -424,15 +426,6 @@ pub struct BugSpec {
     pub ignore_lease_margin: bool,
 }
 
-/// The campaign's draw number `salt` for `seed`, in `0..n` (a splitmix64 mix of
-/// the two, so each choice of a seed is independent of the others).
-fn campaign_pick(seed: u64, salt: u64, n: u64) -> u64 {
-    let mut z = seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (z ^ (z >> 31)) % n
-}
-
 /// A scenario that cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
@@ -475,101 +468,6 @@ impl Scenario {
                 why,
             })?;
         Ok(self)
-    }
-
-    /// The fault campaign's scenario for `seed`: a small cluster under a light
-    /// workload, long enough for a failover, with a fault mix drawn from the seed
-    /// (a swarm: each seed tests a different mix): a node crash (sometimes the Raft
-    /// leader), link loss and corruption, link flaps, on RoCE (a third of it
-    /// through RDMA's messenger) or the TCP baseline, with the hosts' CPUs
-    /// modelled on a quarter of the seeds.
-    /// `cargo xtask sim --campaign --seed N` replays one.
-    pub fn campaign(seed: u64) -> Scenario {
-        let pick = |salt: u64, n: u64| campaign_pick(seed, salt, n);
-        let mut s = Scenario::default();
-        s.cluster.nodes = 3 + pick(1, 3) as u32;
-        s.cluster.volume_mib = 256;
-        // Scrubbing finds media errors in blocks nobody reads.
-        s.cluster.scrub_mib_per_sec = 256;
-        s.cluster.extent_mib = [4, 16, 64][pick(2, 3) as usize];
-        s.workload.clients = 1 + pick(3, 2) as u32;
-        s.workload.queue_depth = [2, 4, 8][pick(4, 3) as usize];
-        s.workload.read_percent = [30, 50, 70][pick(5, 3) as usize];
-        s.workload.block_size = [4096, 16384][pick(6, 2) as usize];
-        s.workload.duration_ms = 300;
-        // Up to two node faults (crash, pause, device hang, partition) on distinct
-        // nodes: with 3 replicas an extent always keeps one in-sync copy.
-        for slot in 0..pick(7, 3) {
-            match pick(13 + slot, 4) {
-                // Half the crashed nodes come back: a restart from the device
-                // and the Raft log.
-                0 if s.faults.node_crashes + s.faults.node_restarts + s.faults.power_losses
-                    == 0 =>
-                {
-                    if pick(19, 2) == 0 {
-                        // Half the restarts follow a power loss.
-                        if pick(21, 2) == 0 {
-                            s.faults.power_losses = 1
-                        } else {
-                            s.faults.node_restarts = 1
-                        }
-                    } else {
-                        s.faults.node_crashes = 1
-                    }
-                }
-                1 => s.faults.node_pauses += 1,
-                // A third of the failing devices disappear rather than stall.
-                2 if pick(23, 3) == 0 && s.faults.device_losses == 0 => s.faults.device_losses = 1,
-                2 => s.faults.device_hangs += 1,
-                _ => s.faults.partitions += 1,
-            }
-        }
-        // A third of the seeds with room for one more faulty node give its SSD
-        // media errors.
-        if s.faults.faulty_nodes() < 2 && pick(22, 3) == 0 {
-            s.faults.media_errors = 1;
-        }
-        s.faults.crash_leader = pick(8, 3) == 0;
-        s.faults.pause_ms = [120, 300][pick(16, 2) as usize];
-        s.faults.partition_ms = [120, 300][pick(17, 2) as usize];
-        s.faults.hang_ms = [120, 300][pick(18, 2) as usize];
-        s.faults.restart_ms = [60, 300][pick(20, 2) as usize];
-        if pick(9, 2) == 0 {
-            s.faults.link_loss = [0.0005, 0.002][pick(10, 2) as usize];
-            s.faults.link_corrupt = 0.0005;
-        }
-        s.faults.link_flaps = pick(11, 4) as u32;
-        if pick(12, 4) == 0 {
-            s.fabric.transport = "tcp-dctcp".into();
-        } else if pick(31, 3) == 0 {
-            // A third of the RoCE seeds carry their frames through RDMA's
-            // messenger (connections, credits, granted regions).
-            s.fabric.transport = "rdma".into();
-        }
-        // Clocks from perfect to 5 ms apart (an NTP server lost for a while),
-        // drifting up to RFC 5905's 15 ppm or a free-running oscillator's 100 ppm.
-        s.cluster.clock_offset_max_us = [0, 100, 1000, 5000][pick(24, 4) as usize];
-        s.cluster.clock_drift_max_ppm = [0, 15, 100][pick(25, 3) as usize];
-        // One block per grain (as exact as versions go), a few blocks, or the default.
-        s.cluster.version_grain_kib = [4, 16, 0][pick(26, 3) as usize];
-        // A snapshot after every command or every other one (a node that missed
-        // one installs a snapshot, often while it is also catching up), a few, or
-        // the daemon's.
-        s.cluster.raft_snapshot_entries = [1, 2, 8, 1024][pick(27, 4) as usize];
-        // A quarter of the seeds model the hosts: the fabric's own stack (verbs on
-        // RoCE, the kernel's sockets on TCP), a kernel or polled NVMe driver, and
-        // few cores (2 or 4: saturated hosts stretch every timing the protocols
-        // depend on) or many.
-        if pick(28, 4) == 0 {
-            s.host.network_stack = if s.fabric.lossless() {
-                "rdma".into()
-            } else {
-                "kernel-tcp".into()
-            };
-            s.device.driver = ["kernel", "polled"][pick(29, 2) as usize].into();
-            s.host.cores = [2, 4, 16][pick(30, 3) as usize];
-        }
-        s
     }
 
     /// The embedded default scenario.
