@@ -114,6 +114,8 @@ pub struct FabricSummary {
     pub retransmits: u64,
     /// Retransmission timeouts.
     pub timeouts: u64,
+    /// QPs that failed past their retry limit.
+    pub qp_errors: u64,
 }
 
 /// The report of one run.
@@ -266,7 +268,12 @@ impl fmt::Display for Report {
             };
             writeln!(
                 f,
-                "  fabric    RoCE v2{messenger} star, {} Gb/s links, {} ns propagation, MTU {}, DCQCN {}, CNP {}{}{}",
+                "  fabric    RoCE v2{messenger} star{}, {} Gb/s links, {} ns propagation, MTU {}, DCQCN {}, CNP {}{}{}",
+                if fs.ports_per_host == 2 {
+                    " of two-port hosts"
+                } else {
+                    ""
+                },
                 fs.link_gbps,
                 fs.link_delay_ns,
                 fs.mtu_bytes,
@@ -341,6 +348,11 @@ impl fmt::Display for Report {
                 f,
                 "  rdma    {} connections up, {} refused (broke the protocol), {} reset, {} images dropped, {} frames lost",
                 m.connects, m.refused, m.resets, m.dropped, m.frames_lost
+            )?;
+            writeln!(
+                f,
+                "          {} QPs failed past their retries, {} connections moved to the other path",
+                self.fabric.qp_errors, m.failovers
             )?;
         }
         if !self.cpu.is_empty() {

@@ -323,6 +323,12 @@ pub struct FabricSpec {
     /// is at least this full, percent (deployments mark at 70%); 0: off, RED on
     /// the egress queue's length only.
     pub ecn_buffer_pct: u32,
+    /// NIC ports per host, 1 or 2. With 2 each host has two paths to every
+    /// other (port k to port k); with "rdma" the messenger spreads its peers
+    /// over them and moves a connection whose path fails to the other (a link
+    /// flap then takes one port of a host). Other transports pin each pair to
+    /// a path by hash and wait for a failed one to come back.
+    pub ports_per_host: u32,
 }
 
 impl FabricSpec {
@@ -347,6 +353,7 @@ impl Default for FabricSpec {
             pfc: true,
             send_queue_kib: 64 << 10,
             ecn_buffer_pct: 0,
+            ports_per_host: 1,
         }
     }
 }
@@ -569,6 +576,9 @@ impl Scenario {
         }
         if !matches!(f.cnp.as_str(), "per-qp" | "per-packet") {
             return bad("fabric.cnp", "must be \"per-qp\" or \"per-packet\"");
+        }
+        if !matches!(f.ports_per_host, 1 | 2) {
+            return bad("fabric.ports_per_host", "must be 1 or 2");
         }
         if c.replace_after_ms != 0 && !(151..=3_600_000).contains(&c.replace_after_ms) {
             return bad(

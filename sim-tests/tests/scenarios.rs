@@ -460,3 +460,34 @@ fn a_node_restarting_over_rdma_is_connected_again_and_caught_up() {
     assert_eq!(m.refused, 0, "{r}");
     assert!(saw(&r, |e| matches!(e, Event::Rebuilt { .. })), "{r}");
 }
+
+#[test]
+fn a_one_port_link_flap_on_two_port_hosts_moves_connections_and_no_io_fails() {
+    let mut s = small(400);
+    s.fabric.transport = "rdma".into();
+    s.fabric.ports_per_host = 2;
+    // Each flap takes one port of a node or client down for 15..150 ms, far
+    // longer than the 8 ms (8 timeouts of 1 ms) a QP retries before it fails.
+    s.faults.link_flaps = 3;
+    s.faults.flap_down_us = 150_000;
+    let r = run(5, &s, "rdma-two-port-flap").report;
+    assert!(r.passed(), "{r}");
+    assert_eq!(r.errors, 0, "{r}");
+    assert!(
+        r.faults.iter().filter(|f| f.contains("link")).count() == 3,
+        "{r}"
+    );
+    let m = r.messenger.expect("the messenger carried the frames");
+    // The QPs of the dead ports failed, and their connections moved to the
+    // other path at once instead of waiting for the link.
+    assert!(r.fabric.qp_errors > 0, "{r}");
+    assert!(m.failovers > 0, "{r}");
+    assert_eq!(m.refused, 0, "{r}");
+    // The bound on a client's wait: a failure is found in 8 ms; frames lost
+    // with the connection are sent again when the client's call times out
+    // (`CALL_TIMEOUT`), on the connection already set up on the other path.
+    let bound_us = weir_core::client::CALL_TIMEOUT.as_micros() as f64 + 20_000.0;
+    assert!(r.read.max_us.max(r.write.max_us) < bound_us, "{r}");
+    // Most I/O never noticed.
+    assert!(r.read.p99_us < 1_000.0 && r.write.p99_us < 1_000.0, "{r}");
+}

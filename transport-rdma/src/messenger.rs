@@ -20,6 +20,17 @@
 //! hostile message, an error completion, an image lost) or a `Reset` leaves the
 //! peer down until a [`Backoff`]; frames sent to a peer that is down are lost,
 //! frames sent while connecting wait (bounded) for the connection.
+//!
+//! Paths. A host with two NIC ports has two paths to each peer (port `k` to the
+//! peer's port `k`). A connection lives on one path at a time: the Transport
+//! contract keeps each peer's frames in order, and one RC QP keeps order where
+//! two would race. Peers are spread over the paths (each pair starts on the
+//! path its ids pick, the same from both sides), so a host's traffic uses both
+//! ports. A connection that fails on one path (an error completion: the NIC
+//! gave up after its retries) is set up again at once on the other; its frames
+//! in flight are lost, as at any reset, and later frames travel on the new
+//! connection. A failure of a connection that never came up moves to the other
+//! path after the backoff, so a peer reachable on either path is found.
 
 use crate::proto::{Backoff, Completion, Config, Conn, Params, Post, ProtoError, SendWr};
 use std::collections::{BTreeMap, VecDeque};
@@ -38,6 +49,13 @@ pub const CONNECT_TIMEOUT_NS: u64 = 20_000_000;
 /// that restarted answers it with a reset). Without it a side out of credits
 /// towards a peer that restarted and never speaks first would wait for ever.
 pub const PROBE_AFTER_NS: u64 = 10_000_000;
+
+/// One of a host's NIC ports, by index: images on path `k` leave this host's
+/// port `k` for the peer's port `k`.
+pub type Path = u8;
+
+/// Most paths (NIC ports) per host.
+pub const PATHS_MAX: Path = 2;
 
 /// Where the connection with one peer stands.
 #[derive(Debug)]
@@ -73,6 +91,8 @@ struct Peer {
     heard_ns: u64,
     /// When it was last probed.
     probed_ns: u64,
+    /// The path of its current (or last) connection.
+    path: Path,
 }
 
 /// Counters of a messenger's connections.
@@ -89,6 +109,8 @@ pub struct Counters {
     pub dropped: u64,
     /// Frames lost with a connection, or sent to a peer that was down.
     pub frames_lost: u64,
+    /// Connections that failed on one path and were set up again on the other.
+    pub failovers: u64,
 }
 
 impl std::iter::Sum for Counters {
@@ -99,6 +121,7 @@ impl std::iter::Sum for Counters {
             resets: a.resets + b.resets,
             dropped: a.dropped + b.dropped,
             frames_lost: a.frames_lost + b.frames_lost,
+            failovers: a.failovers + b.failovers,
         })
     }
 }
@@ -106,8 +129,8 @@ impl std::iter::Sum for Counters {
 /// Images to put on the wire, and frames delivered.
 #[derive(Debug, Default)]
 pub struct Out {
-    /// Images for the wire, in order.
-    pub images: Vec<(NodeId, Frame)>,
+    /// Images for the wire, in order, with the path each goes on.
+    pub images: Vec<(NodeId, Path, Frame)>,
     /// Frames for the application, in order.
     pub frames: Vec<(NodeId, Frame)>,
 }
@@ -120,10 +143,12 @@ pub struct Messenger {
     /// The next connection number: this incarnation's `boot` in the high bits.
     next_gen: u64,
     peers: BTreeMap<NodeId, Peer>,
-    /// By destination: images sent that the wire has not reported on, oldest
-    /// first.
-    sent: BTreeMap<NodeId, VecDeque<Sent>>,
+    /// By destination and path: images sent that the wire has not reported on,
+    /// oldest first.
+    sent: BTreeMap<(NodeId, Path), VecDeque<Sent>>,
     counters: Counters,
+    /// Paths to every peer (NIC ports).
+    paths: Path,
 }
 
 impl Messenger {
@@ -137,7 +162,28 @@ impl Messenger {
             peers: BTreeMap::new(),
             sent: BTreeMap::new(),
             counters: Counters::default(),
+            paths: 1,
         })
+    }
+
+    /// The same messenger on a host with `paths` NIC ports (1 to [`PATHS_MAX`]).
+    pub fn with_paths(mut self, paths: Path) -> Result<Messenger, ProtoError> {
+        if !(1..=PATHS_MAX).contains(&paths) {
+            return Err(ProtoError::BadParams("paths must be 1 or 2"));
+        }
+        self.paths = paths;
+        Ok(self)
+    }
+
+    /// The path a pair of nodes starts on: the same from both sides, spread
+    /// over the paths by the pair's ids.
+    fn home_path(&self, peer: NodeId) -> Path {
+        ((self.me.0 ^ peer.0) % u32::from(self.paths)) as Path
+    }
+
+    /// The path `peer`'s connection is on, if the peer is known.
+    pub fn path(&self, peer: NodeId) -> Option<Path> {
+        self.peers.get(&peer).map(|p| p.path)
     }
 
     /// Counters so far.
@@ -172,6 +218,7 @@ impl Messenger {
         }
         if !self.peers.contains_key(&to) {
             let gen = self.gen();
+            let path = self.home_path(to);
             self.peers.insert(
                 to,
                 Peer {
@@ -180,6 +227,7 @@ impl Messenger {
                     backoff: Backoff::default(),
                     heard_ns: now_ns,
                     probed_ns: now_ns,
+                    path,
                 },
             );
         }
@@ -233,13 +281,14 @@ impl Messenger {
             pending: VecDeque::new(),
             pending_bytes: 0,
         };
-        self.sent_to(to, Sent { gen, wr: None });
+        let path = peer.path;
+        self.sent_to(to, path, Sent { gen, wr: None });
         out.images
-            .push((to, Image::Connect { gen, params }.encode()));
+            .push((to, path, Image::Connect { gen, params }.encode()));
     }
 
-    fn sent_to(&mut self, to: NodeId, sent: Sent) {
-        self.sent.entry(to).or_default().push_back(sent);
+    fn sent_to(&mut self, to: NodeId, path: Path, sent: Sent) {
+        self.sent.entry((to, path)).or_default().push_back(sent);
     }
 
     /// Post what `to`'s connection hands out.
@@ -254,23 +303,30 @@ impl Messenger {
             let Post::Send(SendWr { wr, signaled, op }) = post else {
                 continue;
             };
-            self.sent.entry(to).or_default().push_back(Sent {
-                gen: peer.gen,
-                wr: Some((wr, signaled)),
-            });
+            self.sent
+                .entry((to, peer.path))
+                .or_default()
+                .push_back(Sent {
+                    gen: peer.gen,
+                    wr: Some((wr, signaled)),
+                });
             let image = Image::Work {
                 from: peer.gen,
                 to: *peer_gen,
                 op: image::Work::Op(op),
             };
-            out.images.push((to, image.encode()));
+            out.images.push((to, peer.path, image.encode()));
         }
     }
 
     /// The connection with `peer` failed (`refused`: by the peer's fault): it is
-    /// down until its backoff ends; frames on it are lost.
+    /// down until its backoff ends; frames on it are lost. With two paths, a
+    /// working connection that failed is set up again on the other path at once
+    /// (on the next frame), an attempt that failed after its backoff.
     fn down(&mut self, from: NodeId, now_ns: u64, refused: bool) {
+        let paths = self.paths;
         let peer = self.peers.get_mut(&from).expect("known peer");
+        let was_up = matches!(peer.state, State::Up { .. });
         let lost = match &mut peer.state {
             State::Up { conn, .. } => {
                 conn.fail();
@@ -285,21 +341,28 @@ impl Messenger {
         } else {
             self.counters.resets += 1;
         }
-        let wait = peer.backoff.failed();
-        tracing::debug!(me = %self.me, peer = %from, gen = peer.gen, refused, lost, wait_ns = wait, "connection down");
+        let mut wait = peer.backoff.failed();
+        if paths > 1 && !refused {
+            peer.path = (peer.path + 1) % paths;
+            if was_up {
+                wait = 0;
+                self.counters.failovers += 1;
+            }
+        }
+        tracing::debug!(me = %self.me, peer = %from, gen = peer.gen, refused, lost, wait_ns = wait, path = peer.path, "connection down");
         peer.state = State::Down {
             retry_ns: now_ns + wait,
         };
     }
 
-    /// An image arrived from `from`.
-    pub fn arrived(&mut self, from: NodeId, image: Frame, now_ns: u64, out: &mut Out) {
+    /// An image arrived from `from` on `path`.
+    pub fn arrived(&mut self, from: NodeId, path: Path, image: Frame, now_ns: u64, out: &mut Out) {
         let Ok(image) = Image::decode(image) else {
             // Not an image at all: only a broken or hostile host sends that.
             self.counters.dropped += 1;
             return;
         };
-        if from == self.me {
+        if from == self.me || path >= self.paths {
             self.counters.dropped += 1;
             return;
         }
@@ -307,7 +370,7 @@ impl Messenger {
             p.heard_ns = now_ns;
         }
         match image {
-            Image::Connect { gen, params } => self.accept(from, gen, params, now_ns, out),
+            Image::Connect { gen, params } => self.accept(from, path, gen, params, now_ns, out),
             Image::Accept { gen, to, params } => {
                 let Some(peer) = self.peers.get_mut(&from) else {
                     self.counters.dropped += 1;
@@ -320,7 +383,7 @@ impl Messenger {
                 match Conn::new(self.cfg, params) {
                     Ok(conn) => self.up(from, gen, conn, out),
                     Err(_) => {
-                        self.reset_peer(from, gen, out);
+                        self.reset_peer(from, path, gen, out);
                         self.down(from, now_ns, true);
                     }
                 }
@@ -334,7 +397,7 @@ impl Messenger {
             Image::Probe { from: f, to } => {
                 if !self.current(from, f, to) {
                     self.counters.dropped += 1;
-                    self.reset_peer(from, f, out);
+                    self.reset_peer(from, path, f, out);
                 }
             }
             Image::Work { from: f, to, op } => {
@@ -342,7 +405,7 @@ impl Messenger {
                     tracing::debug!(me = %self.me, peer = %from, from = f, to, "stale message");
                     // A message for a connection gone here: tell its sender.
                     self.counters.dropped += 1;
-                    self.reset_peer(from, f, out);
+                    self.reset_peer(from, path, f, out);
                     return;
                 }
                 let peer = self.peers.get_mut(&from).expect("current");
@@ -353,7 +416,7 @@ impl Messenger {
                     Ok(Some(frame)) => out.frames.push((from, frame)),
                     Ok(None) => {}
                     Err(_) => {
-                        self.reset_peer(from, f, out);
+                        self.reset_peer(from, path, f, out);
                         self.down(from, now_ns, true);
                         return;
                     }
@@ -375,8 +438,17 @@ impl Messenger {
         }
     }
 
-    /// Answer a `Connect` from `from`.
-    fn accept(&mut self, from: NodeId, gen: u64, params: Params, now_ns: u64, out: &mut Out) {
+    /// Answer a `Connect` from `from` that came on `path`: the connection lives
+    /// there.
+    fn accept(
+        &mut self,
+        from: NodeId,
+        path: Path,
+        gen: u64,
+        params: Params,
+        now_ns: u64,
+        out: &mut Out,
+    ) {
         let pending = match self.peers.get_mut(&from).map(|p| &mut p.state) {
             // Both connecting at once: the lower id keeps its own attempt.
             Some(State::Connecting { .. }) if self.me < from => {
@@ -395,7 +467,7 @@ impl Messenger {
             Ok(c) => c,
             Err(_) => {
                 self.counters.refused += 1;
-                self.reset_peer(from, gen, out);
+                self.reset_peer(from, path, gen, out);
                 return;
             }
         };
@@ -406,13 +478,16 @@ impl Messenger {
             backoff: Backoff::default(),
             heard_ns: now_ns,
             probed_ns: now_ns,
+            path,
         });
         peer.gen = mine;
+        peer.path = path;
         // Not an attempt of this side's: its loss is not watched.
-        self.sent_to(from, Sent { gen: 0, wr: None });
+        self.sent_to(from, path, Sent { gen: 0, wr: None });
         let params = self.cfg.params;
         out.images.push((
             from,
+            path,
             Image::Accept {
                 gen: mine,
                 to: gen,
@@ -459,17 +534,19 @@ impl Messenger {
         }
     }
 
-    fn reset_peer(&mut self, to: NodeId, their_gen: u64, out: &mut Out) {
+    /// Answer an image of `to`'s connection `their_gen` (gone here) on the path
+    /// it came on.
+    fn reset_peer(&mut self, to: NodeId, path: Path, their_gen: u64, out: &mut Out) {
         tracing::debug!(me = %self.me, peer = %to, their_gen, "reset sent");
-        self.sent_to(to, Sent { gen: 0, wr: None });
+        self.sent_to(to, path, Sent { gen: 0, wr: None });
         out.images
-            .push((to, Image::Reset { to: their_gen }.encode()));
+            .push((to, path, Image::Reset { to: their_gen }.encode()));
     }
 
-    /// The wire's report on the oldest image sent to `to` not yet reported:
-    /// whether it arrived.
-    pub fn wire_done(&mut self, to: NodeId, arrived: bool, now_ns: u64, out: &mut Out) {
-        let Some(sent) = self.sent.get_mut(&to).and_then(|q| q.pop_front()) else {
+    /// The wire's report on the oldest image sent to `to` on `path` not yet
+    /// reported: whether it arrived.
+    pub fn wire_done(&mut self, to: NodeId, path: Path, arrived: bool, now_ns: u64, out: &mut Out) {
+        let Some(sent) = self.sent.get_mut(&(to, path)).and_then(|q| q.pop_front()) else {
             return;
         };
         let Some(peer) = self.peers.get_mut(&to) else {
@@ -526,7 +603,7 @@ impl Messenger {
                         due
                     } else {
                         p.probed_ns = now_ns;
-                        probes.push((id, p.gen, *peer_gen));
+                        probes.push((id, p.path, p.gen, *peer_gen));
                         now_ns + PROBE_AFTER_NS
                     }
                 }
@@ -534,11 +611,12 @@ impl Messenger {
             };
             next = Some(next.map_or(due, |n| n.min(due)));
         }
-        for (id, gen, peer_gen) in probes {
+        for (id, path, gen, peer_gen) in probes {
             tracing::debug!(me = %self.me, peer = %id, gen, "probe");
-            self.sent_to(id, Sent { gen: 0, wr: None });
+            self.sent_to(id, path, Sent { gen: 0, wr: None });
             out.images.push((
                 id,
+                path,
                 Image::Probe {
                     from: gen,
                     to: peer_gen,

@@ -82,8 +82,8 @@ impl Rdma {
     }
 
     fn put(e: &mut Engine, now: u64, at: usize, out: Out) -> usize {
-        for (to, image) in out.images {
-            e.send(now, at, usize::from(to == IDS[1]), image);
+        for (to, path, image) in out.images {
+            e.send_on(now, at, usize::from(to == IDS[1]), path, image);
         }
         out.frames.len()
     }
@@ -107,13 +107,13 @@ impl Path for Rdma {
         for d in e.advance(t) {
             let (src, dst) = (d.src, d.dst);
             let mut out = Out::default();
-            self.m[dst].arrived(IDS[src], d.frame, t, &mut out);
+            self.m[dst].arrived(IDS[src], d.path, d.frame, t, &mut out);
             let frames = Rdma::put(e, t, dst, out);
             if dst == 1 {
                 delivered += frames;
             }
             let mut out = Out::default();
-            self.m[src].wire_done(IDS[dst], true, t, &mut out);
+            self.m[src].wire_done(IDS[dst], d.path, true, t, &mut out);
             Rdma::put(e, t, src, out);
         }
         Some((t, delivered))

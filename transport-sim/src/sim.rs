@@ -12,7 +12,7 @@
 use crate::fabric::config::FabricConfig;
 use crate::fabric::telemetry::Counters;
 use crate::fabric::topology::HostIdx;
-use crate::fabric::Engine;
+use crate::fabric::{Delivery, Engine, Failure};
 use madsim::plugin::Simulator;
 use madsim::rand::GlobalRng;
 use madsim::runtime::Handle;
@@ -73,7 +73,14 @@ impl State {
     /// messenger (its frames then go to the inbox, its answers on the wire, and
     /// the sender's messenger hears that it arrived); without, a frame for the
     /// inbox.
-    fn arrive(&mut self, now_ns: u64, src: HostIdx, dst: HostIdx, frame: Frame) {
+    fn arrive(&mut self, now_ns: u64, d: Delivery) {
+        let Delivery {
+            src,
+            dst,
+            frame,
+            path,
+            ..
+        } = d;
         if self.messengers.is_empty() {
             return self.deliver(src, dst, frame);
         }
@@ -81,11 +88,40 @@ impl State {
         let (from, to) = (self.ids[src], self.ids[dst]);
         self.messengers[dst]
             .0
-            .arrived(from, frame, now_ns, &mut out);
+            .arrived(from, path, frame, now_ns, &mut out);
         self.put(now_ns, dst, out);
         let mut out = Out::default();
-        self.messengers[src].0.wire_done(to, true, now_ns, &mut out);
+        self.messengers[src]
+            .0
+            .wire_done(to, path, true, now_ns, &mut out);
         self.put(now_ns, src, out);
+    }
+
+    /// A QP failed (its NIC gave up after its retries): each message given up
+    /// is an error completion for the sender's messenger. Without the
+    /// messenger they are lost, as the network lost them for good.
+    fn failed(&mut self, now_ns: u64, f: Failure) {
+        tracing::debug!(?f, "QP failed");
+        if self.messengers.is_empty() {
+            return;
+        }
+        let to = self.ids[f.dst];
+        for _ in 0..f.messages {
+            let mut out = Out::default();
+            self.messengers[f.src]
+                .0
+                .wire_done(to, f.path, false, now_ns, &mut out);
+            self.put(now_ns, f.src, out);
+        }
+    }
+
+    /// Host `id`'s messenger in its incarnation `boot`, with a path per NIC port.
+    fn messenger(&self, id: NodeId, boot: u32) -> Result<Messenger, String> {
+        let cfg = self.rdma.ok_or("no messenger")?;
+        let paths = self.engine.config().ports_per_host as u8;
+        Messenger::new(id, cfg, boot)
+            .and_then(|m| m.with_paths(paths))
+            .map_err(|e| e.to_string())
     }
 
     /// What host `at`'s messenger handed out: images onto the wire, frames into
@@ -94,9 +130,9 @@ impl State {
         // Whatever a messenger did may have armed a timer, none sooner than this.
         let soonest = now_ns + weir_transport_rdma::messenger::PROBE_AFTER_NS;
         self.timers_due_ns = self.timers_due_ns.min(soonest);
-        for (to, image) in out.images {
+        for (to, path, image) in out.images {
             if let Some(&dst) = self.hosts.get(&to) {
-                self.engine.send(now_ns, at, dst, image);
+                self.engine.send_on(now_ns, at, dst, path, image);
             }
         }
         for (from, frame) in out.frames {
@@ -217,11 +253,11 @@ impl Fabric {
     /// gone; peers find out from their next message, or its first).
     pub fn reboot(&self, id: NodeId) {
         let mut s = self.state.lock().expect("fabric state");
-        let (Some(cfg), Some(&h)) = (s.rdma, s.hosts.get(&id)) else {
+        let (Some(_), Some(&h)) = (s.rdma, s.hosts.get(&id)) else {
             return;
         };
         let boot = s.messengers[h].1 + 1;
-        s.messengers[h] = (Messenger::new(id, cfg, boot).expect("validated"), boot);
+        s.messengers[h] = (s.messenger(id, boot).expect("validated"), boot);
     }
 
     /// The counters of every host's messenger in this incarnation, summed; none
@@ -244,8 +280,8 @@ impl Fabric {
         s.ids.push(id);
         s.inboxes.push(tx);
         s.waiting.push(VecDeque::new());
-        if let Some(cfg) = s.rdma {
-            let m = Messenger::new(id, cfg, 0).map_err(|e| e.to_string())?;
+        if s.rdma.is_some() {
+            let m = s.messenger(id, 0)?;
             s.messengers.push((m, 0));
         }
         if !s.driver_started {
@@ -399,7 +435,10 @@ impl Fabric {
                     s.move_waiting(dst);
                 }
                 for d in delivered {
-                    s.arrive(now, d.src, d.dst, d.frame);
+                    s.arrive(now, d);
+                }
+                for f in s.engine.take_failures() {
+                    s.failed(now, f);
                 }
                 // Connection attempts that timed out, probes; the next one due.
                 if s.timers_due_ns <= now {

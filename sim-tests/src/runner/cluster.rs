@@ -215,8 +215,15 @@ fn fabric_config(scenario: &Scenario) -> FabricConfig {
     config.topology = Topology::Star {
         hosts: hosts as usize,
     };
+    config.ports_per_host = f.ports_per_host as usize;
     config.host_link.delay_ns = f.link_delay_ns;
     config.nic.mtu_bytes = f.mtu_bytes;
+    if f.transport == "rdma" {
+        // RC's retry count as deployments set it (the largest): a QP gives up
+        // after 7 retransmission timeouts without progress, and its error
+        // completions reach the messenger.
+        config.nic.retry_limit = Some(7);
+    }
     config.nic.send_queue_bytes_max = f.send_queue_kib << 10;
     if let Some(tcp) = &mut config.tcp {
         tcp.params.mss = u64::from(f.mtu_bytes);

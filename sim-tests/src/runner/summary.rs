@@ -294,6 +294,7 @@ pub(super) fn fabric(fabric: &Fabric) -> FabricSummary {
         drops: c.drops_in_network(),
         retransmits: c.retransmits,
         timeouts: c.timeouts,
+        qp_errors: c.qp_errors,
         ..FabricSummary::default()
     };
     for (_, nic, switch) in fabric.port_stats() {

@@ -16,8 +16,8 @@ impl Scenario {
     /// workload, long enough for a failover, with a fault mix drawn from the seed
     /// (a swarm: each seed tests a different mix): a node crash (sometimes the Raft
     /// leader), link loss and corruption, link flaps, on RoCE (a third of it
-    /// through RDMA's messenger) or the TCP baseline, with the hosts' CPUs
-    /// modelled on a quarter of the seeds.
+    /// through RDMA's messenger, half of that on two-port hosts) or the TCP
+    /// baseline, with the hosts' CPUs modelled on a quarter of the seeds.
     /// `cargo xtask sim --campaign --seed N` replays one.
     pub fn campaign(seed: u64) -> Scenario {
         let pick = |salt: u64, n: u64| campaign_pick(seed, salt, n);
@@ -80,6 +80,14 @@ impl Scenario {
             // A third of the RoCE seeds carry their frames through RDMA's
             // messenger (connections, credits, granted regions).
             s.fabric.transport = "rdma".into();
+        }
+        // Half the RDMA seeds give every host two NIC ports: a link flap then
+        // takes one port of a host, for up to 30 ms (longer than the 8 ms a QP
+        // retries for), so connections move to the other path.
+        if s.fabric.transport == "rdma" && pick(32, 2) == 0 {
+            s.fabric.ports_per_host = 2;
+            s.faults.link_flaps = 1 + pick(11, 4) as u32;
+            s.faults.flap_down_us = 30_000;
         }
         // Clocks from perfect to 5 ms apart (an NTP server lost for a while),
         // drifting up to RFC 5905's 15 ppm or a free-running oscillator's 100 ppm.

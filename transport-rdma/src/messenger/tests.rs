@@ -26,7 +26,8 @@ const N: [NodeId; 3] = [NodeId(1), NodeId(2), NodeId(3)];
 
 struct Net {
     m: BTreeMap<NodeId, Messenger>,
-    wires: BTreeMap<(NodeId, NodeId), VecDeque<Frame>>,
+    /// By (from, to, path).
+    wires: BTreeMap<(NodeId, NodeId, Path), VecDeque<Frame>>,
     sent: BTreeMap<(NodeId, NodeId), Vec<u64>>,
     got: BTreeMap<(NodeId, NodeId), Vec<u64>>,
     now: u64,
@@ -35,9 +36,16 @@ struct Net {
 
 impl Net {
     fn new() -> Net {
+        Net::with_paths(1)
+    }
+
+    fn with_paths(paths: Path) -> Net {
         Net {
             m: N.iter()
-                .map(|&id| (id, Messenger::new(id, cfg(), 0).unwrap()))
+                .map(|&id| {
+                    let m = Messenger::new(id, cfg(), 0).unwrap();
+                    (id, m.with_paths(paths).unwrap())
+                })
                 .collect(),
             wires: BTreeMap::new(),
             sent: BTreeMap::new(),
@@ -48,8 +56,11 @@ impl Net {
     }
 
     fn take(&mut self, at: NodeId, out: Out) {
-        for (to, image) in out.images {
-            self.wires.entry((at, to)).or_default().push_back(image);
+        for (to, path, image) in out.images {
+            self.wires
+                .entry((at, to, path))
+                .or_default()
+                .push_back(image);
         }
         for (from, f) in out.frames {
             self.got.entry((from, at)).or_default().push(op_of(&f));
@@ -78,32 +89,42 @@ impl Net {
         }
     }
 
-    /// The oldest image from `from` to `to` arrives; the wire tells `from`.
+    /// The oldest image from `from` to `to` (on the lowest path that has one)
+    /// arrives; the wire tells `from`.
     fn deliver(&mut self, from: NodeId, to: NodeId) -> bool {
-        let Some(image) = self.wires.get_mut(&(from, to)).and_then(|w| w.pop_front()) else {
+        (0..PATHS_MAX).any(|path| self.carry(from, to, path, true))
+    }
+
+    /// The oldest image from `from` to `to` on `path` arrives (or is lost, and
+    /// the sender's NIC reports an error completion); whether there was one.
+    fn carry(&mut self, from: NodeId, to: NodeId, path: Path, arrives: bool) -> bool {
+        let wire = self.wires.get_mut(&(from, to, path));
+        let Some(image) = wire.and_then(|w| w.pop_front()) else {
             return false;
         };
-        let mut out = Out::default();
-        self.m
-            .get_mut(&to)
-            .unwrap()
-            .arrived(from, image, self.now, &mut out);
-        self.take(to, out);
+        if arrives {
+            let mut out = Out::default();
+            self.m
+                .get_mut(&to)
+                .unwrap()
+                .arrived(from, path, image, self.now, &mut out);
+            self.take(to, out);
+        }
         let mut out = Out::default();
         self.m
             .get_mut(&from)
             .unwrap()
-            .wire_done(to, true, self.now, &mut out);
+            .wire_done(to, path, arrives, self.now, &mut out);
         self.take(from, out);
         true
     }
 
     fn settle(&mut self) {
         for _ in 0..1_000_000 {
-            let pairs: Vec<_> = self.wires.keys().copied().collect();
+            let wires: Vec<_> = self.wires.keys().copied().collect();
             let mut moved = false;
-            for (a, b) in pairs {
-                moved |= self.deliver(a, b);
+            for (a, b, path) in wires {
+                moved |= self.carry(a, b, path, true);
             }
             if !moved {
                 return;
@@ -237,7 +258,10 @@ fn a_hostile_peer_loses_its_own_connection_only() {
     }
     .encode();
     let mut out = Out::default();
-    net.m.get_mut(&a).unwrap().arrived(b, hostile, 0, &mut out);
+    net.m
+        .get_mut(&a)
+        .unwrap()
+        .arrived(b, 0, hostile, 0, &mut out);
     net.take(a, out);
     assert_eq!(net.m[&a].counters().refused, 1);
     assert!(!net.m[&a].is_up(b));
@@ -246,7 +270,7 @@ fn a_hostile_peer_loses_its_own_connection_only() {
     net.m
         .get_mut(&a)
         .unwrap()
-        .arrived(b, Frame::from(vec![9, 9, 9]), 0, &mut out);
+        .arrived(b, 0, Frame::from(vec![9, 9, 9]), 0, &mut out);
     assert!(out.images.is_empty() && out.frames.is_empty());
     // c's connection carries on.
     for _ in 0..10 {
@@ -302,7 +326,7 @@ fn a_side_out_of_credits_probes_a_silent_peer_and_finds_it_restarted() {
     }
     // b restarts; what was on the wire to it is lost with the old host.
     net.m.insert(b, Messenger::new(b, cfg(), 1).unwrap());
-    net.wires.remove(&(a, b));
+    net.wires.remove(&(a, b, 0));
     net.settle();
     assert!(net.m[&a].is_up(b), "nothing told a yet");
     // Nothing heard from b for the probe interval: a probes, b (restarted)
@@ -325,4 +349,90 @@ fn a_side_out_of_credits_probes_a_silent_peer_and_finds_it_restarted() {
     net.settle();
     assert!(net.m[&a].is_up(b) && net.m[&b].is_up(a));
     assert_eq!(net.got[&(a, b)].last(), net.sent[&(a, b)].last());
+}
+
+#[test]
+fn a_connection_whose_path_fails_moves_to_the_other_at_once_and_keeps_order() {
+    let mut net = Net::with_paths(2);
+    let (a, b, c) = (N[0], N[1], N[2]);
+    // Pairs start on the path their ids pick, the same from both sides, so a
+    // host's peers use both of its ports.
+    net.send(a, b, 100);
+    net.send(a, c, 100);
+    net.settle();
+    let home = net.m[&a].path(b).unwrap();
+    assert_eq!(net.m[&b].path(a), Some(home));
+    assert_ne!(net.m[&a].path(c), Some(home), "a's peers are spread");
+    // Frames on the wire when a's port on that path dies: the NIC gives up on
+    // the oldest (an error completion), the rest are flushed.
+    for _ in 0..6 {
+        assert!(net.send(a, b, 3_000));
+    }
+    assert!(net.carry(a, b, home, false));
+    let lost_before = net.m[&a].counters().frames_lost;
+    assert!(
+        lost_before > 0,
+        "frames in flight are lost with the connection"
+    );
+    assert_eq!(net.m[&a].counters().failovers, 1);
+    let other = 1 - home;
+    assert_eq!(net.m[&a].path(b), Some(other));
+    // The next frame connects on the other path at once, with no backoff.
+    let before = net.got.get(&(a, b)).map_or(0, Vec::len);
+    for _ in 0..10 {
+        assert!(net.send(a, b, 3_000));
+    }
+    let stale: Vec<_> = net.wires.remove(&(a, b, home)).unwrap_or_default().into();
+    net.settle();
+    assert!(net.m[&a].is_up(b) && net.m[&b].is_up(a));
+    assert_eq!(net.m[&b].path(a), Some(other));
+    let got = &net.got[&(a, b)][before..];
+    let sent = &net.sent[&(a, b)];
+    assert_eq!(
+        got,
+        &sent[sent.len() - 10..],
+        "later frames all arrive, in order"
+    );
+    // Images of the old connection that turn up late are stale: dropped.
+    let dropped = net.m[&b].counters().dropped;
+    for image in stale {
+        let mut out = Out::default();
+        net.m
+            .get_mut(&b)
+            .unwrap()
+            .arrived(a, home, image, net.now, &mut out);
+        assert!(
+            out.frames.is_empty(),
+            "nothing of a failed connection is delivered"
+        );
+    }
+    assert!(net.m[&b].counters().dropped > dropped);
+    // c's connection on the other path never noticed.
+    assert_eq!(net.m[&a].counters().resets, 1);
+}
+
+#[test]
+fn an_attempt_that_fails_tries_the_other_path_after_the_backoff() {
+    let mut m = Messenger::new(N[0], cfg(), 0)
+        .unwrap()
+        .with_paths(2)
+        .unwrap();
+    let mut out = Out::default();
+    m.send(N[1], frame(1, 10), 0, &mut out).unwrap();
+    let first = out.images[0].1;
+    m.poll(CONNECT_TIMEOUT_NS, &mut out);
+    assert_eq!(
+        m.counters().failovers,
+        0,
+        "it never came up: not a failover"
+    );
+    let mut out = Out::default();
+    m.send(N[1], frame(2, 10), 10 * CONNECT_TIMEOUT_NS, &mut out)
+        .unwrap();
+    assert_eq!(out.images.len(), 1, "a Connect");
+    assert_eq!(out.images[0].1, 1 - first);
+    assert!(Messenger::new(N[0], cfg(), 0)
+        .unwrap()
+        .with_paths(3)
+        .is_err());
 }

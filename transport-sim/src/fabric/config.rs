@@ -236,6 +236,11 @@ pub struct NicSpec {
     pub bdp_window: bool,
     /// Retransmission timeout, ns.
     pub rto_ns: u64,
+    /// RC's retry count: a QP that times out this many times in a row without
+    /// progress fails, and its messages are given up (`None`: it retries for
+    /// ever, a wire that never gives up). Verbs' `retry_cnt` is a 3-bit field,
+    /// at most 7 (InfiniBand Architecture Specification, vol. 1, 9.7.6.1.3).
+    pub retry_limit: Option<u32>,
     /// Bytes a host may queue towards one peer (sent and not yet acknowledged,
     /// or delivered and not yet taken by the receiver); past it `send` refuses
     /// frames to that peer ([`weir_core::SendError::Full`]).
@@ -306,6 +311,7 @@ impl Default for FabricConfig {
                 },
                 bdp_window: false,
                 rto_ns: 1_000_000,
+                retry_limit: None,
                 send_queue_bytes_max: 64 << 20,
             },
             tcp: None,
@@ -426,6 +432,9 @@ impl FabricConfig {
             if !(t.queue_share > 0.0 && t.queue_share <= 8.0) {
                 return bad("tcp.queue_share", "must be in (0, 8]");
             }
+        }
+        if self.nic.retry_limit.is_some_and(|r| r > 7) {
+            return bad("nic.retry_limit", "must be at most 7 (RC's retry_cnt)");
         }
         if self.nic.rto_ns == 0 {
             return bad("nic.rto_ns", "must be > 0");

@@ -5,8 +5,8 @@ use super::config::FabricConfig;
 use super::nic::{control, data_packet, RecvQp, RxVerdict, SendQp, TcpSender};
 use super::packet::{Kind, Packet};
 use super::telemetry::DropReason;
-use super::topology::{HostIdx, PortId};
-use super::{mix, Delivery, Engine, Event};
+use super::topology::{HostIdx, Path, PortId};
+use super::{mix, Delivery, Engine, Event, Failure, Host, QpKey};
 use weir_core::congestion::dcqcn::{NotificationPoint, ReactionPoint};
 use weir_core::congestion::tcp::TcpCc;
 use weir_core::wire::Frame;
@@ -41,9 +41,8 @@ impl Engine {
         (link.rate_bps as u128 * u128::from(rtt_ns) / 8_000_000_000) as u64
     }
 
-    pub(super) fn host_send(&mut self, src: HostIdx, dst: HostIdx, frame: Frame) {
-        let ports = &self.wiring.host_ports[src];
-        let port = ports[(Self::flow_hash(src, dst) % ports.len() as u64) as usize];
+    pub(super) fn host_send(&mut self, src: HostIdx, dst: HostIdx, path: Path, frame: Frame) {
+        let port = self.wiring.host_ports[src][usize::from(path)];
         let rp = self.config.nic.dcqcn.clone().map(ReactionPoint::new);
         let tcp = self.config.tcp.map(|t| TcpSender {
             cc: TcpCc::new(t.params),
@@ -55,13 +54,18 @@ impl Engine {
         let packets = (frame.len() as u64).div_ceil(mtu).max(1);
         let len = frame.len() as u64;
         let now = self.now_ns;
-        let host = &mut self.hosts[src];
-        let qp = host
-            .send
-            .entry(dst)
-            .or_insert_with(|| SendQp::new(dst, port, rp, tcp));
+        let Host {
+            send,
+            queued_bytes,
+            last_qpn,
+            ..
+        } = &mut self.hosts[src];
+        let qp = send.entry((dst, path)).or_insert_with(|| {
+            *last_qpn += 1;
+            SendQp::new((dst, path, *last_qpn), port, rp, tcp)
+        });
         qp.push(frame, packets, now);
-        host.queued_bytes += len;
+        *queued_bytes += len;
         let port = qp.port;
         self.try_tx(port);
     }
@@ -70,14 +74,14 @@ impl Engine {
     /// that port that have data, window room and pacing credit.
     pub(super) fn host_next_data(&mut self, h: HostIdx, port: PortId) -> Option<Packet> {
         let now = self.now_ns;
-        let keys: Vec<HostIdx> = self.hosts[h]
+        let keys: Vec<QpKey> = self.hosts[h]
             .send
             .iter()
             .filter(|(_, qp)| {
                 qp.port == port
                     && (qp.has_data() || qp.tcp.as_ref().is_some_and(|t| t.rexmit.is_some()))
             })
-            .map(|(&dst, _)| dst)
+            .map(|(&key, _)| key)
             .collect();
         if keys.is_empty() {
             return None;
@@ -86,9 +90,9 @@ impl Engine {
         let mut earliest: Option<u64> = None;
         let start = self.ports[port].rr % keys.len();
         for i in 0..keys.len() {
-            let dst = keys[(start + i) % keys.len()];
-            let window = self.config.nic.bdp_window.then(|| self.bdp_bytes(h, dst));
-            let qp = &self.hosts[h].send[&dst];
+            let key = keys[(start + i) % keys.len()];
+            let window = self.config.nic.bdp_window.then(|| self.bdp_bytes(h, key.0));
+            let qp = &self.hosts[h].send[&key];
             if let Some(tcp) = &qp.tcp {
                 // TCP: a fast retransmit goes first; new data within the window.
                 let room =
@@ -97,7 +101,7 @@ impl Engine {
                     continue;
                 }
                 self.ports[port].rr = (start + i + 1) % keys.len();
-                return Some(self.emit(h, dst, port));
+                return Some(self.emit(h, key, port));
             }
             if let Some(window) = window {
                 if qp.inflight_packets() > 0 && (qp.inflight_packets() + 1) * wire_frame > window {
@@ -109,7 +113,7 @@ impl Engine {
                 continue;
             }
             self.ports[port].rr = (start + i + 1) % keys.len();
-            return Some(self.emit(h, dst, port));
+            return Some(self.emit(h, key, port));
         }
         if let Some(at) = earliest {
             if self.ports[port].wake_at.is_none_or(|w| at < w || w < now) {
@@ -120,16 +124,16 @@ impl Engine {
         None
     }
 
-    /// Build and account the next packet of QP `h -> dst`.
-    fn emit(&mut self, h: HostIdx, dst: HostIdx, port: PortId) -> Packet {
+    /// Build and account the next packet of QP `h -> key`.
+    fn emit(&mut self, h: HostIdx, key: QpKey, port: PortId) -> Packet {
         let now = self.now_ns;
         let (mtu, header) = (self.config.nic.mtu_bytes, self.config.header_bytes);
         let rate_line = self.ports[port].info.rate_bps;
         let rto = self.config.nic.rto_ns;
-        let qp = self.hosts[h].send.get_mut(&dst).expect("chosen QP exists");
+        let qp = self.hosts[h].send.get_mut(&key).expect("chosen QP exists");
         let rexmit = qp.tcp.as_mut().and_then(|t| t.rexmit.take());
         let psn = rexmit.unwrap_or(qp.nxt);
-        let packet = data_packet(h, qp, psn, mtu, header, Self::flow_hash(h, dst));
+        let packet = data_packet(h, qp, psn, mtu, header, Self::flow_hash(h, key.0));
         if rexmit.is_none() {
             qp.nxt += 1;
         }
@@ -147,7 +151,7 @@ impl Engine {
         if qp.rto_at.is_none() {
             qp.rto_at = Some(now + rto);
         }
-        self.arm_qp_timer(h, dst);
+        self.arm_qp_timer(h, key);
         packet
     }
 
@@ -156,8 +160,8 @@ impl Engine {
     }
 
     /// Make sure a timer event is queued for the QP's next DCQCN or RTO deadline.
-    pub(super) fn arm_qp_timer(&mut self, h: HostIdx, dst: HostIdx) {
-        let qp = self.hosts[h].send.get_mut(&dst).expect("QP exists");
+    pub(super) fn arm_qp_timer(&mut self, h: HostIdx, key: QpKey) {
+        let qp = self.hosts[h].send.get_mut(&key).expect("QP exists");
         let rp_next = qp.rp.as_ref().and_then(|rp| rp.next_timeout_ns());
         let next = match (rp_next, qp.rto_at) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -166,17 +170,17 @@ impl Engine {
         let Some(next) = next else { return };
         if qp.timer_event_ns.is_none_or(|t| next < t) {
             qp.timer_event_ns = Some(next);
-            self.schedule(next, Event::QpTimer { host: h, dst });
+            self.schedule(next, Event::QpTimer { host: h, qp: key });
         }
     }
 
-    pub(super) fn qp_timer(&mut self, h: HostIdx, dst: HostIdx) {
+    pub(super) fn qp_timer(&mut self, h: HostIdx, key: QpKey) {
         let now = self.now_ns;
         let rto = self.config.nic.rto_ns;
-        let qp = self.hosts[h]
-            .send
-            .get_mut(&dst)
-            .expect("timer of an existing QP");
+        let limit = self.config.nic.retry_limit;
+        let Some(qp) = self.hosts[h].send.get_mut(&key) else {
+            return; // The QP failed after the timer was armed.
+        };
         if qp.timer_event_ns == Some(now) {
             qp.timer_event_ns = None;
         }
@@ -187,6 +191,10 @@ impl Engine {
             if qp.una < qp.nxt {
                 // No progress for a whole timeout: go back to the oldest unacked PSN.
                 self.counters.timeouts += 1;
+                qp.retries += 1;
+                if qp.tcp.is_none() && limit.is_some_and(|l| qp.retries > l) {
+                    return self.fail_qp(h, key);
+                }
                 let inflight = (qp.nxt - qp.una) * u64::from(self.config.nic.mtu_bytes);
                 let rto = match &mut qp.tcp {
                     Some(tcp) => {
@@ -205,8 +213,43 @@ impl Engine {
             }
         }
         let port = qp.port;
-        self.arm_qp_timer(h, dst);
+        self.arm_qp_timer(h, key);
         self.try_tx(port);
+    }
+
+    /// QP `h -> key` exceeded its retry limit: it is destroyed, its messages given
+    /// up (reported as failures); the next message to `key` goes on a new QP.
+    fn fail_qp(&mut self, h: HostIdx, (dst, path): QpKey) {
+        let qp = self.hosts[h]
+            .send
+            .remove(&(dst, path))
+            .expect("a failing QP exists");
+        tracing::debug!(
+            host = h,
+            dst,
+            path,
+            qpn = qp.qpn,
+            at_ns = self.now_ns,
+            "QP failed: retry limit exceeded"
+        );
+        self.hosts[h].queued_bytes -= qp.queued_bytes;
+        self.counters.qp_errors += 1;
+        self.failed.push(Failure {
+            src: h,
+            dst,
+            path,
+            messages: qp.msgs.len(),
+        });
+    }
+
+    /// Whether `src`'s QP `qpn` towards `dst` on `path` is its current one. A
+    /// packet of a QP that failed is not delivered: its messages were reported
+    /// failed, and the receiving side's QP went with the connection.
+    pub(super) fn qp_current(&self, src: HostIdx, (dst, path): QpKey, qpn: u32) -> bool {
+        self.hosts[src]
+            .send
+            .get(&(dst, path))
+            .is_some_and(|qp| qp.qpn == qpn)
     }
 
     pub(super) fn host_arrive(&mut self, h: HostIdx, port: PortId, packet: Packet) {
@@ -214,6 +257,19 @@ impl Engine {
             return self.drop_packet(DropReason::Corrupt);
         }
         let src = packet.src;
+        let key = (src, packet.path);
+        let qpn = packet.qpn;
+        if !matches!(packet.kind, Kind::Pause { .. }) {
+            // Data must come from the sender's current QP; answers must be
+            // about this side's current QP.
+            let current = match packet.kind {
+                Kind::Data { .. } => self.qp_current(src, (h, packet.path), qpn),
+                _ => self.qp_current(h, key, qpn),
+            };
+            if !current {
+                return self.drop_packet(DropReason::StaleQp);
+            }
+        }
         match packet.kind {
             Kind::Pause { on } => self.set_paused(port, on),
             Kind::Data {
@@ -222,34 +278,40 @@ impl Engine {
                 msg_sent_ns,
                 ..
             } if self.config.tcp.is_some() => {
-                self.receive_tcp_data(h, port, src, psn, packet.ce, msg, msg_sent_ns)
+                self.receive_tcp_data(h, port, (key, qpn), psn, packet.ce, msg, msg_sent_ns)
             }
             Kind::Data {
                 psn,
                 msg,
                 msg_sent_ns,
                 ..
-            } => self.receive_data(h, port, src, psn, packet.ce, msg, msg_sent_ns),
+            } => self.receive_data(h, port, (key, qpn), psn, packet.ce, msg, msg_sent_ns),
             Kind::Ack { psn, ece } if self.config.tcp.is_some() => {
-                self.receive_tcp_ack(h, src, psn, ece)
+                self.receive_tcp_ack(h, key, psn, ece)
             }
-            Kind::Ack { psn, .. } => self.receive_ack(h, src, Some(psn), None),
-            Kind::Nack { psn } => self.receive_ack(h, src, psn.checked_sub(1), Some(psn)),
+            Kind::Ack { psn, .. } => self.receive_ack(h, key, Some(psn), None),
+            Kind::Nack { psn } => self.receive_ack(h, key, psn.checked_sub(1), Some(psn)),
             Kind::Cnp => {
                 self.counters.cnps_received += 1;
                 let now = self.now_ns;
-                if let Some(qp) = self.hosts[h].send.get_mut(&src) {
+                if let Some(qp) = self.hosts[h].send.get_mut(&key) {
                     qp.signals.cnps += 1;
                     if let Some(rp) = &mut qp.rp {
                         rp.handle_cnp(now);
                     }
-                    self.arm_qp_timer(h, src);
+                    self.arm_qp_timer(h, key);
                 }
             }
         }
     }
 
-    pub(super) fn deliver(&mut self, src: HostIdx, dst: HostIdx, frame: Frame, sent_ns: u64) {
+    pub(super) fn deliver(
+        &mut self,
+        (src, path): (HostIdx, Path),
+        dst: HostIdx,
+        frame: Frame,
+        sent_ns: u64,
+    ) {
         self.counters.messages += 1;
         self.delivered.push(Delivery {
             src,
@@ -257,16 +319,22 @@ impl Engine {
             frame,
             sent_ns,
             at_ns: self.now_ns,
+            path,
         });
     }
 
-    /// The receiving side of QP `src -> h`, created on its first packet.
-    pub(super) fn recv_qp(&mut self, h: HostIdx, src: HostIdx) -> &mut RecvQp {
+    /// The receiving side of QP `qpn` from `key`, created on its first packet
+    /// (afresh when the sender replaced a QP that failed).
+    pub(super) fn recv_qp(&mut self, h: HostIdx, key: QpKey, qpn: u32) -> &mut RecvQp {
         let cnp_mode = self.config.nic.cnp;
-        self.hosts[h]
+        let rq = self.hosts[h]
             .recv
-            .entry(src)
-            .or_insert_with(|| RecvQp::new(NotificationPoint::new(cnp_mode)))
+            .entry(key)
+            .or_insert_with(|| RecvQp::new(qpn, NotificationPoint::new(cnp_mode)));
+        if rq.qpn != qpn {
+            *rq = RecvQp::new(qpn, NotificationPoint::new(cnp_mode));
+        }
+        rq
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -274,34 +342,36 @@ impl Engine {
         &mut self,
         h: HostIdx,
         port: PortId,
-        src: HostIdx,
+        (key, qpn): (QpKey, u32),
         psn: u64,
         ce: bool,
         msg: Option<Frame>,
         msg_sent_ns: u64,
     ) {
         let now = self.now_ns;
-        let rq = self.recv_qp(h, src);
+        let src = key.0;
+        let to = (src, key.1, qpn);
+        let rq = self.recv_qp(h, key, qpn);
         let cnp = ce && rq.np.handle_marked(now);
         let verdict = rq.receive(psn);
         let expected = rq.expected;
         let hash = Self::flow_hash(h, src);
         if cnp {
             self.counters.cnps_sent += 1;
-            self.enqueue(port, control(h, src, hash, Kind::Cnp));
+            self.enqueue(port, control(h, to, hash, Kind::Cnp));
         }
         match verdict {
             RxVerdict::Accept => {
                 if let Some(frame) = msg {
-                    self.stack_receive(src, h, frame, msg_sent_ns);
+                    self.stack_receive(key, h, frame, msg_sent_ns);
                 }
-                self.enqueue(port, control(h, src, hash, Kind::Ack { psn, ece: false }));
+                self.enqueue(port, control(h, to, hash, Kind::Ack { psn, ece: false }));
             }
             RxVerdict::Gap { nack } => {
                 self.drop_packet(DropReason::OutOfOrder);
                 if nack {
                     self.counters.nacks += 1;
-                    self.enqueue(port, control(h, src, hash, Kind::Nack { psn: expected }));
+                    self.enqueue(port, control(h, to, hash, Kind::Nack { psn: expected }));
                 }
             }
             RxVerdict::Duplicate => {
@@ -311,26 +381,23 @@ impl Engine {
                         psn: last,
                         ece: false,
                     };
-                    self.enqueue(port, control(h, src, hash, ack));
+                    self.enqueue(port, control(h, to, hash, ack));
                 }
             }
         }
     }
 
-    /// ACK (cumulative up to `acked`) or NACK (`rewind_to`) for QP `h -> src`.
-    fn receive_ack(
-        &mut self,
-        h: HostIdx,
-        src: HostIdx,
-        acked: Option<u64>,
-        rewind_to: Option<u64>,
-    ) {
+    /// ACK (cumulative up to `acked`) or NACK (`rewind_to`) for QP `h -> key`.
+    fn receive_ack(&mut self, h: HostIdx, key: QpKey, acked: Option<u64>, rewind_to: Option<u64>) {
         let now = self.now_ns;
         let rto = self.config.nic.rto_ns;
-        let Some(qp) = self.hosts[h].send.get_mut(&src) else {
+        let Some(qp) = self.hosts[h].send.get_mut(&key) else {
             return; // An ACK for a QP never used: stale or bogus.
         };
-        let freed = acked.map_or(0, |psn| qp.ack(psn, now).0);
+        let (freed, newly, _) = acked.map_or((0, 0, None), |psn| qp.ack(psn, now));
+        if newly > 0 {
+            qp.retries = 0;
+        }
         if let Some(psn) = rewind_to {
             if psn >= qp.una && psn < qp.nxt {
                 qp.nxt = psn; // Go back N.
@@ -342,7 +409,7 @@ impl Engine {
         }
         let port = qp.port;
         self.hosts[h].queued_bytes -= freed;
-        self.arm_qp_timer(h, src);
+        self.arm_qp_timer(h, key);
         self.try_tx(port);
     }
 }

@@ -42,7 +42,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::collections::{BTreeMap, VecDeque};
 use telemetry::{Counters, PortStats, Sample};
-use topology::{Device, HostIdx, PortId, PortInfo, SwitchIdx, Wiring};
+use topology::{Device, HostIdx, Path, PortId, PortInfo, SwitchIdx, Wiring};
 use weir_core::wire::Frame;
 
 /// A message that reached its destination.
@@ -58,7 +58,26 @@ pub struct Delivery {
     pub sent_ns: u64,
     /// When its last packet arrived, ns.
     pub at_ns: u64,
+    /// The ports it went between.
+    pub path: Path,
 }
+
+/// Messages given up with a QP that failed (exceeded its retry limit), as an
+/// RC QP's error completions report them: none of them is delivered later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// Sender.
+    pub src: HostIdx,
+    /// Receiver.
+    pub dst: HostIdx,
+    /// The ports the QP went between.
+    pub path: Path,
+    /// Messages given up, in the order sent (each one not delivered).
+    pub messages: usize,
+}
+
+/// A QP of a host, by its peer and path.
+type QpKey = (HostIdx, Path);
 
 /// A fault to inject.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -110,7 +129,7 @@ enum Event {
     /// A paced NIC port may have a packet ready.
     Wake { port: PortId },
     /// A QP's DCQCN or retransmission timer.
-    QpTimer { host: HostIdx, dst: HostIdx },
+    QpTimer { host: HostIdx, qp: QpKey },
     /// A switch finishes rebooting.
     SwitchUp { switch: SwitchIdx },
     /// Inject a fault.
@@ -121,6 +140,7 @@ enum Event {
     StackTx {
         src: HostIdx,
         dst: HostIdx,
+        path: Path,
         frame: Frame,
     },
     /// A receive queue's coalesced interrupt, armed at `at`.
@@ -157,10 +177,12 @@ struct Port {
 
 #[derive(Debug, Default)]
 struct Host {
-    send: BTreeMap<HostIdx, SendQp>,
-    recv: BTreeMap<HostIdx, RecvQp>,
+    send: BTreeMap<QpKey, SendQp>,
+    recv: BTreeMap<QpKey, RecvQp>,
     queued_bytes: u64,
     storm: bool,
+    /// The number of the last QP this host made.
+    last_qpn: u32,
 }
 
 #[derive(Debug)]
@@ -189,6 +211,7 @@ pub struct Engine {
     now_ns: u64,
     rng: SmallRng,
     delivered: Vec<Delivery>,
+    failed: Vec<Failure>,
     counters: Counters,
     sample_interval_ns: Option<u64>,
     sample_pending: bool,
@@ -240,6 +263,7 @@ impl Engine {
             seq: 0,
             now_ns: 0,
             delivered: Vec::new(),
+            failed: Vec::new(),
             counters: Counters::default(),
             sample_interval_ns: None,
             sample_pending: false,
@@ -289,23 +313,40 @@ impl Engine {
         self.hosts[src].queued_bytes
     }
 
-    /// Bytes host `src` has queued towards `dst` and not yet had acknowledged.
+    /// Bytes host `src` has queued towards `dst` (on any path) and not yet had
+    /// acknowledged.
     pub fn qp_queue_bytes(&self, src: HostIdx, dst: HostIdx) -> u64 {
+        self.qps(src, dst).map(|qp| qp.queued_bytes).sum::<u64>()
+            + self.stacks[src].as_ref().map_or(0, |s| s.tx_bytes(dst))
+    }
+
+    /// Host `src`'s QPs towards `dst`, by path.
+    fn qps(&self, src: HostIdx, dst: HostIdx) -> impl Iterator<Item = &SendQp> {
         self.hosts[src]
             .send
-            .get(&dst)
-            .map_or(0, |qp| qp.queued_bytes)
-            + self.stacks[src].as_ref().map_or(0, |s| s.tx_bytes(dst))
+            .range((dst, 0)..=(dst, Path::MAX))
+            .map(|(_, qp)| qp)
     }
 
     /// Congestion signals host `src` has seen on its connection to `dst` (CNPs, ECN
     /// echoes, retransmits, the last RTT sample); zero if it never sent to `dst`.
     pub fn signals(&self, src: HostIdx, dst: HostIdx) -> weir_core::transport::CongestionSignals {
-        self.hosts[src]
-            .send
-            .get(&dst)
-            .map(|qp| qp.signals)
-            .unwrap_or_default()
+        self.qps(src, dst).fold(
+            Default::default(),
+            |a: weir_core::transport::CongestionSignals, qp| {
+                let b = qp.signals;
+                weir_core::transport::CongestionSignals {
+                    cnps: a.cnps + b.cnps,
+                    ecn_echoes: a.ecn_echoes + b.ecn_echoes,
+                    retransmits: a.retransmits + b.retransmits,
+                    rtt_ns_last: if b.rtt_ns_last > 0 {
+                        b.rtt_ns_last
+                    } else {
+                        a.rtt_ns_last
+                    },
+                }
+            },
+        )
     }
 
     /// Counters of the whole fabric.
@@ -356,14 +397,32 @@ impl Engine {
         self.schedule(at_ns.max(self.now_ns), Event::Fault(fault));
     }
 
-    /// Queue `frame` from `src` to `dst` at `now_ns`. Events due by then run first;
-    /// their deliveries come out of the next [`Engine::advance`].
+    /// Queue `frame` from `src` to `dst` at `now_ns`, on the path the pair's flow
+    /// hash picks. Events due by then run first; their deliveries come out of the
+    /// next [`Engine::advance`].
     pub fn send(&mut self, now_ns: u64, src: HostIdx, dst: HostIdx, frame: Frame) {
+        let paths = self.config.ports_per_host as u64;
+        let path = (Self::flow_hash_of(src, dst) % paths) as Path;
+        self.send_on(now_ns, src, dst, path, frame);
+    }
+
+    /// Queue `frame` from `src` to `dst` on `path` at `now_ns`.
+    pub fn send_on(&mut self, now_ns: u64, src: HostIdx, dst: HostIdx, path: Path, frame: Frame) {
         assert!(src < self.attached && dst < self.attached, "unknown host");
         assert_ne!(src, dst, "a host sends to itself without the fabric");
+        assert!(
+            usize::from(path) < self.config.ports_per_host,
+            "no such path"
+        );
         self.process_until(now_ns);
-        self.app_send(src, dst, frame);
+        self.app_send(src, dst, path, frame);
         self.arm_sampling();
+    }
+
+    /// Messages given up with failed QPs since the last call, in the order
+    /// the QPs failed.
+    pub fn take_failures(&mut self) -> Vec<Failure> {
+        std::mem::take(&mut self.failed)
     }
 
     /// Process every event due at or before `now_ns`; return the messages delivered.
@@ -427,11 +486,16 @@ impl Engine {
                 }
                 self.try_tx(port);
             }
-            Event::QpTimer { host, dst } => self.qp_timer(host, dst),
+            Event::QpTimer { host, qp } => self.qp_timer(host, qp),
             Event::SwitchUp { switch } => self.switch_up(switch),
             Event::Fault(fault) => self.apply_fault(fault),
             Event::Sample => self.sample(),
-            Event::StackTx { src, dst, frame } => self.stack_tx(src, dst, frame),
+            Event::StackTx {
+                src,
+                dst,
+                path,
+                frame,
+            } => self.stack_tx(src, dst, path, frame),
             Event::StackIrq { host, queue, at } => self.stack_interrupt_timer(host, queue, at),
             Event::StackDeliver { dst, batch } => self.stack_deliver(dst, batch),
         }
@@ -560,7 +624,7 @@ impl Engine {
         } else {
             self.counters.resumes_sent += 1;
         }
-        let frame = nic::control(0, 0, 0, packet::Kind::Pause { on });
+        let frame = nic::control(0, (0, 0, 0), 0, packet::Kind::Pause { on });
         self.enqueue(port, frame);
     }
 
@@ -601,7 +665,7 @@ impl Engine {
         }
         let now = self.now_ns;
         for (h, host) in self.hosts.iter_mut().enumerate() {
-            for (&dst, qp) in host.send.iter_mut() {
+            for (&(dst, _), qp) in host.send.iter_mut() {
                 // Only QPs DCQCN is holding below line rate: the rest are at line
                 // rate, and listing them would swamp the series.
                 if let Some(rp) = &mut qp.rp {

@@ -1,11 +1,14 @@
 //! The host NIC: RC queue pairs with MTU segmentation, PSNs, cumulative ACKs, NACK
 //! on out-of-order arrival, go-back-N retransmission from the last acknowledged PSN,
 //! a retransmission timeout, DCQCN rate limiting per QP (reaction point) and CNP
-//! generation at the receiver (notification point). One QP per ordered host pair,
-//! pinned to one NIC port by hash.
+//! generation at the receiver (notification point). One QP per ordered host pair
+//! and path (a pair of NIC ports, see [`Path`]). With a retry limit, a QP that
+//! times out that many times in a row without progress fails: its messages are
+//! given up (reported as failures, as an RC QP's error completions are) and the
+//! next message goes on a fresh QP with a new number, as after a reconnect.
 
 use super::packet::{Kind, Packet, PRIO_CONTROL, PRIO_DATA};
-use super::topology::{HostIdx, PortId};
+use super::topology::{HostIdx, Path, PortId};
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use weir_core::congestion::dcqcn::{NotificationPoint, ReactionPoint};
@@ -38,6 +41,9 @@ pub(super) struct OutMsg {
 #[derive(Debug)]
 pub(super) struct SendQp {
     pub(super) dst: HostIdx,
+    pub(super) path: Path,
+    /// This QP's number (unique per sending host).
+    pub(super) qpn: u32,
     pub(super) port: PortId,
     pub(super) msgs: VecDeque<OutMsg>,
     /// First PSN not yet handed to `msgs`.
@@ -63,17 +69,21 @@ pub(super) struct SendQp {
     pub(super) tcp: Option<TcpSender>,
     /// Congestion signals seen on this QP.
     pub(super) signals: CongestionSignals,
+    /// Timeouts in a row without progress.
+    pub(super) retries: u32,
 }
 
 impl SendQp {
     pub(super) fn new(
-        dst: HostIdx,
+        (dst, path, qpn): (HostIdx, Path, u32),
         port: PortId,
         rp: Option<ReactionPoint>,
         tcp: Option<TcpSender>,
     ) -> Self {
         SendQp {
             dst,
+            path,
+            qpn,
             port,
             msgs: VecDeque::new(),
             end_psn: 0,
@@ -88,6 +98,7 @@ impl SendQp {
             sent: VecDeque::new(),
             tcp,
             signals: CongestionSignals::default(),
+            retries: 0,
         }
     }
 
@@ -184,6 +195,8 @@ pub(super) type Held = Option<(Frame, u64)>;
 /// The receiving side of a QP.
 #[derive(Debug)]
 pub(super) struct RecvQp {
+    /// The number of the sending QP this side is paired with.
+    pub(super) qpn: u32,
     pub(super) expected: u64,
     pub(super) nacked: bool,
     pub(super) np: NotificationPoint,
@@ -203,8 +216,9 @@ pub(super) enum RxVerdict {
 }
 
 impl RecvQp {
-    pub(super) fn new(np: NotificationPoint) -> Self {
+    pub(super) fn new(qpn: u32, np: NotificationPoint) -> Self {
         RecvQp {
+            qpn,
             expected: 0,
             nacked: false,
             np,
@@ -230,11 +244,18 @@ impl RecvQp {
     }
 }
 
-/// A control frame from `src` to `dst`.
-pub(super) fn control(src: HostIdx, dst: HostIdx, hash: u64, kind: Kind) -> Packet {
+/// A control frame from `src` to `dst` about QP `qpn` on `path`.
+pub(super) fn control(
+    src: HostIdx,
+    (dst, path, qpn): (HostIdx, Path, u32),
+    hash: u64,
+    kind: Kind,
+) -> Packet {
     Packet {
         src,
         dst,
+        path,
+        qpn,
         prio: PRIO_CONTROL,
         wire_bytes: super::config::CONTROL_FRAME_BYTES,
         ce: false,
@@ -261,6 +282,8 @@ pub(super) fn data_packet(
     Packet {
         src,
         dst: qp.dst,
+        path: qp.path,
+        qpn: qp.qpn,
         prio: PRIO_DATA,
         wire_bytes: payload + header,
         ce: false,
@@ -283,7 +306,7 @@ mod tests {
 
     #[test]
     fn acks_free_whole_messages_and_go_back_n_rewinds() {
-        let mut qp = SendQp::new(1, 0, None, None);
+        let mut qp = SendQp::new((1, 0, 1), 0, None, None);
         qp.push(Frame::from(vec![0; 10_000]), 3, 0);
         qp.push(Frame::from(vec![0; 100]), 1, 0);
         assert_eq!(qp.end_psn, 4);
@@ -321,7 +344,10 @@ mod tests {
 
     #[test]
     fn the_receiver_nacks_a_gap_once_and_accepts_in_order() {
-        let mut rx = RecvQp::new(NotificationPoint::new(CnpMode::PerPacket { min_gap_ns: 0 }));
+        let mut rx = RecvQp::new(
+            1,
+            NotificationPoint::new(CnpMode::PerPacket { min_gap_ns: 0 }),
+        );
         assert_eq!(rx.receive(0), RxVerdict::Accept);
         assert_eq!(rx.receive(2), RxVerdict::Gap { nack: true });
         assert_eq!(rx.receive(3), RxVerdict::Gap { nack: false });

@@ -1,6 +1,6 @@
 //! Packets on the simulated wire.
 
-use super::topology::{HostIdx, PortId};
+use super::topology::{HostIdx, Path, PortId};
 use weir_core::wire::Frame;
 
 /// Traffic class of control frames (ACK, NACK, CNP, PAUSE): strict priority, never
@@ -53,6 +53,12 @@ pub struct Packet {
     pub src: HostIdx,
     /// Receiving host.
     pub dst: HostIdx,
+    /// The ports it leaves and is addressed to (see [`Path`]).
+    pub path: Path,
+    /// The sending QP's number (for data) or the number of the QP it answers
+    /// (ACK, NACK, CNP): a QP that failed is replaced by one with a higher
+    /// number, and packets of the old one are stale.
+    pub qpn: u32,
     /// Traffic class.
     pub prio: usize,
     /// Bytes on the wire (payload + headers).

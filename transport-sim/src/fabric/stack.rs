@@ -19,7 +19,7 @@
 //! Order per peer pair is kept: a message never reaches the NIC, or the
 //! application, before one sent before it on the same pair.
 
-use super::topology::HostIdx;
+use super::topology::{HostIdx, Path};
 use super::{Engine, Event};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -32,7 +32,7 @@ pub(super) const RX_QUEUES_MAX: usize = 64;
 const NIC_NUMA_NODE: u8 = 0;
 
 /// Messages taken by one interrupt: (sender, frame, when it was sent).
-pub(super) type Batch = Vec<(HostIdx, Frame, u64)>;
+pub(super) type Batch = Vec<((HostIdx, Path), Frame, u64)>;
 
 #[derive(Debug, Default)]
 struct RxQueue {
@@ -120,12 +120,12 @@ impl Engine {
 
     /// The application on `src` sends `frame` to `dst`: straight to the NIC, or
     /// through the stack's CPU work first.
-    pub(super) fn app_send(&mut self, src: HostIdx, dst: HostIdx, frame: Frame) {
+    pub(super) fn app_send(&mut self, src: HostIdx, dst: HostIdx, path: Path, frame: Frame) {
         let now = self.now_ns;
         let bytes = frame.len() as u64;
         let packets = self.packets_of(bytes);
         let Some(stack) = self.stacks[src].as_mut() else {
-            return self.host_send(src, dst, frame);
+            return self.host_send(src, dst, path, frame);
         };
         let mut done = match stack.net {
             NetStack::KernelTcp(tcp) => {
@@ -140,34 +140,48 @@ impl Engine {
         done = done.max(*last);
         *last = done;
         *stack.tx_bytes.entry(dst).or_default() += bytes;
-        self.schedule(done, Event::StackTx { src, dst, frame });
+        self.schedule(
+            done,
+            Event::StackTx {
+                src,
+                dst,
+                path,
+                frame,
+            },
+        );
     }
 
     /// The stack's send work for `frame` ended: it goes to the NIC.
-    pub(super) fn stack_tx(&mut self, src: HostIdx, dst: HostIdx, frame: Frame) {
+    pub(super) fn stack_tx(&mut self, src: HostIdx, dst: HostIdx, path: Path, frame: Frame) {
         let stack = self.stacks[src].as_mut().expect("a stack sent it");
         let bytes = stack.tx_bytes.get_mut(&dst).expect("counted when sent");
         *bytes -= frame.len() as u64;
         if *bytes == 0 {
             stack.tx_bytes.remove(&dst);
         }
-        self.host_send(src, dst, frame);
+        self.host_send(src, dst, path, frame);
     }
 
     /// The last packet of `frame` reached `dst`: to the application, or through
     /// the stack's receive path first.
-    pub(super) fn stack_receive(&mut self, src: HostIdx, dst: HostIdx, frame: Frame, sent_ns: u64) {
+    pub(super) fn stack_receive(
+        &mut self,
+        (src, path): (HostIdx, Path),
+        dst: HostIdx,
+        frame: Frame,
+        sent_ns: u64,
+    ) {
         let now = self.now_ns;
         let bytes = frame.len() as u64;
         let packets = self.packets_of(bytes);
         let Some(stack) = self.stacks[dst].as_mut() else {
-            return self.deliver(src, dst, frame, sent_ns);
+            return self.deliver((src, path), dst, frame, sent_ns);
         };
         let q = (Self::flow_hash_of(src, dst) % stack.rx.len() as u64) as usize;
         match stack.net {
             NetStack::KernelTcp(tcp) => {
                 let queue = &mut stack.rx[q];
-                queue.pending.push((src, frame, sent_ns));
+                queue.pending.push(((src, path), frame, sent_ns));
                 queue.packets += packets;
                 queue.bytes += bytes;
                 if queue.packets >= tcp.coalesce_packets {
@@ -189,7 +203,7 @@ impl Engine {
                 let seen =
                     Stack::nic_message(&mut stack.nic_rx_free_ns, now, rdma.nic_ns_per_message());
                 let done = stack.run((now, seen), rdma.receive_ns(), Affinity::Core(q));
-                self.stack_ready(dst, q, done, vec![(src, frame, sent_ns)]);
+                self.stack_ready(dst, q, done, vec![((src, path), frame, sent_ns)]);
             }
         }
     }
@@ -238,8 +252,8 @@ impl Engine {
 
     /// A received batch reaches the application.
     pub(super) fn stack_deliver(&mut self, dst: HostIdx, batch: Batch) {
-        for (src, frame, sent_ns) in batch {
-            self.deliver(src, dst, frame, sent_ns);
+        for (from, frame, sent_ns) in batch {
+            self.deliver(from, dst, frame, sent_ns);
         }
     }
 }

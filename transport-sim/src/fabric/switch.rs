@@ -114,7 +114,7 @@ impl Engine {
 
     /// ECMP: one of the up egress ports on a shortest path, by flow hash.
     fn ecmp(&self, s: SwitchIdx, packet: &Packet) -> Option<PortId> {
-        let routes = &self.wiring.routes[s][packet.dst];
+        let routes = &self.wiring.routes[s][packet.dst][usize::from(packet.path)];
         let up = |p: &&PortId| self.link_up[self.ports[**p].info.link];
         let n = routes.iter().filter(up).count();
         if n == 0 {

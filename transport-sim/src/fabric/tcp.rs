@@ -9,7 +9,7 @@ use super::nic::{control, TCP_OOO_PACKETS_MAX};
 use super::packet::Kind;
 use super::telemetry::DropReason;
 use super::topology::{HostIdx, PortId};
-use super::Engine;
+use super::{Engine, QpKey};
 use weir_core::wire::Frame;
 
 /// Duplicate ACKs that signal a loss.
@@ -21,13 +21,14 @@ impl Engine {
         &mut self,
         h: HostIdx,
         port: PortId,
-        src: HostIdx,
+        (key, qpn): (QpKey, u32),
         psn: u64,
         ce: bool,
         msg: Option<Frame>,
         msg_sent_ns: u64,
     ) {
-        let rq = self.recv_qp(h, src);
+        let src = key.0;
+        let rq = self.recv_qp(h, key, qpn);
         let mut ready = Vec::new();
         if psn == rq.expected {
             rq.expected += 1;
@@ -48,19 +49,20 @@ impl Engine {
         }
         // Every arrival is answered with the cumulative ACK (the highest in-order PSN,
         // u64::MAX for none yet): duplicates are how the sender learns of a loss.
-        let psn = self.hosts[h].recv[&src].expected.wrapping_sub(1);
+        let psn = self.hosts[h].recv[&key].expected.wrapping_sub(1);
         for (frame, sent_ns) in ready.into_iter().flatten() {
-            self.stack_receive(src, h, frame, sent_ns);
+            self.stack_receive(key, h, frame, sent_ns);
         }
         let hash = Self::flow_hash_of(h, src);
-        self.enqueue(port, control(h, src, hash, Kind::Ack { psn, ece: ce }));
+        let to = (src, key.1, qpn);
+        self.enqueue(port, control(h, to, hash, Kind::Ack { psn, ece: ce }));
     }
 
-    /// A cumulative ACK of `psn` (with ECN echo `ece`) for TCP connection `h -> src`.
-    pub(super) fn receive_tcp_ack(&mut self, h: HostIdx, src: HostIdx, psn: u64, ece: bool) {
+    /// A cumulative ACK of `psn` (with ECN echo `ece`) for TCP connection `h -> key`.
+    pub(super) fn receive_tcp_ack(&mut self, h: HostIdx, key: QpKey, psn: u64, ece: bool) {
         let now = self.now_ns;
         let mss = u64::from(self.config.nic.mtu_bytes);
-        let Some(qp) = self.hosts[h].send.get_mut(&src) else {
+        let Some(qp) = self.hosts[h].send.get_mut(&key) else {
             return;
         };
         if ece {
@@ -107,7 +109,7 @@ impl Engine {
         }
         let port = qp.port;
         self.hosts[h].queued_bytes -= freed;
-        self.arm_qp_timer(h, src);
+        self.arm_qp_timer(h, key);
         self.try_tx(port);
     }
 }

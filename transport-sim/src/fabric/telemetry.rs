@@ -24,6 +24,8 @@ pub enum DropReason {
     Duplicate,
     /// No route (every path down).
     NoRoute,
+    /// Of a QP that failed (its sender gave it up), or a duplicate of one.
+    StaleQp,
 }
 
 /// Counters of the whole fabric.
@@ -51,6 +53,8 @@ pub struct Counters {
     pub retransmits: u64,
     /// Retransmission timeouts.
     pub timeouts: u64,
+    /// QPs that failed: they exceeded their retry limit.
+    pub qp_errors: u64,
     /// Messages delivered.
     pub messages: u64,
     /// Events the engine processed (the simulator's unit of work).
@@ -65,11 +69,17 @@ impl Counters {
         self.drops.get(&reason).copied().unwrap_or(0)
     }
 
-    /// Drops of every reason but the receiver's own go-back-N discards.
+    /// Drops of every reason but the receiver's own discards (go-back-N's, and
+    /// those of a QP that failed).
     pub fn drops_in_network(&self) -> u64 {
         self.drops
             .iter()
-            .filter(|(r, _)| !matches!(r, DropReason::OutOfOrder | DropReason::Duplicate))
+            .filter(|(r, _)| {
+                !matches!(
+                    r,
+                    DropReason::OutOfOrder | DropReason::Duplicate | DropReason::StaleQp
+                )
+            })
             .map(|(_, n)| n)
             .sum()
     }

@@ -470,3 +470,70 @@ fn a_many_core_sender_keeps_each_pairs_order() {
     let order: Vec<u8> = d.iter().map(|d| d.frame.head[0]).collect();
     assert_eq!(order, (0..8).collect::<Vec<_>>());
 }
+
+#[test]
+fn a_qp_past_its_retry_limit_fails_and_its_path_starts_afresh_while_the_other_carries_on() {
+    let mut config = no_cc(2);
+    config.ports_per_host = 2;
+    config.nic.retry_limit = Some(3);
+    let rto = config.nic.rto_ns;
+    let mut e = engine(config);
+    // Host 1's port 1 goes down: path 1 between the hosts is cut, path 0 is not.
+    let link = e.wiring().ports[e.wiring().host_ports[1][1]].link;
+    e.inject(0, Fault::LinkDown { link });
+    e.advance(0);
+    e.send_on(0, 0, 1, 1, Frame::from(vec![1; 10_000]));
+    e.send_on(0, 0, 1, 1, Frame::from(vec![2; 100]));
+    e.send_on(0, 0, 1, 0, Frame::from(vec![3; 100]));
+    let d = e.advance(rto / 2);
+    assert_eq!(d.len(), 1, "path 0 delivers at once");
+    assert_eq!((d[0].frame.head[0], d[0].path), (3, 0));
+    // Three retries, then the fourth timeout fails the QP.
+    let d = e.advance(4 * rto + rto / 2);
+    assert!(d.is_empty());
+    assert_eq!(
+        e.take_failures(),
+        [Failure {
+            src: 0,
+            dst: 1,
+            path: 1,
+            messages: 2
+        }]
+    );
+    assert_eq!(e.counters().qp_errors, 1);
+    assert_eq!(
+        e.qp_queue_bytes(0, 1),
+        0,
+        "given-up messages are not queued"
+    );
+    assert_eq!(e.nic_queue_bytes(0), 0);
+    // The link comes back: the next message goes on a new QP (PSNs from 0
+    // again) and the receiver, which had seen part of the old one, takes it.
+    e.inject(4 * rto + rto / 2, Fault::LinkUp { link });
+    e.send_on(5 * rto, 0, 1, 1, Frame::from(vec![4; 5_000]));
+    let d = e.run_until_idle(u64::MAX);
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].frame.head[0], d[0].path), (4, 1));
+    assert!(e.take_failures().is_empty());
+}
+
+#[test]
+fn each_path_addresses_its_own_port_and_a_dead_one_is_not_routed_around() {
+    let mut config = no_cc(2);
+    config.ports_per_host = 2;
+    let mut e = engine(config);
+    let link = e.wiring().ports[e.wiring().host_ports[1][1]].link;
+    e.inject(0, Fault::LinkDown { link });
+    e.advance(0);
+    e.send_on(0, 0, 1, 0, Frame::from(vec![0; 100]));
+    e.send_on(0, 0, 1, 1, Frame::from(vec![1; 100]));
+    let d = e.run_until_idle(10_000_000);
+    // Without a retry limit the QP of path 1 retries for ever: only path 0's
+    // message arrives, on host 1's port 0.
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].path, 0);
+    let port0 = e.wiring().host_ports[1][0];
+    assert_eq!(e.ports[port0].stats.packets, 1, "one ACK out of port 0");
+    assert!(e.counters().timeouts > 0);
+    assert!(e.counters().dropped(telemetry::DropReason::NoRoute) > 0);
+}

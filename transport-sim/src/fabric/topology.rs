@@ -9,6 +9,10 @@ pub type PortId = usize;
 pub type HostIdx = usize;
 /// Index of a switch.
 pub type SwitchIdx = usize;
+/// One of a host's NIC ports, by its index among the host's ports: a packet on
+/// path `k` leaves its sender's port `k` and is addressed to its receiver's port
+/// `k` (each port has its own address, as RoCE ports do).
+pub type Path = u8;
 
 /// What a port belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,8 +49,9 @@ pub struct Wiring {
     pub switch_ports: Vec<Vec<PortId>>,
     /// Links as port pairs.
     pub links: Vec<(PortId, PortId)>,
-    /// `routes[switch][host]`: egress ports on shortest paths to the host (ECMP set).
-    pub routes: Vec<Vec<Vec<PortId>>>,
+    /// `routes[switch][host][path]`: egress ports on shortest paths to the host's
+    /// port `path` (ECMP set).
+    pub routes: Vec<Vec<Vec<Vec<PortId>>>>,
     /// Host link rate (the "host speed" of PFC thresholds).
     pub host_rate_bps: u64,
 }
@@ -94,10 +99,12 @@ impl Wiring {
             }
         }
         w.routes = (0..w.switch_ports.len())
-            .map(|_| vec![Vec::new(); w.host_ports.len()])
+            .map(|_| vec![vec![Vec::new(); config.ports_per_host]; w.host_ports.len()])
             .collect();
         for h in 0..w.host_ports.len() {
-            w.route_to(h);
+            for path in 0..config.ports_per_host {
+                w.route_to(h, path);
+            }
         }
         w
     }
@@ -123,20 +130,17 @@ impl Wiring {
         }
     }
 
-    /// Breadth-first from host `dst` over switches: every switch's egress ports
-    /// that lie on a shortest path to `dst`.
-    fn route_to(&mut self, dst: HostIdx) {
+    /// Breadth-first from port `path` of host `dst` over switches: every
+    /// switch's egress ports that lie on a shortest path to it.
+    fn route_to(&mut self, dst: HostIdx, path: usize) {
         let mut dist = vec![usize::MAX; self.switch_ports.len()];
         let mut queue = VecDeque::new();
-        for &p in &self.host_ports[dst] {
-            let peer = self.ports[p].peer;
-            if let Device::Switch(s) = self.ports[peer].device {
-                if dist[s] != 1 {
-                    dist[s] = 1;
-                    queue.push_back(s);
-                }
-                self.routes[s][dst].push(peer);
-            }
+        let p = self.host_ports[dst][path];
+        let peer = self.ports[p].peer;
+        if let Device::Switch(s) = self.ports[peer].device {
+            dist[s] = 1;
+            queue.push_back(s);
+            self.routes[s][dst][path].push(peer);
         }
         while let Some(s) = queue.pop_front() {
             for &p in &self.switch_ports[s].clone() {
@@ -150,7 +154,7 @@ impl Wiring {
                 }
                 if dist[n] == dist[s] + 1 {
                     // n reaches dst through s: its port `peer` leads there.
-                    self.routes[n][dst].push(peer);
+                    self.routes[n][dst][path].push(peer);
                 }
             }
         }
@@ -174,26 +178,26 @@ mod tests {
         let w = Wiring::build(&config);
         assert_eq!(w.host_ports.len(), 4);
         // Host 3 is on leaf 1. Leaf 0 has three equal paths (one per spine).
-        assert_eq!(w.routes[0][3].len(), 3);
-        for &p in &w.routes[0][3] {
+        assert_eq!(w.routes[0][3][0].len(), 3);
+        for &p in &w.routes[0][3][0] {
             assert!(matches!(
                 w.ports[w.ports[p].peer].device,
                 Device::Switch(2..=4)
             ));
         }
         // Leaf 1 and every spine have one way down.
-        assert_eq!(w.routes[1][3].len(), 1);
+        assert_eq!(w.routes[1][3][0].len(), 1);
         assert_eq!(
-            w.ports[w.ports[w.routes[1][3][0]].peer].device,
+            w.ports[w.ports[w.routes[1][3][0][0]].peer].device,
             Device::Host(3)
         );
         for spine in 2..5 {
-            assert_eq!(w.routes[spine][3].len(), 1);
+            assert_eq!(w.routes[spine][3][0].len(), 1);
         }
     }
 
     #[test]
-    fn a_star_with_two_port_hosts_has_two_routes_to_each_host() {
+    fn a_star_with_two_port_hosts_has_one_route_to_each_port() {
         let config = FabricConfig {
             topology: Topology::Star { hosts: 3 },
             ports_per_host: 2,
@@ -201,7 +205,9 @@ mod tests {
         };
         let w = Wiring::build(&config);
         assert_eq!(w.host_ports[2].len(), 2);
-        assert_eq!(w.routes[0][2].len(), 2);
+        for path in 0..2 {
+            assert_eq!(w.routes[0][2][path], [w.ports[w.host_ports[2][path]].peer]);
+        }
         assert_eq!(w.links.len(), 6);
     }
 }
