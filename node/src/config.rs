@@ -130,6 +130,38 @@ pub struct Config {
     /// The transport between nodes.
     #[serde(default)]
     pub transport: TransportSection,
+    /// The RDMA transport's device and pool (with `kind = "rdma"`).
+    #[serde(default)]
+    pub rdma: RdmaSection,
+}
+
+/// `[rdma]`
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RdmaSection {
+    /// The verbs device (`ibv_devices` lists them); none: the first.
+    pub device: Option<String>,
+    /// Its ports to use, numbered from 1: one, or two for multipath (the
+    /// messenger spreads peers over them and moves a connection whose port
+    /// fails to the other).
+    pub ports: Vec<u8>,
+    /// The GID table entry of each port to send from: RoCE v2 over the port's
+    /// IPv4 or IPv6 address (`show_gids` lists them).
+    pub gid_index: u8,
+    /// Bytes of the registered pool that receive slots and granted regions
+    /// come from (pinned memory).
+    pub pool_bytes: Size,
+}
+
+impl Default for RdmaSection {
+    fn default() -> Self {
+        RdmaSection {
+            device: None,
+            ports: vec![1],
+            gid_index: 1,
+            pool_bytes: Size(256 << 20),
+        }
+    }
 }
 
 /// `[transport]`
@@ -148,7 +180,8 @@ pub enum TransportKind {
     /// TCP (weir-transport-tcp).
     #[default]
     Tcp,
-    /// RDMA: refused, this build has none yet.
+    /// RDMA (weir-transport-rdma): checked at start; the daemon's transport
+    /// over verbs is not built yet, so `weir node` stops with the reason.
     Rdma,
 }
 
@@ -440,13 +473,27 @@ impl Config {
                 message,
             })
         };
-        if self.transport.kind == TransportKind::Rdma {
+        let r = &self.rdma;
+        let mut ports = r.ports.clone();
+        ports.sort_unstable();
+        ports.dedup();
+        if r.ports.is_empty()
+            || r.ports.len() > 2
+            || ports.len() != r.ports.len()
+            || ports.contains(&0)
+        {
             return bad(
-                "transport.kind",
-                "\"rdma\": this build of weir has no RDMA transport yet (its verbs layer \
-                 over rdma-sys is not written; its messenger runs only in the simulator); \
-                 use kind = \"tcp\""
-                    .into(),
+                "rdma.ports",
+                format!(
+                    "{:?}: one or two distinct port numbers (from 1) are supported",
+                    r.ports
+                ),
+            );
+        }
+        if !(1 << 20..=64 << 30).contains(&r.pool_bytes.0) {
+            return bad(
+                "rdma.pool_bytes",
+                format!("{}: must be between 1 MiB and 64 GiB", r.pool_bytes.0),
             );
         }
         let members = &self.cluster.members;
@@ -626,18 +673,31 @@ mod tests {
     }
 
     #[test]
-    fn rdma_is_refused_at_once_with_the_way_out() {
-        let c = parse(&format!("{GOOD}\n[transport]\nkind = \"tcp\""));
-        assert!(c.is_ok());
-        let e = parse(&format!("{GOOD}\n[transport]\nkind = \"rdma\""))
+    fn the_rdma_section_has_defaults_and_refuses_bad_ports_and_pools() {
+        let c = parse(&format!("{GOOD}\n[transport]\nkind = \"rdma\"")).unwrap();
+        assert_eq!(c.transport.kind, TransportKind::Rdma);
+        assert_eq!(c.rdma, RdmaSection::default());
+        let two = parse(&format!(
+            "{GOOD}\n[rdma]\ndevice = \"mlx5_0\"\nports = [1, 2]\ngid_index = 3"
+        ))
+        .unwrap();
+        assert_eq!(two.rdma.ports, [1, 2]);
+        assert_eq!(two.rdma.device.as_deref(), Some("mlx5_0"));
+        for bad in [
+            "ports = []",
+            "ports = [1, 1]",
+            "ports = [0]",
+            "ports = [1, 2, 3]",
+        ] {
+            let e = parse(&format!("{GOOD}\n[rdma]\n{bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("rdma.ports"), "{bad}: {e}");
+        }
+        let e = parse(&format!("{GOOD}\n[rdma]\npool_bytes = \"4k\""))
             .unwrap_err()
             .to_string();
-        assert!(
-            e.contains("transport.kind")
-                && e.contains("no RDMA transport")
-                && e.contains("kind = \"tcp\""),
-            "{e}"
-        );
+        assert!(e.contains("rdma.pool_bytes"), "{e}");
         assert!(parse(&format!("{GOOD}\n[transport]\nkind = \"udp\"")).is_err());
     }
 

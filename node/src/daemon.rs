@@ -50,6 +50,9 @@ pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    if config.transport.kind == crate::config::TransportKind::Rdma {
+        return Err(crate::rdma::refusal(&config.rdma));
+    }
     let me = NodeId(config.node.id);
     let dir = config.data_dir();
     std::fs::create_dir_all(&dir)

@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod logfile;
 pub mod metrics;
 pub mod nbd;
+pub mod rdma;
 pub mod splice;
 
 /// Node ids from here up are the NBD front ends' client endpoints (node `n`'s is

@@ -46,6 +46,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("sim") => sim(&root, &args[1..]),
         Some("test") => test(&root),
+        Some("test-rdma") => test_rdma(&root),
         Some("bench") => bench(&root, &args[1..]),
         Some("experiment") => experiment(&root, &args[1..]),
         Some("campaign") => campaign::run_cli(&root, &args[1..]),
@@ -54,6 +55,7 @@ fn main() -> ExitCode {
             eprintln!("       cargo xtask campaign --seeds A..B [--jobs N] [weir-sim args]");
             eprintln!("       cargo xtask experiment list|NAME [--seed N] [--json FILE] [--quick]");
             eprintln!("       cargo xtask test");
+            eprintln!("       cargo xtask test-rdma");
             eprintln!("       cargo xtask bench fabric|rdma|nbd|memory");
             return ExitCode::from(2);
         }
@@ -231,6 +233,16 @@ const TEST_TOOLS: [(&str, &str); 7] = [
     ("fusermount3", "fuse3"),
 ];
 
+/// Files the build of the RDMA verbs layer needs (rdma-sys runs pkg-config
+/// and bindgen over rdma-core's headers; its bindgen needs libclang 14), with
+/// the Debian package of each.
+const BUILD_FILES: [(&str, &str); 4] = [
+    ("/usr/bin/pkg-config", "pkg-config"),
+    ("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
+    ("/usr/include/rdma/rdma_cma.h", "librdmacm-dev"),
+    ("/usr/lib/llvm-14/lib/libclang.so", "libclang-14-dev"),
+];
+
 /// Whether `tool` is an executable file in a directory of `path` (as `PATH`).
 fn on_path(tool: &str, path: &std::ffi::OsStr) -> bool {
     use std::os::unix::fs::PermissionsExt;
@@ -240,12 +252,19 @@ fn on_path(tool: &str, path: &std::ffi::OsStr) -> bool {
     })
 }
 
-/// The Debian packages of the test tools missing from `path`, each once.
+/// The Debian packages of the test tools missing from `path`, and of the
+/// build's files missing, each once.
 fn missing_packages(path: &std::ffi::OsStr) -> Vec<&'static str> {
     let mut pkgs: Vec<&str> = TEST_TOOLS
         .iter()
         .filter(|(tool, _)| !on_path(tool, path))
         .map(|&(_, pkg)| pkg)
+        .chain(
+            BUILD_FILES
+                .iter()
+                .filter(|(file, _)| !Path::new(file).exists())
+                .map(|&(_, pkg)| pkg),
+        )
         .collect();
     pkgs.dedup();
     pkgs
@@ -267,13 +286,13 @@ fn ensure_test_tools() -> Result<(), String> {
     let command = format!("sudo apt-get install -y {}", missing.join(" "));
     if !root || !on_path("apt-get", &path) {
         eprintln!(
-            "xtask: the daemon's real-client tests need the Debian packages {}; install them first:\n    {command}",
+            "xtask: the daemon's real-client tests and the RDMA verbs build need the Debian packages {}; install them first:\n    {command}",
             missing.join(", ")
         );
         return Err("the test tools check".into());
     }
     eprintln!(
-        "xtask: installing {} for the real-client tests",
+        "xtask: installing {} for the real-client tests and the verbs build",
         missing.join(" ")
     );
     let apt = |args: &[&str]| {
@@ -294,6 +313,29 @@ fn ensure_test_tools() -> Result<(), String> {
         return Err("the test tools check".into());
     }
     Ok(())
+}
+
+/// The tests that need an RDMA device (`#[ignore = "requires an RDMA device"]`),
+/// where the kernel lists one; elsewhere a clear refusal.
+fn test_rdma(root: &Path) -> Result<(), String> {
+    let listed = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+    if !listed {
+        eprintln!(
+            "xtask: /sys/class/infiniband lists no RDMA device, so the device tests cannot \
+             run here (an RDMA NIC, or Soft-RoCE: rdma link add rxe0 type rxe netdev IFACE)"
+        );
+        return Err("the RDMA device check".into());
+    }
+    let args = [
+        "test",
+        "-p",
+        "weir-transport-rdma",
+        "--features",
+        "verbs",
+        "--",
+        "--ignored",
+    ];
+    run("the RDMA device tests", cargo(root, false, &args))
 }
 
 fn test(root: &Path) -> Result<(), String> {
