@@ -351,8 +351,8 @@ impl fmt::Display for Report {
             )?;
             writeln!(
                 f,
-                "          {} QPs failed past their retries, {} connections moved to the other path",
-                self.fabric.qp_errors, m.failovers
+                "          {} QPs failed past their retries, {} connections moved to the other path, {} frames sent again",
+                self.fabric.qp_errors, m.failovers, m.replayed
             )?;
         }
         if !self.cpu.is_empty() {

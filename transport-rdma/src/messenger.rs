@@ -14,12 +14,24 @@
 //! `Accept{gen, to, params}`; every later message names both numbers, and one
 //! naming a connection that no longer exists is dropped and answered with
 //! `Reset{to}` (a stale queue pair number). Two sides connecting at once: the
-//! lower node id keeps its own attempt. A `Connect` from a peer that was up means
-//! it restarted or failed: its old connection is given up, frames in flight on it
-//! are lost (weir-core's `Transport` contract). A connection that fails (a
-//! hostile message, an error completion, an image lost) or a `Reset` leaves the
-//! peer down until a [`Backoff`]; frames sent to a peer that is down are lost,
-//! frames sent while connecting wait (bounded) for the connection.
+//! lower node id keeps its own attempt, and a `Connect` numbered at or below
+//! the peer's connection this side already took up is one the peer gave up (it
+//! can arrive late, on the other path). A `Connect` from a peer that was up
+//! means it restarted or failed: its old connection is given up. A connection
+//! that fails (a hostile message, an error completion, an image lost) or a
+//! `Reset` leaves the peer down until a [`Backoff`]; frames sent to a peer that
+//! is down are lost, frames sent while connecting wait (bounded) for the
+//! connection.
+//!
+//! Sessions. Frames a failed connection gave up are not lost at once: each side
+//! counts the frames it delivered from the peer's incarnation, and `Connect`
+//! and `Accept` carry that count, so the next connection with the same
+//! incarnation sends again exactly the frames that never arrived, first and in
+//! order (RC delivers a prefix; a work request for a connection gone at the
+//! receiver completes in error at the sender, see [`Messenger::arrived`]).
+//! Nothing arrives twice. A peer that restarted starts a new session: frames
+//! for its old incarnation are lost (weir-core's `Transport` contract), and
+//! frames in flight when the peer was declared down are lost too.
 //!
 //! Paths. A host with two NIC ports has two paths to each peer (port `k` to the
 //! peer's port `k`). A connection lives on one path at a time: the Transport
@@ -27,10 +39,10 @@
 //! two would race. Peers are spread over the paths (each pair starts on the
 //! path its ids pick, the same from both sides), so a host's traffic uses both
 //! ports. A connection that fails on one path (an error completion: the NIC
-//! gave up after its retries) is set up again at once on the other; its frames
-//! in flight are lost, as at any reset, and later frames travel on the new
-//! connection. A failure of a connection that never came up moves to the other
-//! path after the backoff, so a peer reachable on either path is found.
+//! gave up after its retries) is set up again at once on the other, and its
+//! frames in flight go again on it (see Sessions). A failure of a connection
+//! that never came up moves to the other path after the backoff, so a peer
+//! reachable on either path is found.
 
 use crate::proto::{Backoff, Completion, Config, Conn, Params, Post, ProtoError, SendWr};
 use std::collections::{BTreeMap, VecDeque};
@@ -93,6 +105,39 @@ struct Peer {
     probed_ns: u64,
     /// The path of its current (or last) connection.
     path: Path,
+    /// The peer's incarnation this side last set a connection up with (the
+    /// high half of its connection numbers): the session the counts are of.
+    boot: Option<u32>,
+    /// The peer's newest connection number this side took up: a `Connect`
+    /// numbered at or below it is an attempt the peer gave up (it crossed this
+    /// side's own on another path), not a new one.
+    seen_gen: u64,
+    /// Frames handed to connections with that incarnation, in all.
+    handed: u64,
+    /// Frames delivered from that incarnation, in all.
+    delivered: u64,
+    /// Frames failed connections gave up, oldest first: the last
+    /// `replay.len()` of `handed`, sent again on the next connection with the
+    /// same incarnation (less those the peer says it delivered).
+    replay: VecDeque<Frame>,
+}
+
+impl Peer {
+    fn new(gen: u64, now_ns: u64, path: Path) -> Peer {
+        Peer {
+            gen,
+            state: State::Down { retry_ns: 0 },
+            backoff: Backoff::default(),
+            heard_ns: now_ns,
+            probed_ns: now_ns,
+            path,
+            boot: None,
+            seen_gen: 0,
+            handed: 0,
+            delivered: 0,
+            replay: VecDeque::new(),
+        }
+    }
 }
 
 /// Counters of a messenger's connections.
@@ -111,6 +156,8 @@ pub struct Counters {
     pub frames_lost: u64,
     /// Connections that failed on one path and were set up again on the other.
     pub failovers: u64,
+    /// Frames a failed connection gave up and its successor sent again.
+    pub replayed: u64,
 }
 
 impl std::iter::Sum for Counters {
@@ -122,6 +169,7 @@ impl std::iter::Sum for Counters {
             dropped: a.dropped + b.dropped,
             frames_lost: a.frames_lost + b.frames_lost,
             failovers: a.failovers + b.failovers,
+            replayed: a.replayed + b.replayed,
         })
     }
 }
@@ -219,17 +267,7 @@ impl Messenger {
         if !self.peers.contains_key(&to) {
             let gen = self.gen();
             let path = self.home_path(to);
-            self.peers.insert(
-                to,
-                Peer {
-                    gen,
-                    state: State::Down { retry_ns: 0 },
-                    backoff: Backoff::default(),
-                    heard_ns: now_ns,
-                    probed_ns: now_ns,
-                    path,
-                },
-            );
+            self.peers.insert(to, Peer::new(gen, now_ns, path));
         }
         if matches!(self.peers[&to].state, State::Down { retry_ns } if retry_ns <= now_ns) {
             self.connect(to, now_ns, out);
@@ -263,6 +301,7 @@ impl Messenger {
             }
             State::Up { conn, .. } => {
                 conn.send(frame)?;
+                peer.handed += 1;
                 self.pump(to, out);
                 Ok(())
             }
@@ -281,10 +320,14 @@ impl Messenger {
             pending: VecDeque::new(),
             pending_bytes: 0,
         };
-        let path = peer.path;
+        let (path, delivered) = (peer.path, peer.delivered);
         self.sent_to(to, path, Sent { gen, wr: None });
-        out.images
-            .push((to, path, Image::Connect { gen, params }.encode()));
+        let image = Image::Connect {
+            gen,
+            delivered,
+            params,
+        };
+        out.images.push((to, path, image.encode()));
     }
 
     fn sent_to(&mut self, to: NodeId, path: Path, sent: Sent) {
@@ -329,8 +372,11 @@ impl Messenger {
         let was_up = matches!(peer.state, State::Up { .. });
         let lost = match &mut peer.state {
             State::Up { conn, .. } => {
+                // Not lost yet: sent again on the next connection, unless the
+                // peer turns out to have restarted.
                 conn.fail();
-                conn.lost()
+                peer.replay.extend(conn.take_unfinished());
+                0
             }
             State::Connecting { pending, .. } => pending.len() as u64,
             State::Down { .. } => return,
@@ -355,33 +401,55 @@ impl Messenger {
         };
     }
 
-    /// An image arrived from `from` on `path`.
-    pub fn arrived(&mut self, from: NodeId, path: Path, image: Frame, now_ns: u64, out: &mut Out) {
+    /// An image arrived from `from` on `path`. Whether a live connection took
+    /// it: a work request for a connection gone here is not (a real NIC finds
+    /// no queue pair for it, and its sender gets an error completion, not a
+    /// success), and the wire must tell the sender so.
+    pub fn arrived(
+        &mut self,
+        from: NodeId,
+        path: Path,
+        image: Frame,
+        now_ns: u64,
+        out: &mut Out,
+    ) -> bool {
         let Ok(image) = Image::decode(image) else {
             // Not an image at all: only a broken or hostile host sends that.
             self.counters.dropped += 1;
-            return;
+            return false;
         };
         if from == self.me || path >= self.paths {
             self.counters.dropped += 1;
-            return;
+            return false;
         }
         if let Some(p) = self.peers.get_mut(&from) {
             p.heard_ns = now_ns;
         }
         match image {
-            Image::Connect { gen, params } => self.accept(from, path, gen, params, now_ns, out),
-            Image::Accept { gen, to, params } => {
+            Image::Connect {
+                gen,
+                delivered,
+                params,
+            } => self.accept(from, path, (gen, delivered), params, now_ns, out),
+            Image::Accept {
+                gen,
+                to,
+                delivered,
+                params,
+            } => {
                 let Some(peer) = self.peers.get_mut(&from) else {
                     self.counters.dropped += 1;
-                    return;
+                    return false;
                 };
                 if peer.gen != to || !matches!(peer.state, State::Connecting { .. }) {
                     self.counters.dropped += 1;
-                    return;
+                    return false;
                 }
                 match Conn::new(self.cfg, params) {
-                    Ok(conn) => self.up(from, gen, conn, out),
+                    Ok(conn) => {
+                        self.resume(from, gen, delivered);
+                        self.up(from, gen, conn, out)
+                    }
                     Err(_) => {
                         self.reset_peer(from, path, gen, out);
                         self.down(from, now_ns, true);
@@ -390,7 +458,8 @@ impl Messenger {
             }
             Image::Reset { to } => match self.peers.get(&from) {
                 Some(p) if p.gen == to && !matches!(p.state, State::Down { .. }) => {
-                    self.down(from, now_ns, false)
+                    self.down(from, now_ns, false);
+                    self.resend_soon(from, now_ns, out);
                 }
                 _ => self.counters.dropped += 1,
             },
@@ -406,24 +475,28 @@ impl Messenger {
                     // A message for a connection gone here: tell its sender.
                     self.counters.dropped += 1;
                     self.reset_peer(from, path, f, out);
-                    return;
+                    return false;
                 }
                 let peer = self.peers.get_mut(&from).expect("current");
                 let State::Up { conn, .. } = &mut peer.state else {
                     unreachable!("current")
                 };
                 match image::receive(conn, op) {
-                    Ok(Some(frame)) => out.frames.push((from, frame)),
+                    Ok(Some(frame)) => {
+                        peer.delivered += 1;
+                        out.frames.push((from, frame))
+                    }
                     Ok(None) => {}
                     Err(_) => {
                         self.reset_peer(from, path, f, out);
                         self.down(from, now_ns, true);
-                        return;
+                        return false;
                     }
                 }
                 self.pump(from, out);
             }
         }
+        true
     }
 
     /// Whether `from`'s connection `f` is this side's current connection `to`.
@@ -444,11 +517,16 @@ impl Messenger {
         &mut self,
         from: NodeId,
         path: Path,
-        gen: u64,
+        (gen, delivered): (u64, u64),
         params: Params,
         now_ns: u64,
         out: &mut Out,
     ) {
+        if self.peers.get(&from).is_some_and(|p| gen <= p.seen_gen) {
+            // An attempt the peer gave up: its own side took up this side's.
+            self.counters.dropped += 1;
+            return;
+        }
         let pending = match self.peers.get_mut(&from).map(|p| &mut p.state) {
             // Both connecting at once: the lower id keeps its own attempt.
             Some(State::Connecting { .. }) if self.me < from => {
@@ -472,29 +550,22 @@ impl Messenger {
             }
         };
         let mine = self.gen();
-        let peer = self.peers.entry(from).or_insert(Peer {
-            gen: mine,
-            state: State::Down { retry_ns: 0 },
-            backoff: Backoff::default(),
-            heard_ns: now_ns,
-            probed_ns: now_ns,
-            path,
-        });
+        let peer = self
+            .peers
+            .entry(from)
+            .or_insert_with(|| Peer::new(mine, now_ns, path));
         peer.gen = mine;
         peer.path = path;
+        self.resume(from, gen, delivered);
         // Not an attempt of this side's: its loss is not watched.
         self.sent_to(from, path, Sent { gen: 0, wr: None });
-        let params = self.cfg.params;
-        out.images.push((
-            from,
-            path,
-            Image::Accept {
-                gen: mine,
-                to: gen,
-                params,
-            }
-            .encode(),
-        ));
+        let image = Image::Accept {
+            gen: mine,
+            to: gen,
+            delivered: self.peers[&from].delivered,
+            params: self.cfg.params,
+        };
+        out.images.push((from, path, image.encode()));
         self.up(from, gen, conn, out);
         self.requeue(from, pending);
         self.pump(from, out);
@@ -514,22 +585,55 @@ impl Messenger {
             _ => VecDeque::new(),
         };
         peer.backoff.connected();
+        peer.seen_gen = peer.seen_gen.max(peer_gen);
         tracing::debug!(me = %self.me, peer = %from, gen = peer.gen, peer_gen, "connection up");
         self.counters.connects += 1;
         self.requeue(from, pending);
         self.pump(from, out);
     }
 
-    /// Frames that waited for the connection go into it, in order.
+    /// A connection with `from`'s connection `their_gen` is being set up; the
+    /// peer delivered `their_delivered` of this side's frames. A new
+    /// incarnation of the peer starts a new session (frames for the old one
+    /// are lost, as at any reset); the same one drops from the replay the
+    /// frames that arrived.
+    fn resume(&mut self, from: NodeId, their_gen: u64, their_delivered: u64) {
+        let boot = (their_gen >> 32) as u32;
+        let peer = self.peers.get_mut(&from).expect("known peer");
+        if peer.boot != Some(boot) {
+            self.counters.frames_lost += peer.replay.len() as u64;
+            peer.replay.clear();
+            (peer.handed, peer.delivered, peer.boot) = (0, 0, Some(boot));
+            return;
+        }
+        let first = peer.handed - peer.replay.len() as u64;
+        let arrived = their_delivered.saturating_sub(first);
+        let arrived = arrived.min(peer.replay.len() as u64) as usize;
+        peer.replay.drain(..arrived);
+        if !peer.replay.is_empty() {
+            self.counters.replayed += peer.replay.len() as u64;
+        }
+    }
+
+    /// Frames a failed connection gave up, then frames that waited for the
+    /// connection, go into it, in order.
     fn requeue(&mut self, to: NodeId, pending: VecDeque<Frame>) {
         let peer = self.peers.get_mut(&to).expect("known peer");
         let State::Up { conn, .. } = &mut peer.state else {
             return;
         };
+        for frame in peer.replay.drain(..) {
+            if conn.send_again(frame).is_err() {
+                // Larger than the new connection's regions: lost.
+                self.counters.frames_lost += 1;
+            }
+        }
         for frame in pending {
             if conn.send(frame).is_err() {
                 // Over the connection's bound: lost, as at a reset.
                 self.counters.frames_lost += 1;
+            } else {
+                peer.handed += 1;
             }
         }
     }
@@ -566,18 +670,35 @@ impl Messenger {
                 };
                 if conn.complete(c).is_err() {
                     self.down(to, now_ns, false);
+                    self.resend_soon(to, now_ns, out);
                 } else {
                     self.pump(to, out);
                 }
             }
-            (State::Connecting { .. }, None) if !arrived => self.down(to, now_ns, false),
+            (State::Connecting { .. }, None) if !arrived => {
+                self.down(to, now_ns, false);
+                self.resend_soon(to, now_ns, out);
+            }
             _ => {}
         }
     }
 
+    /// A peer just gone down with frames to send again: connect at once if its
+    /// backoff allows (a failover), not on the next frame, which may be long
+    /// in coming (the frames waiting may be the answers its sender waits for).
+    fn resend_soon(&mut self, to: NodeId, now_ns: u64, out: &mut Out) {
+        let peer = &self.peers[&to];
+        if !peer.replay.is_empty()
+            && matches!(peer.state, State::Down { retry_ns } if retry_ns <= now_ns)
+        {
+            self.connect(to, now_ns, out);
+        }
+    }
+
     /// Time-driven work due at `now_ns` (attempts that timed out, probes of
-    /// peers silent while frames wait for them); the next time anything is due,
-    /// if any.
+    /// peers silent while frames wait for them, connections again to peers
+    /// with frames to send again once their backoff ends); the next time
+    /// anything is due, if any.
     pub fn poll(&mut self, now_ns: u64, out: &mut Out) -> Option<u64> {
         let timed_out: Vec<NodeId> = self
             .peers
@@ -592,10 +713,23 @@ impl Messenger {
         for id in timed_out {
             self.down(id, now_ns, false);
         }
+        let resend: Vec<NodeId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| {
+                !p.replay.is_empty()
+                    && matches!(p.state, State::Down { retry_ns } if retry_ns <= now_ns)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in resend {
+            self.connect(id, now_ns, out);
+        }
         let mut probes = Vec::new();
         let mut next = None::<u64>;
         for (&id, p) in &mut self.peers {
             let due = match &p.state {
+                State::Down { retry_ns } if !p.replay.is_empty() => *retry_ns,
                 State::Connecting { since_ns, .. } => since_ns + CONNECT_TIMEOUT_NS,
                 State::Up { peer_gen, conn } if conn.queued() > 0 => {
                     let due = p.heard_ns.max(p.probed_ns) + PROBE_AFTER_NS;

@@ -107,13 +107,13 @@ impl Path for Rdma {
         for d in e.advance(t) {
             let (src, dst) = (d.src, d.dst);
             let mut out = Out::default();
-            self.m[dst].arrived(IDS[src], d.path, d.frame, t, &mut out);
+            let taken = self.m[dst].arrived(IDS[src], d.path, d.frame, t, &mut out);
             let frames = Rdma::put(e, t, dst, out);
             if dst == 1 {
                 delivered += frames;
             }
             let mut out = Out::default();
-            self.m[src].wire_done(IDS[dst], d.path, true, t, &mut out);
+            self.m[src].wire_done(IDS[dst], d.path, taken, t, &mut out);
             Rdma::put(e, t, src, out);
         }
         Some((t, delivered))

@@ -86,14 +86,16 @@ impl State {
         }
         let mut out = Out::default();
         let (from, to) = (self.ids[src], self.ids[dst]);
-        self.messengers[dst]
+        // A work request for a connection the receiver no longer has finds no
+        // queue pair there: its sender's completion is an error.
+        let taken = self.messengers[dst]
             .0
             .arrived(from, path, frame, now_ns, &mut out);
         self.put(now_ns, dst, out);
         let mut out = Out::default();
         self.messengers[src]
             .0
-            .wire_done(to, path, true, now_ns, &mut out);
+            .wire_done(to, path, taken, now_ns, &mut out);
         self.put(now_ns, src, out);
     }
 

@@ -2,8 +2,8 @@
 //! connection-manager message.
 //!
 //! ```text
-//! tag 1 Connect   gen u64, params
-//! tag 2 Accept    gen u64, to u64, params
+//! tag 1 Connect   gen u64, delivered u64, params
+//! tag 2 Accept    gen u64, to u64, delivered u64, params
 //! tag 3 Reset     to u64
 //! tag 4 SEND      from u64, to u64, the messenger's header and the frame's head
 //! tag 5 WRITE_IMM from u64, to u64, immediate u32, the frame's head
@@ -57,6 +57,9 @@ pub enum Image {
     Connect {
         /// The asking side's connection number.
         gen: u64,
+        /// Frames it delivered from the receiver's incarnation so far (so the
+        /// receiver sends again only those that never arrived).
+        delivered: u64,
         /// Its shape.
         params: Params,
     },
@@ -66,6 +69,8 @@ pub enum Image {
         gen: u64,
         /// The connection number it answers.
         to: u64,
+        /// Frames it delivered from the asking side's incarnation so far.
+        delivered: u64,
         /// Its shape.
         params: Params,
     },
@@ -142,15 +147,26 @@ impl Image {
         let mut b = BytesMut::with_capacity(64);
         let mut payload = Bytes::new();
         match self {
-            Image::Connect { gen, params } => {
+            Image::Connect {
+                gen,
+                delivered,
+                params,
+            } => {
                 b.put_u8(CONNECT);
                 b.put_u64_le(*gen);
+                b.put_u64_le(*delivered);
                 put_params(&mut b, params);
             }
-            Image::Accept { gen, to, params } => {
+            Image::Accept {
+                gen,
+                to,
+                delivered,
+                params,
+            } => {
                 b.put_u8(ACCEPT);
                 b.put_u64_le(*gen);
                 b.put_u64_le(*to);
+                b.put_u64_le(*delivered);
                 put_params(&mut b, params);
             }
             Image::Reset { to } => {
@@ -201,11 +217,13 @@ impl Image {
         let image = match tag {
             CONNECT => Image::Connect {
                 gen: r.u64()?,
+                delivered: r.u64()?,
                 params: r.params()?,
             },
             ACCEPT => Image::Accept {
                 gen: r.u64()?,
                 to: r.u64()?,
+                delivered: r.u64()?,
                 params: r.params()?,
             },
             RESET => Image::Reset { to: r.u64()? },

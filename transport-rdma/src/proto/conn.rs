@@ -131,8 +131,8 @@ pub struct Conn {
     refused: bool,
     next_wr: u64,
     since_signal: u16,
-    /// Send work requests posted and not yet known complete, with the frames
-    /// whose memory they still read.
+    /// Send work requests posted and not yet known complete, with the frame
+    /// each carries (none for a credit update).
     inflight: VecDeque<(u64, Option<Frame>)>,
     // --- receiving ---
     /// Receive slots to post at start.
@@ -152,6 +152,8 @@ pub struct Conn {
     to_grant: VecDeque<u16>,
     /// Frames lost when the connection failed.
     lost: u64,
+    /// Those frames, in the order they were sent, until taken.
+    unfinished: Vec<Frame>,
 }
 
 impl Conn {
@@ -185,6 +187,7 @@ impl Conn {
             regions: vec![Region::Free; usize::from(p.large_slots)],
             to_grant: (0..p.large_slots).collect(),
             lost: 0,
+            unfinished: Vec::new(),
         })
     }
 
@@ -276,7 +279,9 @@ impl Conn {
             let room = self.peer.slot_bytes as usize - frame.len();
             let header = self.header(true, (room - header::len(0)) / 2);
             let inline = header.len() + frame.len() <= self.cfg.max_inline as usize;
-            let held = (!inline).then(|| frame.clone());
+            // Kept until known complete: the memory the NIC reads (unless
+            // inline), and the frame to send again if the connection fails.
+            let held = Some(frame.clone());
             let frame = Some(frame);
             Some(self.post(
                 Op::Send {
@@ -454,18 +459,42 @@ impl Conn {
         self.to_grant.push_back(slot);
     }
 
-    /// The connection failed: every frame queued or in flight is given up (and
-    /// counted in [`Conn::lost`]); the connection takes nothing more.
+    /// The connection failed: every frame queued or in flight (not known to
+    /// have arrived) is given up, counted in [`Conn::lost`] and kept for
+    /// [`Conn::take_unfinished`]; the connection takes nothing more.
     pub fn fail(&mut self) {
         if self.dead {
             return;
         }
         self.dead = true;
-        self.lost +=
-            (self.queue.len() + self.inflight.iter().filter(|f| f.1.is_some()).count()) as u64;
-        self.queue.clear();
+        let flying = self.inflight.drain(..).filter_map(|(_, f)| f);
+        self.unfinished.extend(flying.chain(self.queue.drain(..)));
+        self.lost += self.unfinished.len() as u64;
         self.queued_bytes = 0;
-        self.inflight.clear();
+    }
+
+    /// The frames given up when the connection failed, in the order they were
+    /// sent (some may have arrived: their completions were not seen).
+    pub fn take_unfinished(&mut self) -> Vec<Frame> {
+        std::mem::take(&mut self.unfinished)
+    }
+
+    /// Queue `frame` whatever the queue holds: for frames a failed connection
+    /// gave up, sent again on its successor (they were within a bound once).
+    pub fn send_again(&mut self, frame: Frame) -> Result<(), SendError> {
+        if self.dead {
+            return Err(SendError::Refused(TransportError::Closed));
+        }
+        let max = self.peer.large_bytes as usize;
+        if frame.len() > max {
+            return Err(SendError::Refused(TransportError::FrameTooLarge {
+                len: frame.len(),
+                max,
+            }));
+        }
+        self.queued_bytes += frame.len();
+        self.queue.push_back(frame);
+        Ok(())
     }
 
     /// Whether the connection failed.
