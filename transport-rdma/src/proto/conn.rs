@@ -194,6 +194,19 @@ impl Conn {
     /// Queue `frame` for the peer. Never waits: a full queue hands it back
     /// ([`SendError::Full`]); an empty one takes any frame that is not too large.
     pub fn send(&mut self, frame: Frame) -> Result<(), SendError> {
+        self.check_takes(&frame)?;
+        if !self.queue.is_empty() && self.queued_bytes + frame.len() > self.cfg.queue_bytes {
+            self.refused = true;
+            return Err(SendError::Full(frame));
+        }
+        self.queued_bytes += frame.len();
+        self.queue.push_back(frame);
+        Ok(())
+    }
+
+    /// Whether the connection can carry `frame` at all: alive, and the frame
+    /// no larger than the peer's regions.
+    fn check_takes(&self, frame: &Frame) -> Result<(), SendError> {
         if self.dead {
             return Err(SendError::Refused(TransportError::Closed));
         }
@@ -204,12 +217,6 @@ impl Conn {
                 max,
             }));
         }
-        if !self.queue.is_empty() && self.queued_bytes + frame.len() > self.cfg.queue_bytes {
-            self.refused = true;
-            return Err(SendError::Full(frame));
-        }
-        self.queued_bytes += frame.len();
-        self.queue.push_back(frame);
         Ok(())
     }
 
@@ -482,16 +489,7 @@ impl Conn {
     /// Queue `frame` whatever the queue holds: for frames a failed connection
     /// gave up, sent again on its successor (they were within a bound once).
     pub fn send_again(&mut self, frame: Frame) -> Result<(), SendError> {
-        if self.dead {
-            return Err(SendError::Refused(TransportError::Closed));
-        }
-        let max = self.peer.large_bytes as usize;
-        if frame.len() > max {
-            return Err(SendError::Refused(TransportError::FrameTooLarge {
-                len: frame.len(),
-                max,
-            }));
-        }
+        self.check_takes(&frame)?;
         self.queued_bytes += frame.len();
         self.queue.push_back(frame);
         Ok(())
