@@ -10,6 +10,11 @@
 //! - `DELETE /volumes/NAME`: delete a volume.
 //!
 //! Errors are HTTP status codes with a one-line reason in the body.
+//!
+//! Authentication: a bearer token (`Authorization: Bearer TOKEN`), made at the
+//! node's first start into its token file, is required for every request that
+//! changes something and for every request from off loopback; one without it
+//! gets 401 and no detail. `weir` reads the token from `--token-file`.
 
 use crate::metrics::Metrics;
 use std::fmt::Write as _;
@@ -38,6 +43,72 @@ pub struct Admin {
     pub events: EventLog,
     /// Bytes per extent of the pool.
     pub extent_bytes: u64,
+    /// The bearer token ([`load_or_create_token`]).
+    pub token: String,
+}
+
+/// Bytes of randomness in a token (256 bits), written as hex.
+const TOKEN_BYTES: usize = 32;
+
+/// The admin token in `path`, made (random, mode 0600) if the file is missing.
+pub fn load_or_create_token(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let token = text.trim().to_string();
+            if token.len() < 2 * TOKEN_BYTES || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: not an admin token ({} hex digits expected); delete it to make a new one",
+                        path.display(),
+                        2 * TOKEN_BYTES
+                    ),
+                ));
+            }
+            Ok(token)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let bytes: [u8; TOKEN_BYTES] = rand::random();
+            let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)?;
+            writeln!(f, "{token}")?;
+            f.sync_all()?;
+            Ok(token)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `given` is `token`, in time that depends on the length only.
+fn same(given: &[u8], token: &[u8]) -> bool {
+    given.len() == token.len() && given.iter().zip(token).fold(0, |d, (a, b)| d | (a ^ b)) == 0
+}
+
+/// Whether `request` must carry the token: it changes something, or it comes
+/// from off loopback.
+fn needs_token(request: &Request) -> bool {
+    let local = request.remote_addr().is_some_and(|a| a.ip().is_loopback());
+    *request.method() != Method::Get || !local
+}
+
+/// Whether `request` carries `token` as its bearer token.
+fn carries(request: &Request, token: &str) -> bool {
+    request.headers().iter().any(|h| {
+        h.field.equiv("Authorization")
+            && h.value
+                .as_str()
+                .strip_prefix("Bearer ")
+                .is_some_and(|t| same(t.trim().as_bytes(), token.as_bytes()))
+    })
 }
 
 /// Serve on `server` until it is unblocked; one thread.
@@ -53,6 +124,15 @@ pub fn serve(server: Arc<Server>, admin: Admin) {
 
 impl Admin {
     fn route(&self, request: &Request) -> (u16, String) {
+        if needs_token(request) && !carries(request, &self.token) {
+            tracing::info!(
+                method = %request.method(),
+                from = ?request.remote_addr(),
+                "admin request refused: no or wrong token"
+            );
+            self.metrics.admin_refused();
+            return (401, String::new());
+        }
         let url = request.url().to_string();
         let (path, query) = url.split_once('?').unwrap_or((&url, ""));
         match (request.method(), path) {
@@ -229,5 +309,37 @@ impl Admin {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_token_is_made_once_private_and_read_back_and_a_bad_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("weir-token-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("admin.token");
+        let token = load_or_create_token(&path).unwrap();
+        assert_eq!(token.len(), 2 * TOKEN_BYTES);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(load_or_create_token(&path).unwrap(), token, "kept");
+        let other = dir.join("other.token");
+        assert_ne!(load_or_create_token(&other).unwrap(), token, "random");
+        std::fs::write(&path, "short\n").unwrap();
+        let e = load_or_create_token(&path).unwrap_err().to_string();
+        assert!(e.contains("not an admin token"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same(b"abcd", b"abcd"));
+        assert!(!same(b"abce", b"abcd"));
+        assert!(!same(b"abc", b"abcd"));
+        assert!(!same(b"", b"abcd"));
     }
 }

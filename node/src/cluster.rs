@@ -7,7 +7,9 @@
 //! 9400+N (all moved up by `--port-offset`). The command stays in the foreground: it waits for the cluster to elect a
 //! leader, prints where to connect, and on Ctrl-C (or SIGTERM) stops every node
 //! cleanly. Starting it again on the same directory brings back the same cluster,
-//! its volumes and their data.
+//! its volumes and their data. The nodes share one admin token, `DIR/admin.token`
+//! (made at the first start), copied into each node's directory; `weir volume`
+//! and `weir status` read it from `./weir-data/admin.token` by default.
 
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -93,10 +95,14 @@ pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> a
     }
     std::fs::create_dir_all(&up.dir).with_context(|| format!("creating {}", up.dir.display()))?;
     let exe = std::env::current_exe().context("finding the weir binary")?;
+    let token_path = up.dir.join("admin.token");
+    let token = crate::admin::load_or_create_token(&token_path)
+        .with_context(|| format!("the admin token {}", token_path.display()))?;
     let mut children: Vec<(u32, Child)> = Vec::new();
     for n in 1..=up.nodes {
         let dir = up.dir.join(format!("node{n}"));
         std::fs::create_dir_all(&dir)?;
+        write_token(&dir.join("admin.token"), &token)?;
         let config = dir.join("weir.toml");
         if !config.exists() {
             std::fs::write(&config, node_config(&up, n))?;
@@ -135,8 +141,13 @@ pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> a
             up.dir.join(format!("node{n}/weir.log")).display()
         );
     }
+    let token_flag = if up.dir == Path::new("./weir-data") {
+        String::new()
+    } else {
+        format!(" --token-file {}", token_path.display())
+    };
     println!(
-        "create a volume:  weir volume create NAME --size 1G --admin 127.0.0.1:{}",
+        "create a volume:  weir volume create NAME --size 1G --admin 127.0.0.1:{}{token_flag}",
         up.admin_port(1)
     );
     println!(
@@ -164,6 +175,22 @@ pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> a
     Ok(())
 }
 
+/// Put the cluster's token where node `path`'s directory keeps its own (mode
+/// 0600).
+fn write_token(path: &Path, token: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    writeln!(f, "{token}")?;
+    Ok(())
+}
+
 /// Wait until every node answers on its admin port and knows a Raft leader.
 async fn wait_ready(up: &ClusterUp, children: &mut [(u32, Child)]) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -179,7 +206,7 @@ async fn wait_ready(up: &ClusterUp, children: &mut [(u32, Child)]) -> anyhow::Re
             }
             if !ready[i] {
                 let addr = format!("127.0.0.1:{}", up.admin_port(*n));
-                ready[i] = crate::admin_client::get(&addr, "/status")
+                ready[i] = crate::admin_client::get(&addr, None, "/status")
                     .is_ok_and(|s| !s.contains("raft leader: none"));
             }
         }

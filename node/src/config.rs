@@ -272,6 +272,10 @@ pub struct NbdSection {
 pub struct AdminSection {
     /// Listen address (default `127.0.0.1:` 9400 + node id).
     pub listen: Option<SocketAddr>,
+    /// The bearer token every mutating request, and every request from off
+    /// loopback, must carry (default `data_dir/admin.token`; made at first
+    /// start, mode 0600).
+    pub token_file: Option<PathBuf>,
 }
 
 /// `[timeouts]`
@@ -609,6 +613,16 @@ impl Config {
     /// The device path, resolved against the data directory.
     pub fn device_path(&self) -> PathBuf {
         self.data_dir().join(&self.device.path)
+    }
+
+    /// The admin token's file, resolved against the data directory.
+    pub fn admin_token_path(&self) -> PathBuf {
+        let file = self
+            .admin
+            .token_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("admin.token"));
+        self.data_dir().join(file)
     }
 
     /// The admin listen address.

@@ -211,6 +211,9 @@ pub async fn run(
         .with_context(|| format!("NBD listen address {}", config.nbd.listen))?;
     let nbd_task = tokio_real::spawn(crate::nbd::serve(nbd, backend));
 
+    let token_path = config.admin_token_path();
+    let token = crate::admin::load_or_create_token(&token_path)
+        .with_context(|| format!("the admin token {}", token_path.display()))?;
     let admin_addr = config.admin_addr();
     let server = Arc::new(
         tiny_http::Server::http(admin_addr)
@@ -222,6 +225,7 @@ pub async fn run(
         metrics,
         events,
         extent_bytes,
+        token,
     };
     let admin_server = server.clone();
     let admin_thread = std::thread::Builder::new()

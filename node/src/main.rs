@@ -41,12 +41,27 @@ enum Cmd {
             default_value = "127.0.0.1:9401"
         )]
         admin: String,
+        /// The node's admin token (a local cluster's: DIR/admin.token).
+        #[arg(
+            long,
+            global = true,
+            env = "WEIR_ADMIN_TOKEN_FILE",
+            default_value = "./weir-data/admin.token"
+        )]
+        token_file: PathBuf,
     },
     /// The cluster as a node sees it.
     Status {
         /// A node's admin address.
         #[arg(long, env = "WEIR_ADMIN", default_value = "127.0.0.1:9401")]
         admin: String,
+        /// The node's admin token (a local cluster's: DIR/admin.token).
+        #[arg(
+            long,
+            env = "WEIR_ADMIN_TOKEN_FILE",
+            default_value = "./weir-data/admin.token"
+        )]
+        token_file: PathBuf,
     },
 }
 
@@ -143,7 +158,13 @@ fn main() -> anyhow::Result<()> {
             };
             runtime()?.block_on(cluster::up(up, signalled()))
         }
-        Cmd::Volume { command, admin } => {
+        Cmd::Volume {
+            command,
+            admin,
+            token_file,
+        } => {
+            let token = admin_client::read_token(&token_file);
+            let token = token.as_deref();
             // A name is checked here too, before it goes into a URL.
             let check = |name: &str| {
                 weir_core::control::state::check_name(name)
@@ -154,19 +175,23 @@ fn main() -> anyhow::Result<()> {
                     check(&name)?;
                     let bytes =
                         config::parse_size(&size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
-                    admin_client::post(&admin, &format!("/volumes/{name}?size={bytes}"))
+                    admin_client::post(&admin, token, &format!("/volumes/{name}?size={bytes}"))
                 }
-                VolumeCmd::List => admin_client::get(&admin, "/volumes"),
+                VolumeCmd::List => admin_client::get(&admin, token, "/volumes"),
                 VolumeCmd::Delete { name } => {
                     check(&name)?;
-                    admin_client::delete(&admin, &format!("/volumes/{name}"))
+                    admin_client::delete(&admin, token, &format!("/volumes/{name}"))
                 }
             }?;
             print!("{out}");
             Ok(())
         }
-        Cmd::Status { admin } => {
-            print!("{}", admin_client::get(&admin, "/status")?);
+        Cmd::Status { admin, token_file } => {
+            let token = admin_client::read_token(&token_file);
+            print!(
+                "{}",
+                admin_client::get(&admin, token.as_deref(), "/status")?
+            );
             Ok(())
         }
     }

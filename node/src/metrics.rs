@@ -70,6 +70,7 @@ pub struct Metrics {
     nodes_up: Gauge,
     leader: Gauge,
     volumes: Gauge,
+    admin_refused: Counter,
     /// Per peer: the flow owner's counts and the transport's signals
     /// (`weir_core::flow`), as gauges set from the node's report.
     flow: [(&'static str, &'static str, Family<Peer, Gauge>); 8],
@@ -110,6 +111,7 @@ impl Metrics {
             nodes_up: Gauge::default(),
             leader: Gauge::default(),
             volumes: Gauge::default(),
+            admin_refused: Counter::default(),
             flow: [
                 (
                     "peer_frames_sent",
@@ -219,6 +221,11 @@ impl Metrics {
                 m.leader.clone(),
             );
             r.register("volumes", "Named volumes", m.volumes.clone());
+            r.register(
+                "admin_refused",
+                "Admin requests refused for want of the token",
+                m.admin_refused.clone(),
+            );
             for (name, help, family) in &m.flow {
                 r.register(*name, *help, family.clone());
             }
@@ -234,6 +241,11 @@ impl Metrics {
         self.latency
             .get_or_create(&label)
             .observe(latency.as_secs_f64());
+    }
+
+    /// An admin request was refused (no or wrong token).
+    pub fn admin_refused(&self) {
+        self.admin_refused.inc();
     }
 
     /// A request failed.

@@ -72,6 +72,7 @@ impl Cluster {
         let out = Command::new(WEIR)
             .args(args)
             .args(["--admin", &self.admin()])
+            .env("WEIR_ADMIN_TOKEN_FILE", self.dir.join("admin.token"))
             .output()
             .expect("weir runs");
         println!(
@@ -302,6 +303,34 @@ fn real_clients_on_a_three_node_cluster_and_a_restart() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
     let bad = cluster.weir(&["volume", "create", "../x", "--size", "1G"]);
     assert!(!bad.status.success());
+    // The admin API: a request that changes something needs the token; one
+    // without it, or with a wrong one, gets 401 and no detail. Reads from
+    // loopback need none.
+    let admin = cluster.admin();
+    let url = format!("http://{admin}/volumes/sneaky?size=1048576");
+    match ureq::post(&url).call() {
+        Err(ureq::Error::Status(401, r)) => assert_eq!(r.into_string().unwrap(), ""),
+        other => panic!("a tokenless create: {other:?}"),
+    }
+    let wrong = "0".repeat(64);
+    let refused = weir_node::admin_client::delete(&admin, Some(&wrong), "/volumes/vol");
+    assert!(
+        matches!(
+            refused,
+            Err(weir_node::admin_client::AdminError::Unauthorized { .. })
+        ),
+        "{refused:?}"
+    );
+    assert!(weir_node::admin_client::get(&admin, None, "/volumes").is_ok());
+    let counted = weir_node::admin_client::metric(&admin, "weir_admin_refused_total");
+    assert_eq!(counted.unwrap(), Some(2));
+    let no_token = Command::new(WEIR)
+        .args(["volume", "create", "x", "--size", "1M", "--admin", &admin])
+        .env("WEIR_ADMIN_TOKEN_FILE", dir.join("nowhere"))
+        .output()
+        .unwrap();
+    assert!(!no_token.status.success());
+    assert!(String::from_utf8_lossy(&no_token.stderr).contains("admin token"));
     let list = cluster.weir(&["volume", "list"]);
     assert_eq!(
         String::from_utf8_lossy(&list.stdout),
