@@ -609,10 +609,16 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 idle = false;
                 match action {
                     PlaneAction::Send { to, msg } => self.send(to, msg)?,
-                    PlaneAction::Map(state) => match self.engine.map().with_state(state) {
+                    PlaneAction::Map {
+                        state,
+                        restart_pending,
+                    } => match self.engine.map().with_state(state) {
                         Ok(map) => {
                             self.clock();
-                            self.engine.handle_map(map)
+                            self.engine.handle_map(map);
+                            if !restart_pending {
+                                self.engine.restart_applied();
+                            }
                         }
                         Err(e) => tracing::debug!(error = %e, "map not taken"),
                     },

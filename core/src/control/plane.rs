@@ -54,7 +54,13 @@ pub enum PlaneAction {
         msg: Message,
     },
     /// The cluster map changed: hand it to the data path.
-    Map(ClusterState),
+    Map {
+        /// The applied state.
+        state: ClusterState,
+        /// This node restarted and its `Restarted` is not applied in it yet:
+        /// its data path must not serve.
+        restart_pending: bool,
+    },
     /// A control-plane event worth a line in a report (failover, node down/up).
     Event(crate::events::Event),
     /// Append this record to the node's Raft log file and make it durable before
@@ -199,6 +205,15 @@ impl ControlPlane {
                 .collect();
             plane.restored = Some(epochs);
             plane.restart_pending = true;
+            // The replay's maps are of this restart too.
+            for action in &mut plane.actions {
+                if let PlaneAction::Map {
+                    restart_pending, ..
+                } = action
+                {
+                    *restart_pending = true;
+                }
+            }
         }
         Ok((plane, replayed.valid_len))
     }
@@ -604,7 +619,11 @@ impl ControlPlane {
         }
         if changed {
             let state = self.state().clone();
-            self.actions.push_back(PlaneAction::Map(state));
+            let restart_pending = self.restart_pending;
+            self.actions.push_back(PlaneAction::Map {
+                state,
+                restart_pending,
+            });
         }
     }
 }

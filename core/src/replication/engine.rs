@@ -144,6 +144,11 @@ pub struct Replicator {
     /// knows only lower bounds, from its checkpoints; the control plane's
     /// `Restarted` moves its extents on).
     restored: BTreeMap<ExtentId, Epoch>,
+    /// Restarted, and its `Restarted` not applied yet: it serves (and claims)
+    /// nothing. Catching up brings it epochs made while it was down that still
+    /// name it primary; the leader, which marked it down, fails those extents
+    /// over without waiting for the lease the restarted node holds again.
+    restart_fence: bool,
     /// After a restart: (extent, replica) seen in sync at an epoch after the
     /// restored one. Such a replica lacks only writes this node has seen since.
     seen_in_sync: std::collections::BTreeSet<(ExtentId, NodeId)>,
@@ -182,6 +187,7 @@ impl Replicator {
             device_gone: false,
             writes: crate::sched::WriteOrder::new(grain_blocks),
             restored: BTreeMap::new(),
+            restart_fence: false,
             seen_in_sync: std::collections::BTreeSet::new(),
             reconcile: reconcile::Reconciler::default(),
             congested: std::collections::BTreeSet::new(),
@@ -197,7 +203,16 @@ impl Replicator {
     /// to replicas it has not seen in sync since.
     pub fn set_restored(&mut self, epochs: BTreeMap<ExtentId, Epoch>) {
         self.restored = epochs;
+        self.restart_fence = true;
         self.note_in_sync();
+    }
+
+    /// This node's `Restarted` was applied: it may serve again (as the
+    /// primary of extents at epochs after the restored ones).
+    pub fn restart_applied(&mut self) {
+        if std::mem::take(&mut self.restart_fence) {
+            self.claim_all();
+        }
     }
 
     /// The driver's clock moved to `now_ns`: writes some in-sync replica has left

@@ -84,7 +84,7 @@ fn run_logged(
                     match a {
                         PlaneAction::Send { to, msg } => sent.push((id, to, msg)),
                         PlaneAction::Event(e) => events.push(e),
-                        PlaneAction::Map(_) => {}
+                        PlaneAction::Map { .. } => {}
                         PlaneAction::Persist(r) => {
                             logs.entry(id).or_default().extend_from_slice(&r)
                         }

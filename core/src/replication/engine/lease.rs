@@ -59,6 +59,7 @@ impl Replicator {
         if self.now_ns < self.lease_end()
             && self.now_ns >= self.serve_from(extent)
             && !restarted_here
+            && !self.restart_fence
             && self.reconciled(extent)
         {
             Ok(())
@@ -69,7 +70,7 @@ impl Replicator {
 
     /// Report, for the checkers, every extent this node may now serve, and until when.
     pub(super) fn claim_all(&mut self) {
-        if !self.config.audit {
+        if !self.config.audit || self.restart_fence {
             return;
         }
         let led: Vec<(ExtentId, Epoch)> = self

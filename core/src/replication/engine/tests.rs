@@ -1581,6 +1581,8 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
         &c.replies[replies..]
     );
     publish(&mut c, Command::Restarted { node: NodeId(1) });
+    // The node driver tells the engine once its control plane applied it.
+    c.engines.get_mut(&NodeId(1)).unwrap().restart_applied();
     c.settle();
     let progress = c.engines[&NodeId(1)].rebuild_progress();
     assert_eq!(progress.len(), 1, "n1 copies ext0 to n3");
