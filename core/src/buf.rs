@@ -298,9 +298,11 @@ impl BufPool {
         let buf = Buf {
             region,
             offset,
-            order,
             len,
-            pool: self.inner.clone(),
+            owner: Owner::Block {
+                order,
+                pool: self.inner.clone(),
+            },
         };
         // SAFETY: the block `[offset, offset + bytes)` lies inside the region (the
         // buddy allocator only hands out blocks of it) and is owned by `buf` alone.
@@ -361,14 +363,50 @@ impl BufPool {
 /// pool. Its block returns to the pool on drop.
 pub struct Buf {
     region: Arc<Region>,
+    /// Where its bytes start in the region.
+    offset: usize,
+    len: usize,
+    owner: Owner,
+}
+
+/// What returns a buffer's block to the pool.
+enum Owner {
+    /// The buffer is its whole block (of this order, starting at its offset).
+    Block { order: u32, pool: Arc<PoolInner> },
+    /// The buffer is a piece of a block split between several buffers
+    /// ([`Buf::split_off`]); the last piece dropped returns it.
+    Piece(Arc<Block>),
+}
+
+/// A block shared by the pieces of a split buffer.
+struct Block {
+    region: Arc<Region>,
     offset: usize,
     order: u32,
-    len: usize,
     pool: Arc<PoolInner>,
 }
 
-// SAFETY: a `Buf` owns its block exclusively (see `Region`); moving it to another
-// thread moves that ownership, and `&Buf` only reads.
+impl Drop for Block {
+    fn drop(&mut self) {
+        release(&self.pool, &self.region, self.offset, self.order);
+    }
+}
+
+/// Give the block of `order` at `offset` in `region` back to its pool.
+fn release(pool: &PoolInner, region: &Region, offset: usize, order: u32) {
+    let bytes = (1usize << order) * BUF_ALIGN;
+    {
+        let mut regions = pool.regions.lock().unwrap_or_else(PoisonError::into_inner);
+        let (_, buddy) = &mut regions[region.id as usize];
+        buddy.put((offset / BUF_ALIGN) as u32, order);
+    }
+    let prev = pool.used_bytes.fetch_sub(bytes, Ordering::AcqRel);
+    assert!(prev >= bytes, "buffer pool accounting underflow");
+}
+
+// SAFETY: a `Buf` owns its bytes exclusively (see `Region`; the pieces of a
+// split block own disjoint ranges of it); moving it to another thread moves that
+// ownership, and `&Buf` only reads.
 unsafe impl Send for Buf {}
 // SAFETY: as above: shared references only read the block.
 unsafe impl Sync for Buf {}
@@ -394,6 +432,55 @@ impl Buf {
         self.offset
     }
 
+    /// Split the buffer in two at `at` bytes: `self` keeps `[0, at)` and the
+    /// returned buffer owns `[at, len)`, both in the same block, which returns to
+    /// the pool when both are gone. `at` is a multiple of [`BUF_ALIGN`] (each
+    /// piece stays aligned for DMA) and at most `len`.
+    pub fn split_off(&mut self, at: usize) -> Buf {
+        assert!(
+            at <= self.len && at.is_multiple_of(BUF_ALIGN),
+            "a split at {at} of a {}-byte buffer",
+            self.len
+        );
+        let block = match &self.owner {
+            Owner::Piece(block) => block.clone(),
+            Owner::Block { order, pool } => Arc::new(Block {
+                region: self.region.clone(),
+                offset: self.offset,
+                order: *order,
+                pool: pool.clone(),
+            }),
+        };
+        // Replacing `Owner::Block` releases nothing: only `Buf`'s and `Block`'s
+        // drops give blocks back.
+        self.owner = Owner::Piece(block.clone());
+        let tail = Buf {
+            region: self.region.clone(),
+            offset: self.offset + at,
+            len: self.len - at,
+            owner: Owner::Piece(block),
+        };
+        self.len = at;
+        tail
+    }
+
+    /// Join `next`, the piece that follows this one in their block, back onto
+    /// it (the inverse of [`Buf::split_off`]); hands `next` back if it is not
+    /// that piece.
+    pub fn unsplit(&mut self, next: Buf) -> Result<(), Buf> {
+        let same_block = match (&self.owner, &next.owner) {
+            (Owner::Piece(a), Owner::Piece(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        if !same_block || self.offset + self.len != next.offset {
+            return Err(next);
+        }
+        self.len += next.len;
+        // `next`'s drop only lets go of its share of the block.
+        drop(next);
+        Ok(())
+    }
+
     /// Freeze into `Bytes` without copying; the block returns to the pool when the
     /// last `Bytes` clone is dropped.
     pub fn freeze(self) -> Bytes {
@@ -401,7 +488,8 @@ impl Buf {
     }
 
     fn ptr(&self) -> *mut u8 {
-        // SAFETY: `offset` is inside the region's allocation (see `BufPool::alloc`).
+        // SAFETY: `offset` is inside the region's allocation (see `BufPool::alloc`;
+        // a piece's offset is inside its block, see `split_off`).
         unsafe { self.region.ptr.as_ptr().add(self.offset) }
     }
 }
@@ -433,24 +521,63 @@ impl std::fmt::Debug for Buf {
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        let bytes = (1usize << self.order) * BUF_ALIGN;
-        {
-            let mut regions = self
-                .pool
-                .regions
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let (_, buddy) = &mut regions[self.region.id as usize];
-            buddy.put((self.offset / BUF_ALIGN) as u32, self.order);
+        // A piece's block goes back when its last piece's `Arc` drops.
+        if let Owner::Block { order, pool } = &self.owner {
+            release(pool, &self.region, self.offset, *order);
         }
-        let prev = self.pool.used_bytes.fetch_sub(bytes, Ordering::AcqRel);
-        assert!(prev >= bytes, "buffer pool accounting underflow");
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_split_buffer_owns_disjoint_pieces_and_its_block_returns_with_the_last() {
+        let pool = BufPool::new(64 * BUF_ALIGN);
+        let mut a = pool.alloc(3 * BUF_ALIGN).unwrap();
+        let used = pool.used_bytes();
+        assert_eq!(used, 4 * BUF_ALIGN, "a block of 4 pages");
+        let mut b = a.split_off(BUF_ALIGN);
+        let c = b.split_off(BUF_ALIGN);
+        assert_eq!(
+            (a.len(), b.len(), c.len()),
+            (BUF_ALIGN, BUF_ALIGN, BUF_ALIGN)
+        );
+        assert_eq!(b.offset(), a.offset() + BUF_ALIGN);
+        assert_eq!(c.offset(), b.offset() + BUF_ALIGN);
+        b.as_mut().fill(7);
+        assert!(a.as_ref().iter().all(|&x| x == 0), "pieces are disjoint");
+        // Only the following piece of the same block joins.
+        let c = a.unsplit(c).expect_err("c does not follow a");
+        let other = pool.alloc(BUF_ALIGN).unwrap();
+        let other = b.unsplit(other).expect_err("another block");
+        drop(other);
+        b.unsplit(c).expect("c follows b");
+        a.unsplit(b).expect("b follows a");
+        assert_eq!(a.len(), 3 * BUF_ALIGN);
+        assert!(a.as_ref()[BUF_ALIGN..2 * BUF_ALIGN].iter().all(|&x| x == 7));
+        let mut d = a.split_off(2 * BUF_ALIGN);
+        drop(a);
+        assert_eq!(
+            pool.used_bytes(),
+            used,
+            "the block is held by its last piece"
+        );
+        d.as_mut().fill(1);
+        drop(d);
+        assert_eq!(pool.used_bytes(), 0);
+        pool.self_check();
+    }
+
+    #[test]
+    #[should_panic(expected = "a split at 100")]
+    fn a_split_off_the_page_grid_is_a_bug() {
+        BufPool::new(BUF_ALIGN)
+            .alloc(BUF_ALIGN)
+            .unwrap()
+            .split_off(100);
+    }
 
     #[test]
     fn buffers_are_aligned_and_budgeted() {

@@ -19,6 +19,10 @@ pub struct Geometry {
     pub capacity_blocks: u64,
     /// Largest transfer of one command, in blocks.
     pub max_transfer_blocks: u32,
+    /// The device's optimal I/O boundary in blocks (NVMe's NOIOB; a RAID's
+    /// stripe unit): a command that crosses it is served by two parts of the
+    /// device at once, so the scheduler splits there. 0 when it has none.
+    pub optimal_io_blocks: u32,
     /// Number of I/O queues.
     pub queues: u16,
     /// Depth of each I/O queue.
@@ -58,6 +62,17 @@ pub enum DevCommand {
         /// Force Unit Access: complete only once the data is on media.
         fua: bool,
     },
+    /// Write the segments of `data`, one after the other, at `lba` (a
+    /// scatter-gather list, as NVMe's SGLs carry one: several writes merged into
+    /// one command without copying them together).
+    WriteGather {
+        /// First block.
+        lba: Lba,
+        /// The blocks to write, in order; together a whole number of blocks.
+        data: Vec<Bytes>,
+        /// Force Unit Access: complete only once the data is on media.
+        fua: bool,
+    },
     /// Persist everything the volatile cache holds.
     Flush,
     /// Write zeroes to `blocks` blocks at `lba`.
@@ -74,6 +89,24 @@ pub enum DevCommand {
         /// Number of blocks.
         blocks: u64,
     },
+}
+
+impl DevCommand {
+    /// This command with a gathered write's segments copied into one buffer: for
+    /// a device that cannot take a scatter-gather list. Other commands are
+    /// returned as they are.
+    pub fn into_contiguous(self) -> DevCommand {
+        match self {
+            DevCommand::WriteGather { lba, data, fua } => {
+                let data = match <[Bytes; 1]>::try_from(data) {
+                    Ok([one]) => one,
+                    Err(data) => Bytes::from(data.concat()),
+                };
+                DevCommand::Write { lba, data, fua }
+            }
+            cmd => cmd,
+        }
+    }
 }
 
 /// A successful completion.

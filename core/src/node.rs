@@ -7,7 +7,7 @@
 
 use crate::buf::BufPool;
 use crate::control::{ClusterState, Command, ControlPlane, PlaneAction};
-use crate::device::{BlockDevice, DevCommand, DevCompletion, DevError};
+use crate::device::{BlockDevice, DevCompletion, DevError};
 use crate::error::WeirError;
 use crate::events::Event;
 pub use crate::events::{Events, EVENTS_MAX};
@@ -16,7 +16,7 @@ use crate::ids::{Lba, NodeId};
 use crate::map::ClusterMap;
 use crate::replication::engine::RebuildProgress;
 use crate::replication::{Action, Audit, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};
-use crate::sched::{DeviceSched, Health};
+use crate::sched::{CmdId, DeviceSched, Health, SchedConfig};
 use crate::transport::{Transport, TransportError};
 use crate::wire::Message;
 use std::sync::Arc;
@@ -89,6 +89,10 @@ pub struct NodeReport {
     pub rebuilds: Vec<RebuildProgress>,
     /// Device commands in flight.
     pub device_inflight: usize,
+    /// Requests (pieces) waiting in the device's scheduler.
+    pub device_waiting: usize,
+    /// The device's scheduler's counts.
+    pub sched: crate::sched::SchedStats,
     /// Version checkpoints written since the start.
     pub checkpoints: u64,
     /// Bytes of version grains held (8 per grain of each extent written).
@@ -247,7 +251,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             scale,
             control: None,
             audit: None,
-            sched: DeviceSched::new(geometry.queues, DEFAULT_DEVICE_TIMEOUT),
+            sched: DeviceSched::new(geometry, SchedConfig::default(), DEFAULT_DEVICE_TIMEOUT),
             origin: None,
             log_store: None,
             version_store: None,
@@ -343,6 +347,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             r.device_healthy = self.sched.healthy();
             r.rebuilds = self.engine.rebuild_progress();
             r.device_inflight = self.sched.inflight();
+            r.device_waiting = self.sched.waiting();
+            r.sched = self.sched.stats();
             r.checkpoints = self.engine.checkpoints_written().0;
             (r.version_bytes, r.applied_records) = self.engine.version_memory();
             r.flow = self.flow.report();
@@ -355,6 +361,12 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// compare what nodes did on one clock.
     pub fn with_skew(mut self, skew: crate::time::Skew) -> Self {
         self.skew = skew;
+        self
+    }
+
+    /// Schedule the device's requests by `cfg` (merging, splitting, depth).
+    pub fn with_sched(mut self, cfg: SchedConfig) -> Self {
+        self.sched.set_config(cfg);
         self
     }
 
@@ -391,7 +403,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
 
     /// Serve until the transport closes.
     pub async fn run(mut self) -> Result<(), NodeError> {
-        let (done_tx, mut done_rx) = mpsc::channel::<(IoId, IoResult)>(DEVICE_COMPLETIONS_MAX);
+        let (done_tx, mut done_rx) = mpsc::channel(DEVICE_COMPLETIONS_MAX);
         let start = self.events_since.unwrap_or_else(crate::time::now);
         self.origin = Some(crate::time::now());
         self.announce_restored(start);
@@ -426,7 +438,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             // from tokio's unseeded thread-local RNG, which would break determinism.
             tokio::select! {
                 biased;
-                Some((io, result)) = done_rx.recv() => self.completed(io, result),
+                Some((cmd, result)) = done_rx.recv() => self.completed(cmd, result, &done_tx),
                 _ = ticker.tick(), if self.control.is_some() => self.on_tick(start),
                 // Held frames go out as soon as their queue has room.
                 _ = self.transport.writable(), if self.flow.holding() => {
@@ -463,13 +475,16 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     }
 
     /// A device command completed.
-    fn completed(&mut self, io: IoId, result: IoResult) {
+    fn completed(
+        &mut self,
+        cmd: CmdId,
+        result: Result<DevCompletion, DevError>,
+        done: &DeviceDone,
+    ) {
         // A gone device: the node stops heartbeating, so it is declared down and
-        // its replicas leave every in-sync set.
-        let gone = matches!(result, IoResult::Failed(WeirError::Device(DevError::Gone)));
-        self.sched.complete(io, gone);
-        self.clock();
-        self.engine.handle_io(io, result)
+        // its replicas leave every in-sync set (the scheduler notes it).
+        self.sched.complete(cmd, result);
+        self.dispatch(done);
     }
 
     /// The control plane's tick: judge the device's health, tick the control plane
@@ -597,7 +612,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
 
     fn drain_actions(
         &mut self,
-        done: &mpsc::Sender<(IoId, IoResult)>,
+        done: &DeviceDone,
         start: tokio::time::Instant,
     ) -> Result<(), NodeError> {
         // Until both are quiet: a control request from the data path makes work for
@@ -643,7 +658,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                         Some((plane, ..)) => plane.request(&command),
                         None => tracing::warn!(?command, "no control plane to ask"),
                     },
-                    Action::Io { io, cmd } => self.issue(io, cmd, done.clone()),
+                    Action::Io { io, cmd } => self.issue(io, cmd, done),
                     Action::Event(event) => self.event(start, event),
                     Action::Checkpoint { runs, full } => {
                         if let Some((store, device)) = &mut self.version_store {
@@ -718,56 +733,63 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
     }
 
-    fn issue(&mut self, io: IoId, cmd: IoCmd, done: mpsc::Sender<(IoId, IoResult)>) {
-        let queue = self
-            .sched
-            .issue(io, matches!(cmd, IoCmd::Flush), self.now_ns());
-        let device = self.device.clone();
-        let bs = self.device.geometry().block_size as usize;
+    /// Give engine request `io` to the device's scheduler, and the device what
+    /// may go now.
+    fn issue(&mut self, io: IoId, cmd: IoCmd, done: &DeviceDone) {
         let scale = self.scale;
+        let bs = u64::from(self.device.geometry().block_size);
         let cmd = match cmd {
-            IoCmd::Read { lba, blocks } => {
-                let len = (blocks * scale) as usize * bs;
-                match self.pool.alloc(len) {
-                    Ok(buf) => DevCommand::Read {
-                        lba: Lba(lba.0 * scale),
-                        buf,
-                    },
-                    Err(e) => {
-                        // Answered at once, not through the channel: the engine
-                        // sees the failure before its next action.
-                        tracing::warn!(error = %e, "no buffer for a read");
-                        self.completed(io, IoResult::Failed(WeirError::Busy));
-                        return;
-                    }
-                }
-            }
+            IoCmd::Read { lba, blocks } => IoCmd::Read {
+                lba: Lba(lba.0 * scale),
+                blocks: blocks * scale,
+            },
             IoCmd::Write { lba, data, fua } => {
                 debug_assert!(
-                    !data.is_empty() && data.len().is_multiple_of(bs * scale as usize),
+                    !data.is_empty() && (data.len() as u64).is_multiple_of(bs * scale),
                     "a device write of {} bytes, not whole blocks",
                     data.len()
                 );
-                DevCommand::Write {
+                IoCmd::Write {
                     lba: Lba(lba.0 * scale),
                     data,
                     fua,
                 }
             }
-            IoCmd::Flush => DevCommand::Flush,
+            IoCmd::Flush => IoCmd::Flush,
         };
-        tokio::spawn(async move {
-            let result = match device.submit(queue, cmd).await {
-                Ok(DevCompletion::Read(buf)) => IoResult::Read(buf.freeze()),
-                Ok(DevCompletion::Done) => IoResult::Done,
-                Err(e) => IoResult::Failed(WeirError::Device(e)),
-            };
-            // The node may have stopped; then nobody needs the result. A full
-            // channel holds this task (and its buffer) until the node drains it.
-            let _ = done.send((io, result)).await;
-        });
+        if let Err(e) = self.sched.submit(io, cmd, self.now_ns()) {
+            // Back-pressure: answered at once, as a request the engine may retry.
+            tracing::warn!(error = %e, "device queue full; request refused");
+            self.clock();
+            self.engine.handle_io(io, IoResult::Failed(WeirError::Busy));
+            return;
+        }
+        self.dispatch(done);
+    }
+
+    /// Carry out what the scheduler has for the device, and give the engine the
+    /// requests it finished.
+    fn dispatch(&mut self, done: &DeviceDone) {
+        let now = self.now_ns();
+        while let Some(d) = self.sched.poll(now, &self.pool) {
+            let device = self.device.clone();
+            let done = done.clone();
+            tokio::spawn(async move {
+                let result = device.submit(d.queue, d.command).await;
+                // The node may have stopped; then nobody needs the result. A full
+                // channel holds this task (and its buffer) until the node drains it.
+                let _ = done.send((d.cmd, result)).await;
+            });
+        }
+        while let Some((io, result)) = self.sched.poll_finished() {
+            self.clock();
+            self.engine.handle_io(io, result);
+        }
     }
 }
+
+/// Where device tasks send their completions.
+type DeviceDone = mpsc::Sender<(CmdId, Result<DevCompletion, DevError>)>;
 
 /// The next admin request, or never if the node has no handle.
 async fn recv_request(requests: &mut Option<mpsc::Receiver<Request>>) -> Option<Request> {

@@ -27,6 +27,9 @@
 //! scrub_rate = "16M"          # bytes/s the background scrubber reads (0: off)
 //! checkpoint_ms = 1000        # block-version checkpoints (0: off; a restarted
 //!                             # node is then sent every block again)
+//! merge = false               # merge queued requests that continue one another
+//! sched_depth = 0             # commands in flight per queue (0: queue_depth);
+//!                             # past it requests wait in weir, where they merge
 //!
 //! [nbd]
 //! listen = "127.0.0.1:10809"  # NBD front end; export name = volume name
@@ -247,6 +250,14 @@ pub struct DeviceSection {
     /// written since. 0: never.
     #[serde(default = "default_checkpoint_ms")]
     pub checkpoint_ms: u64,
+    /// Merge queued requests that continue one another into one command (the
+    /// I/O scheduler, `weir_core::sched`).
+    #[serde(default)]
+    pub merge: bool,
+    /// Commands in flight per queue at most (0: `queue_depth`); past it
+    /// requests wait in the scheduler, where they can merge.
+    #[serde(default)]
+    pub sched_depth: u32,
 }
 
 fn default_checkpoint_ms() -> u64 {
@@ -386,6 +397,8 @@ impl Default for DeviceSection {
             queue_depth: default_depth(),
             scrub_rate: default_scrub_rate(),
             checkpoint_ms: default_checkpoint_ms(),
+            merge: false,
+            sched_depth: 0,
         }
     }
 }
@@ -561,6 +574,12 @@ impl Config {
             return bad(
                 "device.queues",
                 "queues and queue_depth must be above 0".into(),
+            );
+        }
+        if self.device.sched_depth > u32::from(self.device.queue_depth) {
+            return bad(
+                "device.sched_depth",
+                "at most device.queue_depth (0: all of it)".into(),
             );
         }
         if self.device.checkpoint_ms > 3_600_000 {

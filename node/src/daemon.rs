@@ -22,6 +22,7 @@ use weir_core::control::{ControlPlane, Timeouts};
 use weir_core::map::VolumeSpec;
 use weir_core::node::{EventLog, Events, Node};
 use weir_core::replication::ReplicationConfig;
+use weir_core::sched::SchedConfig;
 use weir_core::{BlockDevice, BufPool, ClusterMap, DevCommand, NodeId, VolumeId};
 use weir_nvme_uring::{UringDevice, UringOptions};
 use weir_transport_tcp::{TcpConfig, TcpTransport};
@@ -191,6 +192,14 @@ pub async fn run(
     )?
     .with_control(plane, Duration::from_millis(t.tick_ms), events.clone())
     .with_device_timeout(Duration::from_millis(t.device_ms))
+    .with_sched(SchedConfig {
+        merge: config.device.merge,
+        // A file or block device through io_uring names no optimal I/O
+        // boundary, so there is nothing to split at.
+        split: false,
+        depth_per_queue: config.device.sched_depth,
+        ..SchedConfig::default()
+    })
     .with_log_store(Box::new(log))
     .with_version_store(Box::new(versions_file), identity, restored.versions)
     .with_held_payloads(held.clone());

@@ -74,6 +74,8 @@ pub struct Metrics {
     /// Per peer: the flow owner's counts and the transport's signals
     /// (`weir_core::flow`), as gauges set from the node's report.
     flow: [(&'static str, &'static str, Family<Peer, Gauge>); 8],
+    /// The device's I/O scheduler (`weir_core::sched`), set from the report.
+    sched: [(&'static str, &'static str, Gauge); 6],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -141,6 +143,33 @@ impl Metrics {
                 ),
             ]
             .map(|(name, help)| (name, help, Family::default())),
+            sched: [
+                (
+                    "device_waiting",
+                    "Requests (pieces) waiting for room on the device",
+                ),
+                (
+                    "device_commands",
+                    "Device commands issued since the node started",
+                ),
+                (
+                    "device_merged",
+                    "Requests that joined another's device command",
+                ),
+                (
+                    "device_split",
+                    "Requests cut at the device's optimal I/O boundary",
+                ),
+                (
+                    "device_refused",
+                    "Requests refused because the device's queue was full",
+                ),
+                (
+                    "device_waited_us",
+                    "Microseconds requests waited in the queue, in all",
+                ),
+            ]
+            .map(|(name, help)| (name, help, Gauge::default())),
         };
         {
             let mut r = m.registry.lock().expect("registry");
@@ -229,6 +258,9 @@ impl Metrics {
             for (name, help, family) in &m.flow {
                 r.register(*name, *help, family.clone());
             }
+            for (name, help, gauge) in &m.sched {
+                r.register(*name, *help, gauge.clone());
+            }
         }
         m
     }
@@ -288,6 +320,18 @@ impl Metrics {
         self.rebuild_done.set(done as i64);
         self.rebuild_total.set(total as i64);
         self.device_inflight.set(report.device_inflight as i64);
+        let q = &report.sched;
+        let values = [
+            report.device_waiting as u64,
+            q.commands,
+            q.merged,
+            q.split,
+            q.refused,
+            q.waited_ns / 1000,
+        ];
+        for ((_, _, gauge), v) in self.sched.iter().zip(values) {
+            gauge.set(v.min(i64::MAX as u64) as i64);
+        }
         self.device_healthy.set(i64::from(report.device_healthy));
         self.checkpoints.set(report.checkpoints as i64);
         self.version_bytes.set(report.version_bytes as i64);

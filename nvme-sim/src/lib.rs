@@ -161,6 +161,12 @@ impl SimSsd {
             block_size: config.block_size,
             capacity_blocks: config.capacity_blocks * u64::from(config.drives),
             max_transfer_blocks: config.max_transfer_bytes / config.block_size,
+            // Striped drives: a command crossing a stripe is served by two.
+            optimal_io_blocks: if config.drives > 1 {
+                (timing::STRIPE_UNITS * UNIT_BYTES / u64::from(config.block_size)) as u32
+            } else {
+                0
+            },
             queues: config.queues,
             queue_depth: config.queue_depth,
         };
@@ -339,7 +345,8 @@ impl SimSsd {
         }
         let epoch = s.power_epoch;
         s.store.settle(now);
-        match cmd {
+        // The model's DMA gathers a scatter-gather list into its store at once.
+        match cmd.into_contiguous() {
             DevCommand::Read { lba, buf } => {
                 let blocks = self.blocks_of(buf.len())?;
                 self.geometry.check_range(lba, blocks)?;
@@ -364,6 +371,7 @@ impl SimSsd {
                 };
                 Ok((epoch, t.complete_ns, effect))
             }
+            DevCommand::WriteGather { .. } => unreachable!("gathered above"),
             DevCommand::Flush => Ok((epoch, s.timing.flush(now), Effect::None)),
             DevCommand::WriteZeroes { lba, blocks } | DevCommand::Deallocate { lba, blocks } => {
                 self.geometry.check_range(lba, blocks)?;

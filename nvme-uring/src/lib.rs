@@ -71,6 +71,7 @@ mod ring;
 pub use error::OpenError;
 pub use open::BackingKind;
 
+use bytes::Bytes;
 use op::OpKind;
 use queue::{Counters, QueueShared};
 use ring::Worker;
@@ -126,6 +127,8 @@ impl Default for UringOptions {
 pub struct UringStats {
     /// Writes whose data was not 4 KiB-aligned in memory and was copied first.
     pub unaligned_write_copies: u64,
+    /// Merged (gathered) writes copied into one aligned buffer.
+    pub gather_copies: u64,
     /// Reads or writes the kernel completed only in part, resubmitted for the rest.
     pub short_transfer_resubmits: u64,
     /// WriteZeroes or Deallocate commands done by writing zeroes.
@@ -158,6 +161,9 @@ impl UringDevice {
             block_size: opts.block_size,
             capacity_blocks: backing.size_bytes / u64::from(opts.block_size),
             max_transfer_blocks: opts.max_transfer_bytes / opts.block_size,
+            // A file or block device does not say (a RAID's stripe could come
+            // from sysfs's optimal_io_size; not read yet).
+            optimal_io_blocks: 0,
             queues: opts.queues,
             queue_depth: opts.queue_depth,
         };
@@ -212,6 +218,7 @@ impl UringDevice {
         let c = &self.counters;
         UringStats {
             unaligned_write_copies: c.unaligned_write_copies.load(Ordering::Relaxed),
+            gather_copies: c.gather_copies.load(Ordering::Relaxed),
             short_transfer_resubmits: c.short_transfer_resubmits.load(Ordering::Relaxed),
             zero_write_fallbacks: c.zero_write_fallbacks.load(Ordering::Relaxed),
         }
@@ -252,6 +259,10 @@ impl UringDevice {
             DevCommand::Write { lba, data, fua } => {
                 self.check_transfer(lba, data.len())?;
                 (OpKind::Write { data, fua }, lba)
+            }
+            DevCommand::WriteGather { lba, data, fua } => {
+                self.check_transfer(lba, data.iter().map(Bytes::len).sum())?;
+                (OpKind::Gather { data, fua }, lba)
             }
             DevCommand::Flush => (OpKind::Flush, Lba(0)),
             DevCommand::WriteZeroes { lba, blocks } => {

@@ -27,6 +27,9 @@ pub(crate) enum OpKind {
     Read { buf: Buf },
     /// Write `data` (block-aligned memory: unaligned data was copied before this).
     Write { data: Bytes, fua: bool },
+    /// Write the segments of `data` in order: copied into one aligned buffer at
+    /// admission (`QueueShared::align`), so it never reaches the ring as such.
+    Gather { data: Vec<Bytes>, fua: bool },
     /// fdatasync.
     Flush,
     /// fallocate(`mode`) over `len` bytes: zero range or punch hole.
@@ -80,6 +83,7 @@ impl Op {
         match &self.kind {
             OpKind::Read { buf } => buf.len(),
             OpKind::Write { data, .. } => data.len(),
+            OpKind::Gather { data, .. } => data.iter().map(Bytes::len).sum(),
             OpKind::Flush | OpKind::Fallocate { .. } => 0,
         }
     }
@@ -109,6 +113,9 @@ impl Op {
                     .offset(offset)
                     .rw_flags(rw_flags)
                     .build()
+            }
+            OpKind::Gather { .. } => {
+                unreachable!("a gathered write is made one buffer at admission")
             }
             OpKind::Flush => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
@@ -201,7 +208,7 @@ impl Op {
     fn kind_name(&self) -> &'static str {
         match self.kind {
             OpKind::Read { .. } => "read",
-            OpKind::Write { .. } => "write",
+            OpKind::Write { .. } | OpKind::Gather { .. } => "write",
             OpKind::Flush => "flush",
             OpKind::Fallocate { .. } => "fallocate",
         }

@@ -3,6 +3,7 @@
 //! and the wake-up through its eventfd.
 
 use crate::op::{Op, OpKind, OpResult};
+use bytes::Bytes;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -16,6 +17,7 @@ use weir_core::device::DevError;
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) unaligned_write_copies: AtomicU64,
+    pub(crate) gather_copies: AtomicU64,
     pub(crate) short_transfer_resubmits: AtomicU64,
     pub(crate) zero_write_fallbacks: AtomicU64,
 }
@@ -100,6 +102,28 @@ impl QueueShared {
                     .expect("copy pool budget covers queue_depth maximum transfers");
                 buf.as_mut().copy_from_slice(&data);
                 weir_core::copies::note(data.len(), weir_core::copies::Copy::Other);
+                OpKind::Write {
+                    data: buf.freeze(),
+                    fua,
+                }
+            }
+            OpKind::Gather { data, fua } => {
+                // Merged writes: io_uring's vectored write would take the list
+                // as it is, but O_DIRECT needs every segment aligned and a
+                // short transfer's rest found inside the list; one copy into an
+                // aligned buffer keeps the op a plain write. Counted.
+                let len = data.iter().map(Bytes::len).sum();
+                self.counters.gather_copies.fetch_add(1, Ordering::Relaxed);
+                let mut buf = self
+                    .copy_pool
+                    .alloc(len)
+                    .expect("copy pool budget covers queue_depth maximum transfers");
+                let mut at = 0;
+                for segment in &data {
+                    buf.as_mut()[at..at + segment.len()].copy_from_slice(segment);
+                    at += segment.len();
+                }
+                weir_core::copies::note(len, weir_core::copies::Copy::Other);
                 OpKind::Write {
                     data: buf.freeze(),
                     fua,

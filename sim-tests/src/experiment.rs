@@ -91,6 +91,15 @@ pub struct Measured {
     /// P99 latency (reads and writes) of the operations completed in each
     /// interval, us.
     pub p99_us_per_interval: Vec<f64>,
+    /// Coefficient of variation of the intervals' P99 (standard deviation over
+    /// mean, intervals with operations only): how steady the tail is.
+    pub p99_cv: f64,
+    /// Device commands the storage nodes' schedulers issued.
+    pub device_commands: u64,
+    /// Requests that joined another's device command.
+    pub merged: u64,
+    /// Requests cut at the device's optimal I/O boundary.
+    pub split: u64,
     /// Data packets retransmitted.
     pub retransmits: u64,
     /// Retransmission timeouts.
@@ -171,7 +180,13 @@ pub fn measure(name: &str, report: &Report, history: &History, interval_ns: u64)
             let rank = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len());
             v[rank - 1] as f64 / 1000.0
         })
+        .collect::<Vec<f64>>();
+    let busy: Vec<f64> = p99_us_per_interval
+        .iter()
+        .copied()
+        .filter(|&p| p > 0.0)
         .collect();
+    let (p99_mean, p99_sd) = crate::report::mean_stddev(&busy);
     let line_bps = f64::from(s.client_hosts()) * s.fabric.link_gbps as f64 * 1e9;
     let fb = &report.fabric;
     Measured {
@@ -188,6 +203,14 @@ pub fn measure(name: &str, report: &Report, history: &History, interval_ns: u64)
         iops_max_dev_pct: 100.0 * max_dev / mean.max(1.0),
         iops_per_interval,
         p99_us_per_interval,
+        p99_cv: if p99_mean > 0.0 {
+            p99_sd / p99_mean
+        } else {
+            0.0
+        },
+        device_commands: report.sched.commands,
+        merged: report.sched.merged,
+        split: report.sched.split,
         retransmits: fb.retransmits,
         timeouts: fb.timeouts,
         drops: fb.drops,

@@ -156,6 +156,8 @@ pub struct Report {
     /// The nodes' flow counts over the run: frames a full transport
     /// queue refused, held, dropped (see `weir_core::flow`).
     pub flow: weir_core::flow::FlowTotals,
+    /// The nodes' I/O schedulers' counts over the run (see `weir_core::sched`).
+    pub sched: weir_core::sched::SchedStats,
     /// RDMA's messenger's connection counts, summed over the hosts (their last
     /// incarnations), when the fabric carries frames through it.
     pub messenger: Option<weir_transport_rdma::messenger::Counters>,
@@ -221,6 +223,7 @@ impl Report {
             grain_bytes: 0,
             payload_copies: 0,
             flow: Default::default(),
+            sched: Default::default(),
             messenger: None,
             cpu: Vec::new(),
             node_events: Vec::new(),
@@ -304,6 +307,7 @@ impl fmt::Display for Report {
         let pattern = match w.pattern {
             Pattern::Random => "random",
             Pattern::Sequential => "sequential",
+            Pattern::Stream => "stream",
         };
         writeln!(
             f,
@@ -343,6 +347,20 @@ impl fmt::Display for Report {
             "  flow    {} sends refused by a full queue, {} frames held until it had room, {} dropped",
             self.flow.refused, self.flow.held, self.flow.dropped
         )?;
+        // Only when the scenario schedules: reports of FIFO runs stay as they were.
+        if self.scenario.sched != crate::scenario::SchedSpec::default() {
+            let q = &self.sched;
+            writeln!(
+                f,
+                "  sched   {} requests, {} device commands, {} merged into another's, {} split, {} refused, mean wait {:.1} us",
+                q.requests,
+                q.commands,
+                q.merged,
+                q.split,
+                q.refused,
+                q.waited_ns as f64 / 1000.0 / q.requests.max(1) as f64
+            )?;
+        }
         if let Some(m) = &self.messenger {
             writeln!(
                 f,

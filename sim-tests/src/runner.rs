@@ -118,6 +118,7 @@ fn run_here(seed: u64, scenario: &Scenario, name: &str, options: RunOptions) -> 
 async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOptions) -> Outcome {
     let copies_before = weir_core::copies::on_this_thread();
     let flow_before = weir_core::flow::on_this_thread();
+    let sched_before = weir_core::sched::on_this_thread();
     let cluster = cluster::Cluster::start(&scenario).await;
     if let Some(interval) = options.telemetry_interval {
         cluster.fabric.enable_sampling(interval);
@@ -196,6 +197,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         held: flow.held - flow_before.held,
         dropped: flow.dropped - flow_before.dropped,
     };
+    report.sched = weir_core::sched::on_this_thread().since(&sched_before);
     report.node_events = cluster
         .events
         .lock()

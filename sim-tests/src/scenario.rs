@@ -20,6 +20,8 @@ pub struct Scenario {
     pub host: HostSpec,
     /// The storage nodes' devices.
     pub device: DeviceSpec,
+    /// The storage nodes' I/O schedulers.
+    pub sched: SchedSpec,
     /// More client hosts with workloads of their own (`[[extra_clients]]`).
     pub extra_clients: Vec<ExtraClients>,
     /// Faults injected into the fabric, drawn from the seed.
@@ -212,6 +214,11 @@ pub enum Pattern {
     Random,
     /// Each worker streams through its own region.
     Sequential,
+    /// Each client streams through its own region, its workers sharing one
+    /// cursor: one sequential stream at the client's queue depth (fio's
+    /// sequential job with an iodepth), so neighbouring requests are in flight
+    /// together.
+    Stream,
 }
 
 /// A fio-like workload.
@@ -414,6 +421,47 @@ impl Default for DeviceSpec {
     }
 }
 
+/// The I/O scheduler of every storage node's device (weir-core's
+/// `sched::IoQueue`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedSpec {
+    /// Merge waiting requests that continue one another into one command.
+    pub merge: bool,
+    /// Split requests at the device's optimal I/O boundary (the stripe of
+    /// striped SSDs; a single simulated SSD has none).
+    pub split: bool,
+    /// Commands in flight per device queue, at most (0: the device's queue
+    /// depth, 1024); past it requests wait in weir, where they can merge.
+    pub depth: u32,
+    /// Requests (pieces) waiting, at most; past it a request fails as busy.
+    pub waiting_max: usize,
+}
+
+impl Default for SchedSpec {
+    fn default() -> Self {
+        let cfg = weir_core::sched::SchedConfig::default();
+        SchedSpec {
+            merge: cfg.merge,
+            split: cfg.split,
+            depth: cfg.depth_per_queue,
+            waiting_max: cfg.waiting_max,
+        }
+    }
+}
+
+impl SchedSpec {
+    /// The scheduler's settings.
+    pub fn config(&self) -> weir_core::sched::SchedConfig {
+        weir_core::sched::SchedConfig {
+            merge: self.merge,
+            split: self.split,
+            depth_per_queue: self.depth,
+            waiting_max: self.waiting_max,
+        }
+    }
+}
+
 /// Test-only deliberate bugs.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -548,6 +596,12 @@ impl Scenario {
         }
         if self.client_hosts() > 256 {
             return bad("extra_clients.clients", "at most 256 client hosts in all");
+        }
+        if self.sched.depth > 1024 {
+            return bad("sched.depth", "must be at most 1024 (0: the device's)");
+        }
+        if !(1..=1 << 20).contains(&self.sched.waiting_max) {
+            return bad("sched.waiting_max", "must be between 1 and 1048576");
         }
         if w.duration_ms == 0 || w.duration_ms > 60_000 {
             return bad("workload.duration_ms", "must be between 1 and 60000");

@@ -5,7 +5,8 @@
 //! errors (repaired from a peer), link loss, corruption and flaps, on
 //! RoCE (a third of it through RDMA's messenger) or TCP, with the nodes' clocks
 //! up to 5 ms apart, and on a quarter of the
-//! seeds with the hosts' CPUs, network stacks and NVMe drivers modelled; every history must pass every checker (linearizability, no lost
+//! seeds with the hosts' CPUs, network stacks and NVMe drivers modelled, and on
+//! a third with the devices' I/O schedulers merging and splitting; every history must pass every checker (linearizability, no lost
 //! write, leases, acked-means-persisted, epochs only grow, liveness: every extent
 //! back to 3 in-sync copies, on spares where a node stayed down) with no client
 //! error. A failing seed prints its report, which ends with the command that
@@ -45,6 +46,9 @@ struct Tally {
     hosts: u32,
     /// Seeds whose frames go through RDMA's messenger.
     rdma: u32,
+    /// Seeds whose devices' schedulers merge (and the merges they made).
+    merging: u32,
+    merged: u64,
 }
 
 fn campaign(part: u64) {
@@ -61,6 +65,10 @@ fn campaign(part: u64) {
     assert!(t.hosts > 0, "no seed of this part modelled the hosts");
     assert!(t.rdma > 0, "no seed of this part ran over RDMA's messenger");
     assert!(
+        t.merging > 0 && t.merged > 0,
+        "no seed of this part merged device commands"
+    );
+    assert!(
         t.media == 0 || t.repaired > 0,
         "{} seeds gave an SSD media errors, but nothing was repaired",
         t.media
@@ -72,6 +80,7 @@ fn check_seeds(seeds: impl Iterator<Item = u64>) -> Tally {
     let mut failed = Vec::new();
     let (mut crashes, mut stalls, mut media, mut repaired) = (0, 0, 0, 0);
     let (mut skewed, mut hosts, mut rdma) = (0, 0, 0);
+    let (mut merging, mut merged) = (0, 0);
     for seed in seeds {
         let s = Scenario::campaign(seed);
         skewed += u32::from(s.cluster.clock_offset_max_us > 0);
@@ -84,6 +93,10 @@ fn check_seeds(seeds: impl Iterator<Item = u64>) -> Tally {
             failed.push(r.clone());
         }
         let said = |what: &str| r.contains(what);
+        if s.sched.merge {
+            merging += 1;
+            merged += merges(&r);
+        }
         media += s.faults.media_errors;
         repaired += r.matches(" repaired ").count();
         if s.faults.node_restarts + s.faults.power_losses > 0 && !said(" restarted: ") {
@@ -135,7 +148,20 @@ fn check_seeds(seeds: impl Iterator<Item = u64>) -> Tally {
         skewed,
         hosts,
         rdma,
+        merging,
+        merged,
     }
+}
+
+/// The merges a report's `sched` line counts.
+fn merges(report: &str) -> u64 {
+    report
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("sched "))
+        .and_then(|l| l.split(" device commands, ").nth(1))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Seeds that once failed. 9073 and 9409 crash a node for good while the Raft

@@ -57,6 +57,15 @@ pub const ALL: &[Experiment] = &[
                 SENDs under credits, large frames into granted regions)",
         variants: rdma_messenger,
     },
+    Experiment {
+        name: "merge-split",
+        about: "3 nodes; 3 clients each stream 4 KiB requests (70% reads) at QD128, and one \
+                reads 1 MiB at random: the I/O scheduler merging and splitting (on) or not \
+                (off) at 16 commands per device queue, and neither at the device's own depth \
+                (fifo-deep, the default); one SSD a node, then two striped (-2ssd: 512 KiB \
+                stripes to split at)",
+        variants: merge_split,
+    },
 ];
 
 /// Simulated time of the quick form (`cargo xtask test` runs every experiment so).
@@ -267,6 +276,46 @@ fn full_stack(quick: bool) -> Vec<Variant> {
                 name.push_str("-burst");
             }
             out.push(variant(&name, s));
+        }
+    }
+    out
+}
+
+/// Commands in flight per device queue in `merge-split` (8 queues: 128 per
+/// device, what the SSD model needs for its full 4 KiB rate): past it
+/// requests wait in the scheduler, where they can merge.
+pub const MERGE_SPLIT_DEPTH: u32 = 16;
+
+/// `on` and `off`: the same cluster and load, the scheduler at the same depth,
+/// merging and splitting or not; `fifo-deep`: neither, at the device's own
+/// depth (weir's default: nothing waits in weir). First with one SSD a node,
+/// whose controller binds at this load; then (`-2ssd`) with two striped SSDs a
+/// node, which it does not.
+fn merge_split(quick: bool) -> Vec<Variant> {
+    let mut out = Vec::new();
+    for (suffix, ssds) in [("", 1), ("-2ssd", 2)] {
+        for name in ["on", "off", "fifo-deep"] {
+            let mut s = base(quick, 100);
+            roce(&mut s);
+            s.device.driver = "polled".into();
+            s.device.ssds = ssds;
+            s.workload.clients = 3;
+            workload(&mut s, Pattern::Stream, 4096, 70, 128);
+            s.extra_clients = vec![ExtraClients {
+                clients: 1,
+                pattern: Pattern::Random,
+                read_percent: 100,
+                block_size: 1 << 20,
+                queue_depth: 4,
+                start_spread_ms: 0,
+                run_ms: 0,
+            }];
+            if name != "fifo-deep" {
+                s.sched.depth = MERGE_SPLIT_DEPTH;
+            }
+            s.sched.merge = name == "on";
+            s.sched.split = name == "on";
+            out.push(variant(&format!("{name}{suffix}"), s));
         }
     }
     out

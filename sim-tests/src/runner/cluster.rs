@@ -294,6 +294,7 @@ fn start_nodes(
     let mut hosts = Vec::new();
     let bound = s.cluster.clock_bound();
     let device_timeout = Duration::from_millis(s.cluster.device_timeout_ms);
+    let sched = s.sched.config();
     let since_ns = weir_core::time::cluster_ns();
     for &id in map.nodes() {
         let transport = Arc::new(fabric.endpoint(id).expect("new host"));
@@ -380,6 +381,7 @@ fn start_nodes(
             .with_events_since(cluster_start)
             .with_skew(skew)
             .with_device_timeout(device_timeout)
+            .with_sched(sched)
             .with_audit(audit.clone())
             .with_log_store(Box::new(log.clone()))
             .with_version_store(Box::new(versions.clone()), device, restored);

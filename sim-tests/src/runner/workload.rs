@@ -114,10 +114,12 @@ async fn run_client(
 ) -> Vec<OpRecord> {
     let volume = Volume::open(transport, map, thread_rng().gen());
     let seq = Arc::new(AtomicU64::new(0));
+    let stream = Arc::new(AtomicU64::new(0));
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for w in 0..plan.queue_depth {
         let (volume, spec, seq, log) = (volume.clone(), spec.clone(), seq.clone(), log.clone());
+        let stream = stream.clone();
         let plan = plan.clone();
         tasks.push(tokio::spawn(async move {
             let stop = plan.stop;
@@ -129,6 +131,7 @@ async fn run_client(
                 plan,
                 client,
                 seq,
+                stream,
                 epoch,
             };
             worker.run(stop, log).await
@@ -151,6 +154,8 @@ struct Worker {
     workers: u64,
     client: u16,
     seq: Arc<AtomicU64>,
+    /// The client's stream cursor (`Pattern::Stream`).
+    stream: Arc<AtomicU64>,
     epoch: Instant,
 }
 
@@ -175,6 +180,14 @@ impl Worker {
                 Pattern::Sequential => {
                     cursor += 1;
                     (me * region + cursor % region) % slots
+                }
+                Pattern::Stream => {
+                    // The client's region: its workers' share of the volume.
+                    let qd = u64::from(w.queue_depth);
+                    let start = slots * w.first_worker / workers;
+                    let len = (slots * qd / workers).max(1);
+                    let n = self.stream.fetch_add(1, Ordering::Relaxed);
+                    (start + n % len) % slots
                 }
             };
             let lba = slot * req_blocks;

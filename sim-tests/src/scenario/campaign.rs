@@ -17,7 +17,8 @@ impl Scenario {
     /// (a swarm: each seed tests a different mix): a node crash (sometimes the Raft
     /// leader), link loss and corruption, link flaps, on RoCE (a third of it
     /// through RDMA's messenger, half of that on two-port hosts) or the TCP
-    /// baseline, with the hosts' CPUs modelled on a quarter of the seeds.
+    /// baseline, with the hosts' CPUs modelled on a quarter of the seeds and
+    /// the devices' I/O schedulers merging and splitting on a third.
     /// `cargo xtask sim --campaign --seed N` replays one.
     pub fn campaign(seed: u64) -> Scenario {
         let pick = |salt: u64, n: u64| campaign_pick(seed, salt, n);
@@ -111,6 +112,22 @@ impl Scenario {
             };
             s.device.driver = ["kernel", "polled"][pick(29, 2) as usize].into();
             s.host.cores = [2, 4, 16][pick(30, 3) as usize];
+        }
+        // A third of the seeds schedule their devices: merging and splitting at
+        // a shallow depth (requests wait in weir, where they merge; a media
+        // error takes a merged command apart), half of them on two striped
+        // SSDs (a boundary to split at), half of those with every client one
+        // sequential stream (neighbouring requests in flight together).
+        if pick(33, 3) == 0 {
+            s.sched.merge = true;
+            s.sched.split = true;
+            s.sched.depth = [1, 4][pick(34, 2) as usize];
+            if pick(35, 2) == 0 {
+                s.device.ssds = 2;
+                if pick(36, 2) == 0 {
+                    s.workload.pattern = super::Pattern::Stream;
+                }
+            }
         }
         s
     }
