@@ -106,19 +106,28 @@ enum VolumeCmd {
     },
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn signalled() {
+/// Resolves on SIGINT or SIGTERM. The handlers are installed here, before the
+/// future is first polled: a signal that comes while a node or a local cluster
+/// is still starting must stop it cleanly, not kill the process by the
+/// default action (which left `weir cluster up`'s nodes running, orphaned).
+fn signalled(rt: &tokio_real::runtime::Runtime) -> impl std::future::Future<Output = ()> {
     use tokio_real::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        std::future::pending::<()>().await;
-        return;
+    let handlers = {
+        let _in_runtime = rt.enter();
+        (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        )
     };
-    tokio_real::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            std::future::pending::<()>().await;
+            return;
+        };
+        tokio_real::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
 }
 
@@ -135,7 +144,9 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Cmd::Node { config } => {
             let config = config::Config::load(&config)?;
-            runtime()?.block_on(daemon::run(config, signalled()))
+            let rt = runtime()?;
+            let stop = signalled(&rt);
+            rt.block_on(daemon::run(config, stop))
         }
         Cmd::Cluster {
             command:
@@ -156,7 +167,9 @@ fn main() -> anyhow::Result<()> {
                 replicas: replicas.unwrap_or(3.min(nodes as u8)),
                 port_offset,
             };
-            runtime()?.block_on(cluster::up(up, signalled()))
+            let rt = runtime()?;
+            let stop = signalled(&rt);
+            rt.block_on(cluster::up(up, stop))
         }
         Cmd::Volume {
             command,

@@ -589,9 +589,17 @@ fn killing_a_node_during_a_fio_verify_run_loses_nothing() {
 fn merged_device_commands_keep_every_block() {
     let dir = scratch("merge");
     let data = dir.join("data");
-    let mut cluster = Cluster::start(&data, 3000);
+    // Stopped as soon as it is up: a SIGTERM then stops every node cleanly
+    // (it once killed `weir cluster up` alone, leaving its nodes running).
+    let mut cluster = Cluster::start(&data, 5000);
+    let pids: Vec<i32> = (1..=3).map(|n| cluster.node_pid(n)).collect();
     cluster.stop();
     drop(cluster);
+    for pid in pids {
+        // SAFETY: kill(2) with signal 0 only asks whether the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!alive, "node process {pid} outlived its cluster");
+    }
     for node in 1..=3 {
         let path = data.join(format!("node{node}/weir.toml"));
         let mut text = std::fs::read_to_string(&path).unwrap();
@@ -599,7 +607,7 @@ fn merged_device_commands_keep_every_block() {
         text.push_str("\n[device]\nmerge = true\nsched_depth = 1\n");
         std::fs::write(&path, text).unwrap();
     }
-    let cluster = Cluster::start(&data, 3000);
+    let cluster = Cluster::start(&data, 5000);
     assert!(cluster
         .weir(&["volume", "create", "vol", "--size", "256M"])
         .status
@@ -625,7 +633,7 @@ fn merged_device_commands_keep_every_block() {
     assert_fio_clean(&out);
     let merged: u64 = (1..=3u16)
         .map(|node| {
-            let url = format!("http://127.0.0.1:{}/metrics", 9400 + node + 3000);
+            let url = format!("http://127.0.0.1:{}/metrics", 9400 + node + 5000);
             let text = ureq::get(&url).call().unwrap().into_string().unwrap();
             text.lines()
                 .find_map(|l| l.strip_prefix("weir_device_merged "))
