@@ -145,6 +145,11 @@ pub enum DevError {
 }
 
 /// An NVMe-shaped block device.
+///
+/// A read completes with [`DevCompletion::Read`] of the very buffer it was
+/// given, filled; every other command with [`DevCompletion::Done`]. The
+/// scheduler relies on it: the pieces of a split read are pieces of one
+/// buffer, joined again when the last completes.
 pub trait BlockDevice: Send + Sync + 'static {
     /// The namespace's shape and limits.
     fn geometry(&self) -> Geometry;

@@ -439,7 +439,11 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             tokio::select! {
                 biased;
                 Some((cmd, result)) = done_rx.recv() => self.completed(cmd, result, &done_tx),
-                _ = ticker.tick(), if self.control.is_some() => self.on_tick(start),
+                _ = ticker.tick(), if self.control.is_some() => {
+                    self.on_tick(start);
+                    // The device's probe, if the tick made one.
+                    self.dispatch(&done_tx);
+                }
                 // Held frames go out as soon as their queue has room.
                 _ = self.transport.writable(), if self.flow.holding() => {
                     self.flow.flush(&*self.transport)?;
@@ -483,7 +487,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     ) {
         // A gone device: the node stops heartbeating, so it is declared down and
         // its replicas leave every in-sync set (the scheduler notes it).
-        self.sched.complete(cmd, result);
+        let now = self.now_ns();
+        self.sched.complete_at(cmd, result, now);
         self.dispatch(done);
     }
 

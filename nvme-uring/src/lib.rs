@@ -97,7 +97,7 @@ pub struct UringOptions {
     pub queue_depth: u16,
     /// Logical block size in bytes, a power of two >= 512. Default 4096.
     pub block_size: u32,
-    /// Largest transfer of one command, a multiple of `block_size`, at most 1 GiB.
+    /// Largest transfer of one command, a multiple of `block_size`, at most 64 MiB.
     /// Default 1 MiB.
     pub max_transfer_bytes: u32,
     /// Create the file if it does not exist (needs `capacity_bytes`). Default false.

@@ -215,7 +215,7 @@ impl Op {
     }
 }
 
-/// Transfers are bounded by `max_transfer_bytes` (at most 1 GiB), checked on submit.
+/// Transfers are bounded by `max_transfer_bytes` (at most 64 MiB), checked on submit.
 fn len_u32(len: usize) -> u32 {
     u32::try_from(len).expect("transfer length is bounded by max_transfer_bytes")
 }

@@ -15,7 +15,9 @@ use weir_core::buf::BufPool;
 pub(crate) const QUEUE_DEPTH_MAX: u16 = 4096;
 /// Largest single transfer accepted: a completion reports its byte count in an
 /// `i32`, and the zero-fill fallback keeps one buffer of this size per queue.
-pub(crate) const MAX_TRANSFER_BYTES_MAX: u32 = 1 << 30;
+/// The largest transfer: a bounce buffer for it (unaligned or gathered writes)
+/// is one pool buffer, at most a pool region.
+pub(crate) const MAX_TRANSFER_BYTES_MAX: u32 = weir_core::buf::REGION_BYTES_MAX as u32;
 
 /// What backs the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +52,7 @@ pub(crate) fn validate(opts: &UringOptions) -> Result<(), OpenError> {
     }
     if opts.max_transfer_bytes > MAX_TRANSFER_BYTES_MAX {
         return Err(OpenError::BadOptions(
-            "max_transfer_bytes must be at most 1 GiB",
+            "max_transfer_bytes must be at most 64 MiB",
         ));
     }
     if opts.queues == 0 {

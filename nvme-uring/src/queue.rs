@@ -58,7 +58,11 @@ impl QueueShared {
             wake_pending: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             slots: Arc::new(Semaphore::new(usize::from(queue_depth))),
-            copy_pool: BufPool::new(usize::from(queue_depth) * max_transfer_bytes as usize),
+            // A buffer takes a power-of-two block: a full queue of the largest
+            // copies fits the budget whatever the transfer size.
+            copy_pool: BufPool::new(
+                usize::from(queue_depth) * (max_transfer_bytes as usize).next_power_of_two(),
+            ),
             counters,
         };
         Ok((Arc::new(shared), rx))

@@ -11,7 +11,10 @@
 //! heavy write load a healthy device takes long to drain its cache) has been
 //! outstanding past the timeout at two ticks in a row has stalled (one tick is
 //! not enough: a node that was itself paused finds its commands old at its first
-//! tick back); one that answered `Gone` is gone until the node restarts.
+//! tick back); one that answered `Gone` is gone until the node restarts. A
+//! device given nothing for a timeout is probed (a one-block read of its first
+//! block): a node whose SSD disappeared while nothing was asked of it must
+//! still find out.
 
 use crate::buf::BufPool;
 use crate::device::{DevCommand, DevCompletion, DevError, Geometry};
@@ -38,6 +41,10 @@ pub enum Health {
     Gone,
 }
 
+/// The request id of the idle device's probe (the engine numbers its own from
+/// zero up and never reaches it).
+pub const PROBE_IO: IoId = IoId(u64::MAX);
+
 /// The owner of one device's queue and health.
 #[derive(Debug)]
 pub struct DeviceSched {
@@ -51,6 +58,10 @@ pub struct DeviceSched {
     stalled_ticks: u32,
     healthy: bool,
     gone: bool,
+    /// When a request last came or a command last completed.
+    active_ns: u64,
+    /// Whether the probe is out.
+    probing: bool,
 }
 
 impl DeviceSched {
@@ -65,6 +76,8 @@ impl DeviceSched {
             stalled_ticks: 0,
             healthy: true,
             gone: false,
+            active_ns: 0,
+            probing: false,
         }
     }
 
@@ -93,6 +106,11 @@ impl DeviceSched {
 
     /// Take request `io` (in device blocks) at `now_ns`; see [`IoQueue::submit`].
     pub fn submit(&mut self, io: IoId, cmd: IoCmd, now_ns: u64) -> Result<(), QueueFull> {
+        assert_ne!(
+            io, PROBE_IO,
+            "the engine's requests stay below the probe's id"
+        );
+        self.active_ns = self.active_ns.max(now_ns);
         self.io.submit(io, cmd, now_ns)
     }
 
@@ -115,21 +133,60 @@ impl DeviceSched {
         self.io.complete(cmd, result);
     }
 
-    /// The next request finished, with its result.
-    pub fn poll_finished(&mut self) -> Option<(IoId, IoResult)> {
-        self.io.poll_finished()
+    /// Command `cmd` completed at `now_ns` (the node's clock): as
+    /// [`DeviceSched::complete`], and the device was active then.
+    pub fn complete_at(
+        &mut self,
+        cmd: CmdId,
+        result: Result<DevCompletion, DevError>,
+        now_ns: u64,
+    ) {
+        self.active_ns = self.active_ns.max(now_ns);
+        self.complete(cmd, result);
     }
 
-    /// The node's tick at `now_ns`: judge the device. Returns its new health if
-    /// that changed.
+    /// The next request finished, with its result (the probe's stays here).
+    pub fn poll_finished(&mut self) -> Option<(IoId, IoResult)> {
+        loop {
+            let (io, result) = self.io.poll_finished()?;
+            if io != PROBE_IO {
+                return Some((io, result));
+            }
+            // Only its completion mattered (`Gone`, or a stall while it is out).
+            self.probing = false;
+        }
+    }
+
+    /// The node's tick at `now_ns`: judge the device, and probe it if it has
+    /// been given nothing for a timeout (the node then dispatches). Returns its
+    /// new health if that changed.
     pub fn tick(&mut self, now_ns: u64) -> Option<Health> {
         let timeout_ns = self.timeout.as_nanos() as u64;
-        let stalled = self
+        let idle = self.io.inflight() == 0 && self.io.waiting() == 0;
+        if idle
+            && !self.probing
+            && !self.gone
+            && now_ns.saturating_sub(self.active_ns) >= timeout_ns
+        {
+            let probe = IoCmd::Read {
+                lba: crate::ids::Lba(0),
+                blocks: 1,
+            };
+            if self.io.submit(PROBE_IO, probe, now_ns).is_ok() {
+                self.probing = true;
+                self.active_ns = now_ns;
+            }
+        }
+        // The device is judged by its oldest timed command; with none in
+        // flight (only flushes), by the oldest request waiting behind them: a
+        // device that hangs holding flushes must not hide behind the queue.
+        let oldest = self
             .issued
             .values()
             .filter_map(|&t| t)
             .min()
-            .is_some_and(|oldest| now_ns.saturating_sub(oldest) >= timeout_ns);
+            .or_else(|| self.io.oldest_waiting_ns());
+        let stalled = oldest.is_some_and(|t| now_ns.saturating_sub(t) >= timeout_ns);
         self.stalled_ticks = if stalled { self.stalled_ticks + 1 } else { 0 };
         let healthy = self.stalled_ticks < 2 && !self.gone;
         if healthy == self.healthy {

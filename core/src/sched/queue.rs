@@ -46,8 +46,11 @@ use std::collections::{BTreeMap, VecDeque};
 /// Waiting pieces a merge looks through past the head, at most.
 pub const MERGE_SCAN_MAX: usize = 32;
 
-/// The default bound on waiting pieces.
-pub const WAITING_MAX_DEFAULT: usize = 4096;
+/// The default bound on waiting pieces: far above what the engine keeps in
+/// flight in normal running (a refused replica write costs the replica its
+/// place in the in-sync set, and a rebuild). A waiting piece holds no memory of
+/// its own beyond its entry: a write's data is the frame it came in.
+pub const WAITING_MAX_DEFAULT: usize = 65_536;
 
 /// The scheduler's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +67,8 @@ pub struct SchedConfig {
 }
 
 impl Default for SchedConfig {
-    /// FIFO at the device's own depth: nothing waits in weir, nothing merges.
+    /// FIFO at the device's own depth: nothing merges, and requests wait in
+    /// weir only past what the device's queues hold.
     fn default() -> Self {
         SchedConfig {
             merge: false,
@@ -310,6 +314,16 @@ impl IoQueue {
         self.waiting.len()
     }
 
+    /// When the oldest piece waiting that is not a flush came (flushes are not
+    /// timed: a healthy device takes long to drain its cache).
+    pub fn oldest_waiting_ns(&self) -> Option<u64> {
+        self.waiting
+            .iter()
+            .filter(|p| !matches!(p.what, What::Flush))
+            .map(|p| p.since_ns)
+            .min()
+    }
+
     /// Commands in flight.
     pub fn inflight(&self) -> usize {
         self.cmds.len()
@@ -320,6 +334,20 @@ impl IoQueue {
     /// [`IoQueue::poll_finished`].
     pub fn submit(&mut self, io: IoId, cmd: IoCmd, now_ns: u64) -> Result<(), QueueFull> {
         assert!(!self.requests.contains_key(&io), "{io:?} submitted twice");
+        // A transfer of no blocks or of part of one is refused here, typed, as
+        // the device would: merged with others it would shift their data.
+        let bad = match &cmd {
+            IoCmd::Read { blocks, .. } => (*blocks == 0).then_some(DevError::OutOfRange),
+            IoCmd::Write { data, .. } => (data.is_empty()
+                || !data.len().is_multiple_of(self.block_bytes))
+            .then_some(DevError::Misaligned),
+            IoCmd::Flush => None,
+        };
+        if let Some(e) = bad {
+            self.finished
+                .push_back((io, IoResult::Failed(WeirError::Device(e))));
+            return Ok(());
+        }
         let pieces = self.cut(io, cmd, now_ns);
         if self.waiting.len() + pieces.len() > self.cfg.waiting_max {
             self.count(|s| s.refused += 1);
@@ -567,6 +595,10 @@ impl IoQueue {
             What::Read => match self.read_buf(run, pool) {
                 Ok(buf) => Some(DevCommand::Read { lba, buf }),
                 Err(()) => {
+                    tracing::warn!(
+                        requests = run.len(),
+                        "no buffer for a read; its requests fail as busy"
+                    );
                     for p in run {
                         let r = self.requests.get_mut(&p.io).expect("a request");
                         r.failed.get_or_insert(WeirError::Busy);
@@ -687,6 +719,12 @@ impl IoQueue {
             }
         };
         self.finished.push_back((io, result));
+    }
+
+    /// The requests command `cmd` (in flight) serves, in block order.
+    #[cfg(test)]
+    pub(super) fn requests_of(&self, cmd: CmdId) -> Vec<IoId> {
+        self.cmds[&cmd].pieces.iter().map(|p| p.io).collect()
     }
 
     /// The next finished request and its result.

@@ -135,6 +135,78 @@ fn flushes_are_not_timed_and_gone_stays_gone() {
 }
 
 #[test]
+fn a_device_hung_on_flushes_stalls_the_requests_behind_them() {
+    let pool = BufPool::new(1 << 20);
+    let cfg = SchedConfig {
+        depth_per_queue: 1,
+        ..SchedConfig::default()
+    };
+    let mut s = DeviceSched::new(geometry(1, 8, 8, 0), cfg, Duration::from_millis(100));
+    s.submit(IoId(1), IoCmd::Flush, 0).unwrap();
+    assert!(matches!(
+        s.poll(0, &pool).unwrap().command,
+        DevCommand::Flush
+    ));
+    s.submit(IoId(2), read(0, 1), 10 * MS).unwrap();
+    assert!(s.poll(10 * MS, &pool).is_none(), "behind the flush");
+    assert_eq!(s.tick(100 * MS), None, "90 ms: not yet");
+    assert_eq!(s.tick(115 * MS), None, "one late tick is not enough");
+    assert_eq!(s.tick(120 * MS), Some(Health::Stalled));
+}
+
+#[test]
+fn an_idle_device_is_probed_and_a_probe_finds_it_gone() {
+    let pool = BufPool::new(1 << 20);
+    let mut s = DeviceSched::new(
+        geometry(1, 8, 8, 0),
+        SchedConfig::default(),
+        Duration::from_millis(100),
+    );
+    assert_eq!(s.tick(50 * MS), None);
+    assert!(s.poll(50 * MS, &pool).is_none(), "busy enough: no probe");
+    assert_eq!(s.tick(100 * MS), None);
+    let probe = s.poll(100 * MS, &pool).expect("idle for a timeout: probed");
+    assert!(matches!(probe.command, DevCommand::Read { lba: Lba(0), .. }));
+    assert_eq!(s.tick(110 * MS), None);
+    assert!(s.poll(110 * MS, &pool).is_none(), "one probe at a time");
+    s.complete_at(probe.cmd, Err(DevError::Gone), 120 * MS);
+    assert_eq!(s.poll_finished(), None, "the probe's result is the owner's");
+    assert_eq!(s.tick(130 * MS), Some(Health::Gone));
+    assert_eq!(s.tick(400 * MS), None);
+    assert!(s.poll(400 * MS, &pool).is_none(), "a gone device is not probed");
+    s.self_check();
+}
+
+#[test]
+fn a_transfer_of_no_block_or_part_of_one_is_refused_typed() {
+    let pool = BufPool::new(1 << 20);
+    let mut q = IoQueue::new(geometry(1, 8, 8, 0), merging(1));
+    let partial = IoCmd::Write {
+        lba: Lba(0),
+        data: Bytes::from(vec![1; BS + 1]),
+        fua: false,
+    };
+    q.submit(IoId(1), partial, 0).unwrap();
+    q.submit(IoId(2), read(0, 0), 0).unwrap();
+    assert!(q.poll(0, &pool).is_none(), "nothing reaches the device");
+    let done: Vec<(IoId, IoResult)> = std::iter::from_fn(|| q.poll_finished()).collect();
+    assert_eq!(
+        done,
+        [
+            (
+                IoId(1),
+                IoResult::Failed(WeirError::Device(DevError::Misaligned))
+            ),
+            (
+                IoId(2),
+                IoResult::Failed(WeirError::Device(DevError::OutOfRange))
+            ),
+        ]
+    );
+    q.self_check();
+}
+
+#[test]
 fn waiting_requests_that_continue_the_head_leave_as_one_command() {
     let pool = BufPool::new(1 << 20);
     let mut q = IoQueue::new(geometry(1, 8, 8, 0), merging(1));
@@ -405,13 +477,18 @@ fn check_against_oracle(
     let mut expected: BTreeMap<IoId, IoResult> = BTreeMap::new();
     let mut inflight: Vec<(CmdId, Result<DevCompletion, DevError>)> = Vec::new();
     let mut got: BTreeMap<IoId, IoResult> = BTreeMap::new();
+    let mut flushes: Vec<IoId> = Vec::new();
     let mut next_byte = 1u8;
+    // The requests of every command, in the order the device took them.
+    let mut taken: Vec<IoId> = Vec::new();
     let drain = |q: &mut IoQueue,
                  device: &mut Device,
                  inflight: &mut Vec<(CmdId, Result<DevCompletion, DevError>)>,
-                 got: &mut BTreeMap<IoId, IoResult>|
+                 got: &mut BTreeMap<IoId, IoResult>,
+                 taken: &mut Vec<IoId>|
      -> Result<(), TestCaseError> {
         while let Some(d) = q.poll(0, &pool) {
+            taken.extend(q.requests_of(d.cmd));
             inflight.push((d.cmd, device.take(d.command)));
         }
         while let Some((io, r)) = q.poll_finished() {
@@ -423,13 +500,14 @@ fn check_against_oracle(
     let last = steps.len() as u64;
     for (i, step) in steps.into_iter().enumerate() {
         let io = IoId(i as u64);
+        let is_flush = matches!(step, Step::Flush);
         let (cmd, outcome) = match step {
             Step::Complete(k) => {
                 if !inflight.is_empty() {
                     let (cmd, result) = inflight.remove(k % inflight.len());
                     q.complete(cmd, result);
                 }
-                drain(&mut q, &mut device, &mut inflight, &mut got)?;
+                drain(&mut q, &mut device, &mut inflight, &mut got, &mut taken)?;
                 continue;
             }
             Step::Flush => (IoCmd::Flush, IoResult::Done),
@@ -459,20 +537,34 @@ fn check_against_oracle(
             if let Some((lba, blocks, byte)) = write_range {
                 oracle[lba as usize..(lba + blocks) as usize].fill(byte);
             }
+            if is_flush {
+                flushes.push(io);
+            }
             expected.insert(io, outcome);
         }
-        drain(&mut q, &mut device, &mut inflight, &mut got)?;
+        drain(&mut q, &mut device, &mut inflight, &mut got, &mut taken)?;
     }
     // Then the device completes everything left, in order.
     let mut rounds = 0;
     while !inflight.is_empty() {
         let (cmd, result) = inflight.remove(0);
         q.complete(cmd, result);
-        drain(&mut q, &mut device, &mut inflight, &mut got)?;
+        drain(&mut q, &mut device, &mut inflight, &mut got, &mut taken)?;
         rounds += 1;
         prop_assert!(rounds < 10 * last + 100, "the queue never empties");
     }
     prop_assert_eq!(q.waiting(), 0);
+    // A flush is a barrier: every request taken before it went to the device
+    // before it (retries of a merged command too), none taken after it did.
+    for f in flushes {
+        let at = taken.iter().position(|&io| io == f).expect("a flush goes");
+        prop_assert!(
+            taken[..at].iter().all(|&io| io < f) && taken[at + 1..].iter().all(|&io| io > f),
+            "requests crossed flush {:?}: {:?}",
+            f,
+            taken
+        );
+    }
     prop_assert_eq!(&device.blocks, &oracle, "the device ends as the oracle");
     prop_assert_eq!(
         got.len(),

@@ -362,14 +362,16 @@ impl Replicator {
         if from != self.me
             && matches!(
                 result,
-                Err(WeirError::Device(_) | WeirError::PayloadNotHeld)
+                Err(WeirError::Device(_) | WeirError::PayloadNotHeld | WeirError::Busy)
             )
             && acks.waiting.contains(&from)
         {
-            // A replica whose device failed the write (or is gone), or that lacks
-            // its data (its front end gave the request up), does not fail it for
-            // the client: like a silent one, it is dropped from the in-sync set,
-            // and the write is acknowledged without it (it rebuilds later).
+            // A replica whose device failed the write (or is gone), whose device
+            // queue refused it (`Busy`: the scheduler's bound), or that lacks its
+            // data (its front end gave the request up), does not fail it for the
+            // client: like a silent one, it is dropped from the in-sync set, and
+            // the write is acknowledged without it (it rebuilds later). Kept in
+            // sync, it would lack a write the others hold.
             let (extent, epoch) = (*extent, self.map.extent(*extent).epoch);
             return self.ask_drop(extent, epoch, from, "it could not apply a write");
         }
