@@ -166,14 +166,20 @@ fn an_idle_device_is_probed_and_a_probe_finds_it_gone() {
     assert!(s.poll(50 * MS, &pool).is_none(), "busy enough: no probe");
     assert_eq!(s.tick(100 * MS), None);
     let probe = s.poll(100 * MS, &pool).expect("idle for a timeout: probed");
-    assert!(matches!(probe.command, DevCommand::Read { lba: Lba(0), .. }));
+    assert!(matches!(
+        probe.command,
+        DevCommand::Read { lba: Lba(0), .. }
+    ));
     assert_eq!(s.tick(110 * MS), None);
     assert!(s.poll(110 * MS, &pool).is_none(), "one probe at a time");
     s.complete_at(probe.cmd, Err(DevError::Gone), 120 * MS);
     assert_eq!(s.poll_finished(), None, "the probe's result is the owner's");
     assert_eq!(s.tick(130 * MS), Some(Health::Gone));
     assert_eq!(s.tick(400 * MS), None);
-    assert!(s.poll(400 * MS, &pool).is_none(), "a gone device is not probed");
+    assert!(
+        s.poll(400 * MS, &pool).is_none(),
+        "a gone device is not probed"
+    );
     s.self_check();
 }
 
