@@ -488,7 +488,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         // A gone device: the node stops heartbeating, so it is declared down and
         // its replicas leave every in-sync set (the scheduler notes it).
         let now = self.now_ns();
-        self.sched.complete_at(cmd, result, now);
+        self.sched.complete(cmd, result, now);
         self.dispatch(done);
     }
 
@@ -741,27 +741,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// Give engine request `io` to the device's scheduler, and the device what
     /// may go now.
     fn issue(&mut self, io: IoId, cmd: IoCmd, done: &DeviceDone) {
-        let scale = self.scale;
-        let bs = u64::from(self.device.geometry().block_size);
-        let cmd = match cmd {
-            IoCmd::Read { lba, blocks } => IoCmd::Read {
-                lba: Lba(lba.0 * scale),
-                blocks: blocks * scale,
-            },
-            IoCmd::Write { lba, data, fua } => {
-                debug_assert!(
-                    !data.is_empty() && (data.len() as u64).is_multiple_of(bs * scale),
-                    "a device write of {} bytes, not whole blocks",
-                    data.len()
-                );
-                IoCmd::Write {
-                    lba: Lba(lba.0 * scale),
-                    data,
-                    fua,
-                }
-            }
-            IoCmd::Flush => IoCmd::Flush,
-        };
+        let volume_block = u64::from(self.device.geometry().block_size) * self.scale;
+        let cmd = cmd.in_device_blocks(self.scale, volume_block);
         if let Err(e) = self.sched.submit(io, cmd, self.now_ns()) {
             // Back-pressure: answered at once, as a request the engine may retry.
             tracing::warn!(error = %e, "device queue full; request refused");

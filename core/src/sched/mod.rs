@@ -17,14 +17,13 @@
 //! still find out.
 
 use crate::buf::BufPool;
-use crate::device::{DevCommand, DevCompletion, DevError, Geometry};
+use crate::device::{DevCompletion, DevError, Geometry};
 use crate::replication::{IoCmd, IoId, IoResult};
 pub use order::{Finished, WriteOrder};
 pub use queue::{
     on_this_thread, CmdId, Dispatch, IoQueue, QueueFull, SchedConfig, SchedStats, MERGE_SCAN_MAX,
     WAITING_MAX_DEFAULT,
 };
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 mod order;
@@ -51,9 +50,6 @@ pub struct DeviceSched {
     io: IoQueue,
     geometry: Geometry,
     timeout: Duration,
-    /// Commands in flight, with when each was issued if it is timed (flushes
-    /// are not).
-    issued: BTreeMap<CmdId, Option<u64>>,
     /// Ticks in a row that found a timed command older than the timeout.
     stalled_ticks: u32,
     healthy: bool,
@@ -72,7 +68,6 @@ impl DeviceSched {
             io: IoQueue::new(geometry, cfg),
             geometry,
             timeout,
-            issued: BTreeMap::new(),
             stalled_ticks: 0,
             healthy: true,
             gone: false,
@@ -116,33 +111,16 @@ impl DeviceSched {
 
     /// The next command for the device, if any may go now.
     pub fn poll(&mut self, now_ns: u64, pool: &BufPool) -> Option<Dispatch> {
-        let d = self.io.poll(now_ns, pool)?;
-        let timed = !matches!(d.command, DevCommand::Flush);
-        let before = self.issued.insert(d.cmd, timed.then_some(now_ns));
-        assert!(before.is_none(), "{:?} issued twice", d.cmd);
-        Some(d)
+        self.io.poll(now_ns, pool)
     }
 
-    /// Command `cmd` completed with `result`. Panics if `cmd` was not issued.
-    pub fn complete(&mut self, cmd: CmdId, result: Result<DevCompletion, DevError>) {
-        self.issued
-            .remove(&cmd)
-            .unwrap_or_else(|| panic!("a completion of {cmd:?}, which was not issued"));
+    /// Command `cmd` completed at `now_ns` (the node's clock) with `result`.
+    /// Panics if `cmd` was not issued.
+    pub fn complete(&mut self, cmd: CmdId, result: Result<DevCompletion, DevError>, now_ns: u64) {
+        self.active_ns = self.active_ns.max(now_ns);
         // Gone stays gone: the node serves nothing until restarted.
         self.gone |= matches!(result, Err(DevError::Gone));
         self.io.complete(cmd, result);
-    }
-
-    /// Command `cmd` completed at `now_ns` (the node's clock): as
-    /// [`DeviceSched::complete`], and the device was active then.
-    pub fn complete_at(
-        &mut self,
-        cmd: CmdId,
-        result: Result<DevCompletion, DevError>,
-        now_ns: u64,
-    ) {
-        self.active_ns = self.active_ns.max(now_ns);
-        self.complete(cmd, result);
     }
 
     /// The next request finished, with its result (the probe's stays here).
@@ -181,10 +159,8 @@ impl DeviceSched {
         // flight (only flushes), by the oldest request waiting behind them: a
         // device that hangs holding flushes must not hide behind the queue.
         let oldest = self
-            .issued
-            .values()
-            .filter_map(|&t| t)
-            .min()
+            .io
+            .oldest_timed_ns()
             .or_else(|| self.io.oldest_waiting_ns());
         let stalled = oldest.is_some_and(|t| now_ns.saturating_sub(t) >= timeout_ns);
         self.stalled_ticks = if stalled { self.stalled_ticks + 1 } else { 0 };
@@ -209,7 +185,7 @@ impl DeviceSched {
 
     /// Commands in flight.
     pub fn inflight(&self) -> usize {
-        self.issued.len()
+        self.io.inflight()
     }
 
     /// Pieces of requests waiting for room on the device.
@@ -222,16 +198,10 @@ impl DeviceSched {
         self.io.stats()
     }
 
-    /// Assert the invariants: the queue's, the commands timed are the ones in
-    /// flight, and a device judged healthy had not stalled at two ticks in a
-    /// row.
+    /// Assert the invariants: the queue's, and a device judged healthy had
+    /// not stalled at two ticks in a row.
     pub fn self_check(&self) {
         self.io.self_check();
-        assert_eq!(
-            self.issued.len(),
-            self.io.inflight(),
-            "the commands timed are the ones in flight"
-        );
         // `gone` is set between ticks and judged at the next one, so only the
         // tick's own verdict is checked.
         assert!(

@@ -234,6 +234,9 @@ enum ReadState {
 struct Cmd {
     queue: u16,
     pieces: Vec<Piece>,
+    /// When it was dispatched, if it is timed (flushes are not: under a heavy
+    /// write load a healthy device takes long to drain its cache).
+    timed_ns: Option<u64>,
 }
 
 /// The I/O queue of one device.
@@ -312,6 +315,11 @@ impl IoQueue {
     /// Pieces waiting.
     pub fn waiting(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// When the oldest timed command in flight was dispatched.
+    pub fn oldest_timed_ns(&self) -> Option<u64> {
+        self.cmds.values().filter_map(|c| c.timed_ns).min()
     }
 
     /// When the oldest piece waiting that is not a flush came (flushes are not
@@ -494,7 +502,13 @@ impl IoQueue {
                 self.merged.insert(cmd, span);
             }
             let queue = queue as u16;
-            self.cmds.insert(cmd, Cmd { queue, pieces: run });
+            let timed_ns = (!matches!(command, DevCommand::Flush)).then_some(now_ns);
+            let cmd_state = Cmd {
+                queue,
+                pieces: run,
+                timed_ns,
+            };
+            self.cmds.insert(cmd, cmd_state);
             return Some(Dispatch {
                 cmd,
                 queue,
@@ -637,7 +651,7 @@ impl IoQueue {
         let done = self
             .cmds
             .remove(&cmd)
-            .unwrap_or_else(|| panic!("a completion of {cmd:?}, which is not in flight"));
+            .unwrap_or_else(|| panic!("a completion of {cmd:?}, which was not issued"));
         self.merged.remove(&cmd);
         let depth = &mut self.inflight[usize::from(done.queue)];
         debug_assert!(*depth > 0);

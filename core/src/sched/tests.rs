@@ -3,11 +3,12 @@
 
 use super::*;
 use crate::buf::{BufPool, BUF_ALIGN};
+use crate::device::DevCommand;
 use crate::error::WeirError;
 use crate::ids::Lba;
 use bytes::Bytes;
 use proptest::prelude::*;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 const MS: u64 = 1_000_000;
 const BS: usize = BUF_ALIGN;
@@ -47,6 +48,16 @@ fn merging(depth: u32) -> SchedConfig {
     }
 }
 
+/// The owner of a device of `queues` queues, FIFO at its depth, stalled at
+/// 100 ms.
+fn device(queues: u16) -> DeviceSched {
+    DeviceSched::new(
+        geometry(queues, 8, 8, 0),
+        SchedConfig::default(),
+        Duration::from_millis(100),
+    )
+}
+
 /// Issue one flush-free command and return its id (the health tests' helper).
 fn issue(s: &mut DeviceSched, pool: &BufPool, io: u64, lba: u64, now_ns: u64) -> CmdId {
     s.submit(IoId(io), read(lba, 1), now_ns).unwrap();
@@ -56,11 +67,7 @@ fn issue(s: &mut DeviceSched, pool: &BufPool, io: u64, lba: u64, now_ns: u64) ->
 #[test]
 fn commands_spread_over_the_queues_and_are_counted_per_queue() {
     let pool = BufPool::new(1 << 20);
-    let mut s = DeviceSched::new(
-        geometry(4, 8, 8, 0),
-        SchedConfig::default(),
-        Duration::from_millis(100),
-    );
+    let mut s = device(4);
     let mut queues = Vec::new();
     for i in 0..8 {
         s.submit(IoId(i), read(i * 2, 1), 0).unwrap();
@@ -74,22 +81,14 @@ fn commands_spread_over_the_queues_and_are_counted_per_queue() {
 #[test]
 #[should_panic(expected = "which was not issued")]
 fn a_completion_of_a_command_never_issued_is_a_bug() {
-    let mut s = DeviceSched::new(
-        geometry(1, 8, 8, 0),
-        SchedConfig::default(),
-        Duration::from_millis(100),
-    );
-    s.complete(CmdId(3), Ok(DevCompletion::Done));
+    let mut s = device(1);
+    s.complete(CmdId(3), Ok(DevCompletion::Done), 0);
 }
 
 #[test]
 fn a_command_outstanding_past_the_timeout_at_two_ticks_is_a_stall() {
     let pool = BufPool::new(1 << 20);
-    let mut s = DeviceSched::new(
-        geometry(2, 8, 8, 0),
-        SchedConfig::default(),
-        Duration::from_millis(100),
-    );
+    let mut s = device(2);
     let cmd = issue(&mut s, &pool, 1, 0, 0);
     assert_eq!(s.tick(50 * MS), None);
     // Old at one tick (the node may itself have been paused): not yet.
@@ -98,7 +97,7 @@ fn a_command_outstanding_past_the_timeout_at_two_ticks_is_a_stall() {
     assert_eq!(s.tick(130 * MS), Some(Health::Stalled));
     assert_eq!(s.tick(140 * MS), None, "reported once");
     let buf = pool.alloc(BS).unwrap();
-    s.complete(cmd, Ok(DevCompletion::Read(buf)));
+    s.complete(cmd, Ok(DevCompletion::Read(buf)), 145 * MS);
     assert!(matches!(
         s.poll_finished(),
         Some((IoId(1), IoResult::Read(_)))
@@ -110,21 +109,17 @@ fn a_command_outstanding_past_the_timeout_at_two_ticks_is_a_stall() {
 #[test]
 fn flushes_are_not_timed_and_gone_stays_gone() {
     let pool = BufPool::new(1 << 20);
-    let mut s = DeviceSched::new(
-        geometry(1, 8, 8, 0),
-        SchedConfig::default(),
-        Duration::from_millis(100),
-    );
+    let mut s = device(1);
     s.submit(IoId(1), IoCmd::Flush, 0).unwrap();
     let flush = s.poll(0, &pool).expect("room").cmd;
     for t in 1..10 {
         assert_eq!(s.tick(t * 100 * MS), None, "a long flush is no stall");
     }
     let cmd = issue(&mut s, &pool, 2, 0, 1000 * MS);
-    s.complete(cmd, Err(DevError::Gone));
+    s.complete(cmd, Err(DevError::Gone), 1000 * MS);
     s.self_check(); // gone, not yet judged: a valid state between ticks
     assert_eq!(s.tick(1010 * MS), Some(Health::Gone));
-    s.complete(flush, Ok(DevCompletion::Done));
+    s.complete(flush, Ok(DevCompletion::Done), 1015 * MS);
     assert_eq!(
         s.tick(1020 * MS),
         None,
@@ -157,11 +152,7 @@ fn a_device_hung_on_flushes_stalls_the_requests_behind_them() {
 #[test]
 fn an_idle_device_is_probed_and_a_probe_finds_it_gone() {
     let pool = BufPool::new(1 << 20);
-    let mut s = DeviceSched::new(
-        geometry(1, 8, 8, 0),
-        SchedConfig::default(),
-        Duration::from_millis(100),
-    );
+    let mut s = device(1);
     assert_eq!(s.tick(50 * MS), None);
     assert!(s.poll(50 * MS, &pool).is_none(), "busy enough: no probe");
     assert_eq!(s.tick(100 * MS), None);
@@ -172,7 +163,7 @@ fn an_idle_device_is_probed_and_a_probe_finds_it_gone() {
     ));
     assert_eq!(s.tick(110 * MS), None);
     assert!(s.poll(110 * MS, &pool).is_none(), "one probe at a time");
-    s.complete_at(probe.cmd, Err(DevError::Gone), 120 * MS);
+    s.complete(probe.cmd, Err(DevError::Gone), 120 * MS);
     assert_eq!(s.poll_finished(), None, "the probe's result is the owner's");
     assert_eq!(s.tick(130 * MS), Some(Health::Gone));
     assert_eq!(s.tick(400 * MS), None);

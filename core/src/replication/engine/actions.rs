@@ -31,6 +31,32 @@ pub enum IoCmd {
     Flush,
 }
 
+impl IoCmd {
+    /// The same command in device blocks, `scale` of them to a volume block of
+    /// `block_bytes`.
+    pub fn in_device_blocks(self, scale: u64, block_bytes: u64) -> IoCmd {
+        match self {
+            IoCmd::Read { lba, blocks } => IoCmd::Read {
+                lba: Lba(lba.0 * scale),
+                blocks: blocks * scale,
+            },
+            IoCmd::Write { lba, data, fua } => {
+                debug_assert!(
+                    !data.is_empty() && (data.len() as u64).is_multiple_of(block_bytes),
+                    "a device write of {} bytes, not whole blocks",
+                    data.len()
+                );
+                IoCmd::Write {
+                    lba: Lba(lba.0 * scale),
+                    data,
+                    fua,
+                }
+            }
+            IoCmd::Flush => IoCmd::Flush,
+        }
+    }
+}
+
 /// Outcome of an [`IoCmd`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IoResult {
