@@ -15,6 +15,7 @@
 use crate::error::WeirError;
 use crate::ids::{Lba, NodeId, RequestId};
 use crate::map::ClusterMap;
+use crate::sched::{Deltas, VolKey};
 use crate::transport::{SendError, Transport, TransportError};
 use crate::wire::{EncodeError, Frame, Message};
 use bytes::{Bytes, BytesMut};
@@ -94,6 +95,9 @@ pub struct Volume<T> {
     /// Where a node's own front end holds its writes' payloads while they run
     /// (see [`crate::front_end`]); `None` for any other client.
     held: Option<Arc<crate::front_end::HeldPayloads>>,
+    /// What each request carries for the primaries' dmClock (see
+    /// [`crate::sched::Admission`]).
+    deltas: Mutex<Deltas>,
 }
 
 impl<T: Transport> Volume<T> {
@@ -123,6 +127,7 @@ impl<T: Transport> Volume<T> {
             retries: AtomicU64::new(0),
             refreshing: tokio::sync::Mutex::new(None),
             held,
+            deltas: Mutex::new(Deltas::default()),
         });
         tokio::spawn(async move {
             while let Ok((from, frame)) = transport.recv().await {
@@ -293,6 +298,7 @@ impl<T: Transport> Volume<T> {
                 async move {
                     let extent = map.extent(map.extent_of(start));
                     let (to, epoch) = (extent.primary, extent.epoch);
+                    let delta = self.delta(&map, start, to);
                     let reply = self
                         .call_as(req, to, |req| Message::Write {
                             req,
@@ -301,6 +307,7 @@ impl<T: Transport> Volume<T> {
                             lba: start,
                             data: chunk,
                             fua,
+                            delta,
                         })
                         .await?;
                     match reply {
@@ -324,6 +331,7 @@ impl<T: Transport> Volume<T> {
                 .with_retry(|map| async move {
                     let extent = map.extent(map.extent_of(start));
                     let (to, epoch) = (extent.primary, extent.epoch);
+                    let delta = self.delta(&map, start, to);
                     let reply = self
                         .call(to, |req| Message::Read {
                             req,
@@ -331,6 +339,7 @@ impl<T: Transport> Volume<T> {
                             epoch,
                             lba: start,
                             blocks: count as u32,
+                            delta,
                         })
                         .await?;
                     self.expect_data(reply, count)
@@ -382,6 +391,12 @@ impl<T: Transport> Volume<T> {
             }
         })
         .await
+    }
+
+    /// The delta of a request at `lba` to `to` (see [`Deltas`]).
+    fn delta(&self, map: &ClusterMap, lba: Lba, to: NodeId) -> u32 {
+        let key: VolKey = map.named_at(map.extent_of(lba)).map(|(first, _)| first);
+        self.deltas.lock().expect("deltas lock").delta(key, to)
     }
 
     fn expect_data(&self, reply: Message, blocks: u64) -> Result<Bytes, ClientError> {

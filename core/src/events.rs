@@ -48,6 +48,13 @@ pub enum Event {
         /// Its name.
         name: String,
     },
+    /// A named volume's QoS changed.
+    VolumeQos {
+        /// Its name.
+        name: String,
+        /// The new setting.
+        qos: crate::control::qos::Qos,
+    },
     /// A restarted `node` moved its extents to new epochs.
     Restarted {
         /// The restarted node.
@@ -177,7 +184,9 @@ impl Event {
             | Event::DeviceAnswers { node }
             | Event::MapInstalled { node, .. }
             | Event::PowerLost { node, .. } => Some(*node),
-            Event::VolumeCreated { .. } | Event::VolumeDeleted { .. } => None,
+            Event::VolumeCreated { .. } | Event::VolumeDeleted { .. } | Event::VolumeQos { .. } => {
+                None
+            }
         }
     }
 }
@@ -210,6 +219,7 @@ impl fmt::Display for Event {
                 write!(f, "volume {name:?} created ({size_bytes} bytes)")
             }
             Event::VolumeDeleted { name } => write!(f, "volume {name:?} deleted"),
+            Event::VolumeQos { name, qos } => write!(f, "volume {name:?} QoS set: {qos}"),
             Event::Restarted {
                 node,
                 moved,

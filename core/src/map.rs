@@ -5,9 +5,10 @@
 //! commands; every node and client holds a copy and replaces it when the control
 //! plane publishes a newer one ([`ClusterMap::with_state`]).
 
-use crate::control::state::{ClusterState, Command, ExtentState};
+use crate::control::state::{ClusterState, Command, ExtentState, Qos};
 use crate::error::WeirError;
 use crate::ids::{ExtentId, Lba, NodeId, VolumeId};
+use std::collections::BTreeMap;
 
 /// Largest request a map may allow: one request (and its replication message) must
 /// fit in one wire frame.
@@ -58,6 +59,18 @@ pub struct ClusterMap {
     nodes: Vec<NodeId>,
     volume: VolumeSpec,
     state: ClusterState,
+    /// The named volumes by first extent: (extents, QoS). Built from `state`, so
+    /// a request finds its volume without a scan.
+    named: BTreeMap<ExtentId, (u64, Qos)>,
+}
+
+/// The named volumes of `state` by first extent.
+fn named_index(state: &ClusterState) -> BTreeMap<ExtentId, (u64, Qos)> {
+    state
+        .named
+        .values()
+        .map(|v| (v.first, (v.extents, v.qos)))
+        .collect()
 }
 
 impl ClusterMap {
@@ -103,6 +116,7 @@ impl ClusterMap {
         let map = ClusterMap {
             nodes,
             volume,
+            named: named_index(&state),
             state,
         };
         map.self_check();
@@ -129,10 +143,38 @@ impl ClusterMap {
         let map = ClusterMap {
             nodes: state.nodes.keys().copied().collect(),
             volume: self.volume,
+            named: named_index(&state),
             state,
         };
         map.self_check();
         Ok(map)
+    }
+
+    /// This map with a named volume's command applied (`CreateNamed`, `SetQos`,
+    /// `DeleteNamed`): a static map's volumes, as its bootstrap creates them.
+    pub fn with_named(&self, cmd: &Command) -> Result<ClusterMap, MapError> {
+        if !matches!(
+            cmd,
+            Command::CreateNamed { .. } | Command::SetQos { .. } | Command::DeleteNamed { .. }
+        ) {
+            return Err(MapError::BadShape("not a named volume's command"));
+        }
+        let mut state = self.state.clone();
+        state
+            .apply(cmd)
+            .map_err(|_| MapError::BadShape("the volume's command is refused"))?;
+        self.with_state(state)
+    }
+
+    /// The named volume holding `extent`: its first extent and its QoS.
+    pub fn named_at(&self, extent: ExtentId) -> Option<(ExtentId, Qos)> {
+        let (&first, &(extents, qos)) = self.named.range(..=extent).next_back()?;
+        (extent.0 < first.0 + extents).then_some((first, qos))
+    }
+
+    /// Whether any named volume asks for QoS.
+    pub fn any_qos(&self) -> bool {
+        self.named.values().any(|(_, q)| q.is_set())
     }
 
     /// The control plane's state behind this map.
@@ -144,6 +186,7 @@ impl ClusterMap {
     /// `extent_blocks` of the volume.
     pub fn self_check(&self) {
         self.state.self_check();
+        assert_eq!(self.named, named_index(&self.state), "named volume index");
         let count = self
             .volume
             .capacity_blocks

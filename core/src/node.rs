@@ -16,11 +16,14 @@ use crate::ids::{Lba, NodeId};
 use crate::map::ClusterMap;
 use crate::replication::engine::RebuildProgress;
 use crate::replication::{Action, Audit, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};
-use crate::sched::{CmdId, DeviceSched, Health, SchedConfig};
+use crate::sched::{AdmitConfig, CmdId, DeviceSched, Health, SchedConfig};
 use crate::transport::{Transport, TransportError};
 use crate::wire::Message;
+use gate::{Arrival, ClientGate};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
+
+mod gate;
 
 /// Why a node could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +109,9 @@ pub struct NodeReport {
     /// ones that found none held (the replica is then dropped and rebuilds): see
     /// [`crate::front_end`].
     pub front_end_payloads: (u64, u64),
+    /// Client requests admitted by dmClock, per named volume (by first extent;
+    /// `None`: outside every named volume), while any volume asks for QoS.
+    pub admission: Vec<(crate::sched::VolKey, crate::sched::VolumeAdmitStats)>,
 }
 
 /// The daemon's handle on a running node: ask for map changes, watch its reports.
@@ -192,6 +198,8 @@ pub struct Node<T, D> {
     skew: crate::time::Skew,
     /// The payloads this node's own front end holds (see [`crate::front_end`]).
     held: Option<Arc<crate::front_end::HeldPayloads>>,
+    /// Client requests pass here before the engine (dmClock QoS).
+    gate: ClientGate,
 }
 
 /// Device completions waiting for the node's loop; a device task past this
@@ -262,6 +270,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             reports: None,
             skew: crate::time::Skew::default(),
             held: None,
+            gate: ClientGate::new(AdmitConfig::default(), false),
         })
     }
 
@@ -353,6 +362,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             (r.version_bytes, r.applied_records) = self.engine.version_memory();
             r.flow = self.flow.report();
             r.front_end_payloads = self.held.as_ref().map_or((0, 0), |h| h.counts());
+            r.admission = self.gate.stats();
         });
     }
 
@@ -367,6 +377,15 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// Schedule the device's requests by `cfg` (merging, splitting, depth).
     pub fn with_sched(mut self, cfg: SchedConfig) -> Self {
         self.sched.set_config(cfg);
+        self
+    }
+
+    /// Admit client requests by `cfg`; `always`: through dmClock even when no
+    /// volume of the map asks for QoS.
+    pub fn with_admission(mut self, cfg: AdmitConfig, always: bool) -> Self {
+        self.gate = ClientGate::new(cfg, always);
+        let opened = self.gate.set_map(self.engine.map());
+        debug_assert!(opened.is_empty(), "nothing waits before the node runs");
         self
     }
 
@@ -422,6 +441,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 self.engine.self_check();
                 self.flow.self_check();
                 self.sched.self_check();
+                self.gate.self_check();
                 if let Some((plane, ..)) = &self.control {
                     plane.self_check();
                 }
@@ -434,6 +454,12 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             {
                 let _ = done.send(true);
             }
+            // When a client request waiting for admission may go (or must give up).
+            let admit_at = self
+                .gate
+                .next_wake(self.now_ns())
+                .zip(self.origin)
+                .map(|(ns, origin)| origin + std::time::Duration::from_nanos(ns));
             // `biased`: device completions first (they free resources), and no draw
             // from tokio's unseeded thread-local RNG, which would break determinism.
             tokio::select! {
@@ -450,6 +476,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     self.tell_congestion();
                 }
                 Some(request) = recv_request(&mut self.requests) => self.on_request(request),
+                // Admitted in the next `drain_actions`.
+                _ = sleep_until_opt(admit_at) => {}
                 frame = self.transport.recv() => {
                     let (from, frame) = frame?;
                     match Message::decode(frame) {
@@ -515,6 +543,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
         self.clock();
         self.engine.handle_tick(now);
+        self.gate.tick(self.now_ns());
         self.record_signals();
         self.report();
     }
@@ -580,12 +609,49 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             (Message::Propose { command }, Some((plane, ..))) => {
                 plane.handle_propose(from, &command)
             }
-            (mut msg, _) => {
-                self.take_held(&mut msg);
-                self.clock();
-                self.engine.handle_message(from, msg)
-            }
+            (msg, _) => match self
+                .gate
+                .arrive(self.engine.map(), from, msg, self.now_ns())
+            {
+                Arrival::Engine(from, msg) => self.give_engine(from, msg),
+                Arrival::Waiting => {}
+                Arrival::Busy(to, req) => self.busy(to, req),
+            },
         }
+    }
+
+    /// A message for the data path goes to the engine.
+    fn give_engine(&mut self, from: NodeId, mut msg: Message) {
+        self.take_held(&mut msg);
+        self.clock();
+        self.engine.handle_message(from, msg)
+    }
+
+    /// Answer client request `req` of `to` `Busy` (it retries).
+    fn busy(&mut self, to: NodeId, req: crate::ids::RequestId) {
+        let msg = Message::Failed {
+            req,
+            error: WeirError::Busy,
+        };
+        if let Err(e) = self.send(to, msg) {
+            tracing::warn!(%to, error = %e, "busy answer not sent");
+        }
+    }
+
+    /// Client requests through the gate: those admitted now to the engine,
+    /// those waited too long answered `Busy`. Whether any moved.
+    fn admit(&mut self) -> bool {
+        let now = self.now_ns();
+        let mut moved = false;
+        for (to, req) in self.gate.expired(now) {
+            moved = true;
+            self.busy(to, req);
+        }
+        while let Some((from, msg)) = self.gate.poll(now) {
+            moved = true;
+            self.give_engine(from, msg);
+        }
+        moved
     }
 
     /// A replica write sent without its data, for a write of this node's own
@@ -623,7 +689,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         // Until both are quiet: a control request from the data path makes work for
         // the control plane, a new map makes work for the data path.
         loop {
-            let mut idle = true;
+            let mut idle = !self.admit();
             // The control plane first: a new map changes what the data path does.
             while let Some(action) = self.control.as_mut().and_then(|(p, ..)| p.poll_action()) {
                 idle = false;
@@ -635,7 +701,11 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     } => match self.engine.map().with_state(state) {
                         Ok(map) => {
                             self.clock();
+                            let opened = self.gate.set_map(&map);
                             self.engine.handle_map(map);
+                            for (from, msg) in opened {
+                                self.give_engine(from, msg);
+                            }
                             if !restart_pending {
                                 self.engine.restart_applied();
                             }
@@ -711,6 +781,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// Encode `msg` and send it to `to`, or hold it until `to`'s queue has room.
     /// Never waits.
     fn send(&mut self, to: NodeId, msg: Message) -> Result<(), NodeError> {
+        self.gate.replied(to, &msg);
         // The map bounds every request below the frame limit, so an encoding failure
         // is a bug: say so loudly, keep serving.
         let frame = match msg.encode() {
@@ -776,6 +847,14 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
 
 /// Where device tasks send their completions.
 type DeviceDone = mpsc::Sender<(CmdId, Result<DevCompletion, DevError>)>;
+
+/// Sleep until `at`, or forever.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => crate::time::sleep_until_exact(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// The next admin request, or never if the node has no handle.
 async fn recv_request(requests: &mut Option<mpsc::Receiver<Request>>) -> Option<Request> {

@@ -56,6 +56,9 @@ pub enum Message {
         lba: Lba,
         /// Number of blocks.
         blocks: u32,
+        /// dmClock's delta: 1 plus the volume's requests this client completed at
+        /// other primaries since its last one to this primary.
+        delta: u32,
     },
     /// Client -> primary: write `data` at `lba`.
     Write {
@@ -72,6 +75,8 @@ pub enum Message {
         data: Bytes,
         /// Force unit access on every replica.
         fua: bool,
+        /// dmClock's delta (as for a read).
+        delta: u32,
     },
     /// Client -> any node: flush every replica of the volume.
     Flush {

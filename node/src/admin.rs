@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiny_http::{Method, Request, Response, Server};
-use weir_core::control::state::{check_name, NamedVolume};
+use weir_core::control::state::{check_name, NamedVolume, Qos};
 use weir_core::control::{Command, NodeStatus};
 use weir_core::node::{EventLog, NodeHandle};
 use weir_core::NodeId;
@@ -111,6 +111,36 @@ fn carries(request: &Request, token: &str) -> bool {
     })
 }
 
+/// The QoS a query asks for: `iops_limit`, `bw_limit`, `iops_reservation` and
+/// `weight` over `base` (0 clears a limit or reservation), checked.
+fn parse_qos(query: &str, base: Qos) -> Result<Qos, String> {
+    let mut qos = base;
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+        let number = || {
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("{key}: {value:?} is not a whole number\n"))
+        };
+        match key {
+            "size" => {}
+            "iops_limit" => qos.iops_limit = number()?,
+            "iops_reservation" => qos.iops_reservation = number()?,
+            "bw_limit" => {
+                qos.bw_limit =
+                    crate::config::parse_size(value).map_err(|e| format!("bw_limit: {e}\n"))?
+            }
+            "weight" => {
+                qos.weight = u32::try_from(number()?)
+                    .map_err(|_| format!("weight: {value:?} is too large\n"))?
+            }
+            _ => return Err(format!("unknown setting {key:?}\n")),
+        }
+    }
+    qos.check().map_err(|e| format!("{e}\n"))?;
+    Ok(qos)
+}
+
 /// Serve on `server` until it is unblocked; one thread.
 pub fn serve(server: Arc<Server>, admin: Admin) {
     for request in server.incoming_requests() {
@@ -142,6 +172,9 @@ impl Admin {
             (Method::Post, p) if p.starts_with("/volumes/") => {
                 self.create(&p["/volumes/".len()..], query)
             }
+            (Method::Put, p) if p.starts_with("/volumes/") => {
+                self.set_qos(&p["/volumes/".len()..], query)
+            }
             (Method::Delete, p) if p.starts_with("/volumes/") => {
                 let name = &p["/volumes/".len()..];
                 match check_name(name) {
@@ -157,7 +190,11 @@ impl Admin {
         let report = self.handle.report();
         let mut out = String::new();
         for (name, v) in &report.state.named {
-            let _ = writeln!(out, "{name} {}", v.size_bytes);
+            match v.qos.is_set() {
+                true => writeln!(out, "{name} {} {}", v.size_bytes, v.qos),
+                false => writeln!(out, "{name} {}", v.size_bytes),
+            }
+            .expect("writing to a String cannot fail");
         }
         out
     }
@@ -181,6 +218,10 @@ impl Admin {
             Some(Err(e)) => return (400, format!("size: {e}\n")),
             None => return (400, "say the size: ?size=10G\n".into()),
         };
+        let qos = match parse_qos(query, Qos::default()) {
+            Ok(q) => q,
+            Err(e) => return (400, e),
+        };
         let extents = size.div_ceil(self.extent_bytes);
         let state = self.handle.report().state;
         if state.named.contains_key(name) {
@@ -201,6 +242,7 @@ impl Admin {
             name: name.to_string(),
             size_bytes: size,
             extents,
+            qos,
         };
         if !self.handle.request(command) {
             return (503, "the node is stopping\n".into());
@@ -211,6 +253,39 @@ impl Admin {
             None => (
                 504,
                 format!("volume {name:?} not committed within {COMMIT_WAIT:?} (is a Raft majority up?)\n"),
+            ),
+        }
+    }
+
+    /// Change a volume's QoS: the settings the query names; the rest stay.
+    fn set_qos(&self, name: &str, query: &str) -> (u16, String) {
+        if let Err(e) = check_name(name) {
+            return (400, format!("{e}\n"));
+        }
+        let Some(current) = self.handle.report().state.named.get(name).map(|v| v.qos) else {
+            return (404, format!("no volume named {name:?}\n"));
+        };
+        let qos = match parse_qos(query, current) {
+            Ok(q) => q,
+            Err(e) => return (400, e),
+        };
+        let command = Command::SetQos {
+            name: name.to_string(),
+            qos,
+        };
+        if !self.handle.request(command) {
+            return (503, "the node is stopping\n".into());
+        }
+        // Done when the map holds the new setting (or the volume is gone).
+        match self.wait(|named| match named.get(name) {
+            Some(v) => (v.qos == qos).then_some(true),
+            None => Some(false),
+        }) {
+            Some(true) => (200, format!("volume {name:?}: {qos}\n")),
+            Some(false) => (404, format!("volume {name:?} was deleted meanwhile\n")),
+            None => (
+                504,
+                format!("QoS of {name:?} not committed within {COMMIT_WAIT:?}\n"),
             ),
         }
     }

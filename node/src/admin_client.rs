@@ -75,6 +75,11 @@ pub fn post(addr: &str, token: Option<&str>, path: &str) -> Result<String, Admin
     call("POST", addr, token, path)
 }
 
+/// PUT to `path` at `addr`.
+pub fn put(addr: &str, token: Option<&str>, path: &str) -> Result<String, AdminError> {
+    call("PUT", addr, token, path)
+}
+
 /// DELETE `path` at `addr`.
 pub fn delete(addr: &str, token: Option<&str>, path: &str) -> Result<String, AdminError> {
     call("DELETE", addr, token, path)

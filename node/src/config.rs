@@ -31,6 +31,10 @@
 //! sched_depth = 0             # commands in flight per queue (0: queue_depth);
 //!                             # past it requests wait in weir, where they merge
 //!
+//! [qos]                       # while any volume has QoS (weir volume create|set)
+//! admit_depth = 32            # client requests in this node's engine at once;
+//!                             # the rest wait, admitted by dmClock
+//!
 //! [nbd]
 //! listen = "127.0.0.1:10809"  # NBD front end; export name = volume name
 //!
@@ -136,6 +140,30 @@ pub struct Config {
     /// The RDMA transport's device and pool (with `kind = "rdma"`).
     #[serde(default)]
     pub rdma: RdmaSection,
+    /// Admission of client requests by the volumes' QoS.
+    #[serde(default)]
+    pub qos: QosSection,
+}
+
+/// `[qos]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosSection {
+    /// Client requests in this node's engine at once while any volume has QoS.
+    #[serde(default = "default_admit_depth")]
+    pub admit_depth: usize,
+}
+
+fn default_admit_depth() -> usize {
+    weir_core::sched::ADMIT_DEPTH_DEFAULT
+}
+
+impl Default for QosSection {
+    fn default() -> Self {
+        QosSection {
+            admit_depth: default_admit_depth(),
+        }
+    }
 }
 
 /// `[rdma]`
@@ -490,6 +518,12 @@ impl Config {
                 message,
             })
         };
+        if !(1..=65_536).contains(&self.qos.admit_depth) {
+            return bad(
+                "qos.admit_depth",
+                format!("{}: must be between 1 and 65536", self.qos.admit_depth),
+            );
+        }
         let r = &self.rdma;
         let mut ports = r.ports.clone();
         ports.sort_unstable();

@@ -200,6 +200,13 @@ pub async fn run(
         depth_per_queue: config.device.sched_depth,
         ..SchedConfig::default()
     })
+    .with_admission(
+        weir_core::sched::AdmitConfig {
+            depth: config.qos.admit_depth,
+            ..weir_core::sched::AdmitConfig::default()
+        },
+        false,
+    )
     .with_log_store(Box::new(log))
     .with_version_store(Box::new(versions_file), identity, restored.versions)
     .with_held_payloads(held.clone());

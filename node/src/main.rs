@@ -96,6 +96,15 @@ enum VolumeCmd {
         /// Its size, like 10G.
         #[arg(long)]
         size: String,
+        #[command(flatten)]
+        qos: QosArgs,
+    },
+    /// Change a volume's QoS (the settings given; the rest stay).
+    Set {
+        /// Its name.
+        name: String,
+        #[command(flatten)]
+        qos: QosArgs,
     },
     /// List the volumes.
     List,
@@ -104,6 +113,44 @@ enum VolumeCmd {
         /// Its name.
         name: String,
     },
+}
+
+/// A volume's quality of service (dmClock), over the whole cluster.
+#[derive(clap::Args)]
+struct QosArgs {
+    /// Most I/O requests per second (0: none).
+    #[arg(long)]
+    iops_limit: Option<u64>,
+    /// Most bytes per second, like 200M (0: none).
+    #[arg(long)]
+    bw_limit: Option<String>,
+    /// I/O requests per second the volume gets whatever else runs (0: none).
+    #[arg(long)]
+    iops_reservation: Option<u64>,
+    /// Its share of what is left beyond reservations (default 100).
+    #[arg(long)]
+    weight: Option<u32>,
+}
+
+impl QosArgs {
+    /// The settings given, as query parameters (each starting with `&`).
+    fn query(&self) -> anyhow::Result<String> {
+        let mut q = String::new();
+        if let Some(n) = self.iops_limit {
+            q += &format!("&iops_limit={n}");
+        }
+        if let Some(b) = &self.bw_limit {
+            let bytes = config::parse_size(b).map_err(|e| anyhow::anyhow!("--bw-limit: {e}"))?;
+            q += &format!("&bw_limit={bytes}");
+        }
+        if let Some(n) = self.iops_reservation {
+            q += &format!("&iops_reservation={n}");
+        }
+        if let Some(w) = self.weight {
+            q += &format!("&weight={w}");
+        }
+        Ok(q)
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM. The handlers are installed here, before the
@@ -184,11 +231,21 @@ fn main() -> anyhow::Result<()> {
                     .map_err(|e| anyhow::anyhow!("volume name {name:?}: {e}"))
             };
             let out = match command {
-                VolumeCmd::Create { name, size } => {
+                VolumeCmd::Create { name, size, qos } => {
                     check(&name)?;
                     let bytes =
                         config::parse_size(&size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
-                    admin_client::post(&admin, token, &format!("/volumes/{name}?size={bytes}"))
+                    let path = format!("/volumes/{name}?size={bytes}{}", qos.query()?);
+                    admin_client::post(&admin, token, &path)
+                }
+                VolumeCmd::Set { name, qos } => {
+                    check(&name)?;
+                    let query = qos.query()?;
+                    if query.is_empty() {
+                        anyhow::bail!("say what to set: --iops-limit, --bw-limit, --iops-reservation or --weight");
+                    }
+                    let path = format!("/volumes/{name}?{}", &query[1..]);
+                    admin_client::put(&admin, token, &path)
                 }
                 VolumeCmd::List => admin_client::get(&admin, token, "/volumes"),
                 VolumeCmd::Delete { name } => {

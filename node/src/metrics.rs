@@ -43,6 +43,13 @@ pub struct Peer {
     pub peer: u32,
 }
 
+/// Label of a per-volume metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Vol {
+    /// The volume's name (`(pool)`: requests outside every named volume).
+    pub volume: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 10 us to ~5 s.
     Histogram::new(exponential_buckets(10e-6, 2.0, 20))
@@ -76,6 +83,9 @@ pub struct Metrics {
     flow: [(&'static str, &'static str, Family<Peer, Gauge>); 8],
     /// The device's I/O scheduler (`weir_core::sched`), set from the report.
     sched: [(&'static str, &'static str, Gauge); 6],
+    /// Per volume: dmClock admission at this node (`weir_core::sched::Admission`),
+    /// while any volume asks for QoS.
+    admission: [(&'static str, &'static str, Family<Vol, Gauge>); 6],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -170,6 +180,33 @@ impl Metrics {
                 ),
             ]
             .map(|(name, help)| (name, help, Gauge::default())),
+            admission: [
+                (
+                    "volume_admitted",
+                    "Client requests of the volume this node admitted (dmClock)",
+                ),
+                (
+                    "volume_admitted_by_reservation",
+                    "Of them, admitted in the reservation phase",
+                ),
+                (
+                    "volume_queued",
+                    "Client requests of the volume waiting for admission now",
+                ),
+                (
+                    "volume_waited_us",
+                    "Microseconds the volume's requests waited for admission, in all",
+                ),
+                (
+                    "volume_throttled_us",
+                    "Of it, microseconds its limits held them",
+                ),
+                (
+                    "volume_refused",
+                    "Client requests of the volume answered busy (queue full or waited too long)",
+                ),
+            ]
+            .map(|(name, help)| (name, help, Family::default())),
         };
         {
             let mut r = m.registry.lock().expect("registry");
@@ -260,6 +297,9 @@ impl Metrics {
             }
             for (name, help, gauge) in &m.sched {
                 r.register(*name, *help, gauge.clone());
+            }
+            for (name, help, family) in &m.admission {
+                r.register(*name, *help, family.clone());
             }
         }
         m
@@ -370,6 +410,39 @@ impl Metrics {
             ];
             let label = Peer { peer: peer.0 };
             for ((.., family), value) in self.flow.iter().zip(values) {
+                family
+                    .get_or_create(&label)
+                    .set(value.min(i64::MAX as u64) as i64);
+            }
+        }
+        // Volumes come and go: the families hold the current ones only.
+        for (.., family) in &self.admission {
+            family.clear();
+        }
+        let names: std::collections::BTreeMap<_, _> = report
+            .state
+            .named
+            .iter()
+            .map(|(name, v)| (v.first, name))
+            .collect();
+        for (key, a) in &report.admission {
+            let name = match key {
+                None => "(pool)".to_string(),
+                Some(first) => match names.get(first) {
+                    Some(name) => name.to_string(),
+                    None => continue,
+                },
+            };
+            let values = [
+                a.admitted,
+                a.by_reservation,
+                a.waiting as u64,
+                a.waited_ns / 1000,
+                a.throttled_ns / 1000,
+                a.refused,
+            ];
+            let label = Vol { volume: name };
+            for ((.., family), value) in self.admission.iter().zip(values) {
                 family
                     .get_or_create(&label)
                     .set(value.min(i64::MAX as u64) as i64);

@@ -114,8 +114,25 @@ pub struct Measured {
     pub pauses: u64,
     /// CPU utilization by role (storage, client), percent.
     pub cpu_util: BTreeMap<String, f64>,
+    /// Per named volume (`[[volumes]]`), by name.
+    pub volumes: BTreeMap<String, VolumeMeasured>,
     /// Every checker of the run passed and no operation failed.
     pub checkers_passed: bool,
+}
+
+/// What one named volume's clients measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VolumeMeasured {
+    /// Completed operations per second.
+    pub iops: f64,
+    /// Read P50 and P99, us.
+    pub read_p50_us: f64,
+    /// Read P99, us.
+    pub read_p99_us: f64,
+    /// Write P50, us.
+    pub write_p50_us: f64,
+    /// Write P99, us.
+    pub write_p99_us: f64,
 }
 
 /// A whole experiment's results.
@@ -222,6 +239,20 @@ pub fn measure(name: &str, report: &Report, history: &History, interval_ns: u64)
             .iter()
             .map(|(role, u)| (role.clone(), 100.0 * u))
             .collect(),
+        volumes: report
+            .volumes
+            .iter()
+            .map(|(name, iops, r, w)| {
+                let v = VolumeMeasured {
+                    iops: *iops,
+                    read_p50_us: r.p50_us,
+                    read_p99_us: r.p99_us,
+                    write_p50_us: w.p50_us,
+                    write_p99_us: w.p99_us,
+                };
+                (name.clone(), v)
+            })
+            .collect(),
         checkers_passed: report.passed(),
     }
 }
@@ -279,6 +310,28 @@ impl Results {
             "  (latency in us; sd% and maxdv% of IOPS over {} ms intervals; cpuS/cpuC: storage nodes' and clients' CPU busy)",
             self.variants.first().map_or(0.0, |m| m.interval_ms)
         );
+        if self.variants.iter().any(|m| !m.volumes.is_empty()) {
+            let _ = writeln!(
+                t,
+                "  {:<18} {:<10} {:>9} | {:>7} {:>8} | {:>7} {:>8}",
+                "variant", "volume", "IOPS", "rd P50", "rd P99", "wr P50", "wr P99"
+            );
+            for m in &self.variants {
+                for (name, v) in &m.volumes {
+                    let _ = writeln!(
+                        t,
+                        "  {:<18} {:<10} {:>9.0} | {:>7.1} {:>8.1} | {:>7.1} {:>8.1}",
+                        m.name,
+                        name,
+                        v.iops,
+                        v.read_p50_us,
+                        v.read_p99_us,
+                        v.write_p50_us,
+                        v.write_p99_us
+                    );
+                }
+            }
+        }
         t
     }
 

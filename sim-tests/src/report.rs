@@ -158,12 +158,18 @@ pub struct Report {
     pub flow: weir_core::flow::FlowTotals,
     /// The nodes' I/O schedulers' counts over the run (see `weir_core::sched`).
     pub sched: weir_core::sched::SchedStats,
+    /// The primaries' admission of client requests by dmClock over the run,
+    /// all volumes together.
+    pub admission: weir_core::sched::VolumeAdmitStats,
     /// RDMA's messenger's connection counts, summed over the hosts (their last
     /// incarnations), when the fabric carries frames through it.
     pub messenger: Option<weir_transport_rdma::messenger::Counters>,
     /// CPU utilization over the workload by role ("storage", "client"), 0..=1,
     /// when hosts are modelled.
     pub cpu: Vec<(String, f64)>,
+    /// Per named volume (`[[volumes]]`): its name, IOPS (operations completed
+    /// within the workload's duration, not after it) and latency.
+    pub volumes: Vec<(String, f64, Latency, Latency)>,
     /// Faults injected, described, in time order.
     pub faults: Vec<String>,
     /// Control-plane events (nodes down and up, failovers), in time order.
@@ -224,8 +230,24 @@ impl Report {
             payload_copies: 0,
             flow: Default::default(),
             sched: Default::default(),
+            admission: Default::default(),
             messenger: None,
             cpu: Vec::new(),
+            volumes: scenario
+                .volume_ranges()
+                .into_iter()
+                .map(|(name, first, blocks)| {
+                    let of =
+                        |o: &crate::history::OpRecord| o.lba >= first && o.lba < first + blocks;
+                    let n = history
+                        .ops
+                        .iter()
+                        .filter(|o| o.complete_ns.is_some_and(|t| t < duration_ns) && of(o))
+                        .count();
+                    let lat = |kind| Latency::measure_where(history, |o| o.kind == kind && of(o));
+                    (name, n as f64 / secs, lat(OpKind::Read), lat(OpKind::Write))
+                })
+                .collect(),
             node_events: Vec::new(),
             faults: Vec::new(),
             events: Vec::new(),
@@ -359,6 +381,25 @@ impl fmt::Display for Report {
                 q.split,
                 q.refused,
                 q.waited_ns as f64 / 1000.0 / q.requests.max(1) as f64
+            )?;
+        }
+        if !self.scenario.volumes.is_empty() {
+            let a = &self.admission;
+            writeln!(
+                f,
+                "  qos     {} requests admitted ({} in the reservation phase), mean wait {:.1} us, {:.1} ms held by limits in all, {} answered busy",
+                a.admitted,
+                a.by_reservation,
+                a.waited_ns as f64 / 1000.0 / a.admitted.max(1) as f64,
+                a.throttled_ns as f64 / 1e6,
+                a.refused
+            )?;
+        }
+        for (name, iops, read, write) in &self.volumes {
+            writeln!(
+                f,
+                "  volume {name}: {iops:.0} IOPS, read P50 {:.1} P99 {:.1} us, write P50 {:.1} P99 {:.1} us",
+                read.p50_us, read.p99_us, write.p50_us, write.p99_us
             )?;
         }
         if let Some(m) = &self.messenger {

@@ -119,6 +119,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let copies_before = weir_core::copies::on_this_thread();
     let flow_before = weir_core::flow::on_this_thread();
     let sched_before = weir_core::sched::on_this_thread();
+    let admitted_before = weir_core::sched::admitted_on_this_thread();
     let cluster = cluster::Cluster::start(&scenario).await;
     if let Some(interval) = options.telemetry_interval {
         cluster.fabric.enable_sampling(interval);
@@ -198,6 +199,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         dropped: flow.dropped - flow_before.dropped,
     };
     report.sched = weir_core::sched::on_this_thread().since(&sched_before);
+    report.admission = weir_core::sched::admitted_on_this_thread().since(&admitted_before);
     report.node_events = cluster
         .events
         .lock()

@@ -49,6 +49,9 @@ struct Tally {
     /// Seeds whose devices' schedulers merge (and the merges they made).
     merging: u32,
     merged: u64,
+    /// Seeds whose primaries admit by QoS (and the requests they admitted).
+    qos: u32,
+    admitted: u64,
 }
 
 fn campaign(part: u64) {
@@ -69,6 +72,10 @@ fn campaign(part: u64) {
         "no seed of this part merged device commands"
     );
     assert!(
+        t.qos > 0 && t.admitted > 0,
+        "no seed of this part admitted client requests by QoS"
+    );
+    assert!(
         t.media == 0 || t.repaired > 0,
         "{} seeds gave an SSD media errors, but nothing was repaired",
         t.media
@@ -81,6 +88,7 @@ fn check_seeds(seeds: impl Iterator<Item = u64>) -> Tally {
     let (mut crashes, mut stalls, mut media, mut repaired) = (0, 0, 0, 0);
     let (mut skewed, mut hosts, mut rdma) = (0, 0, 0);
     let (mut merging, mut merged) = (0, 0);
+    let (mut qos, mut admitted) = (0, 0);
     for seed in seeds {
         let s = Scenario::campaign(seed);
         skewed += u32::from(s.cluster.clock_offset_max_us > 0);
@@ -96,6 +104,10 @@ fn check_seeds(seeds: impl Iterator<Item = u64>) -> Tally {
         if s.sched.merge {
             merging += 1;
             merged += merges(&r);
+        }
+        if !s.volumes.is_empty() {
+            qos += 1;
+            admitted += admissions(&r);
         }
         media += s.faults.media_errors;
         repaired += r.matches(" repaired ").count();
@@ -150,7 +162,19 @@ fn check_seeds(seeds: impl Iterator<Item = u64>) -> Tally {
         rdma,
         merging,
         merged,
+        qos,
+        admitted,
     }
+}
+
+/// The client requests a report's `qos` line says were admitted.
+fn admissions(report: &str) -> u64 {
+    report
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("qos "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The merges a report's `sched` line counts.

@@ -3,6 +3,7 @@
 //! replicates its commands, the failure detector and the lease logic build on it.
 
 pub mod plane;
+pub mod qos;
 pub mod raft;
 pub mod state;
 

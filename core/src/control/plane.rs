@@ -301,7 +301,8 @@ impl ControlPlane {
 
     /// A member asks the leader to propose a command. Only data-path requests
     /// (dropping a replica, a replica rebuilt, from the extent's primary) and named
-    /// volume changes are taken from others; membership stays the leader's.
+    /// volume changes (their QoS too) are taken from others; membership stays the
+    /// leader's.
     pub fn handle_propose(&mut self, from: NodeId, bytes: &[u8]) {
         if !self.state().nodes.contains_key(&from) || !self.raft.is_leader() {
             return;
@@ -319,10 +320,13 @@ impl ControlPlane {
             {
                 self.propose(&cmd)
             }
-            // Any member may create or delete a named volume for its users.
-            Ok(cmd @ (Command::CreateNamed { .. } | Command::DeleteNamed { .. })) => {
-                self.propose(&cmd)
-            }
+            // Any member may create, change or delete a named volume for its
+            // users.
+            Ok(
+                cmd @ (Command::CreateNamed { .. }
+                | Command::SetQos { .. }
+                | Command::DeleteNamed { .. }),
+            ) => self.propose(&cmd),
             // A node says it restarted, for itself only.
             Ok(cmd @ Command::Restarted { node }) if node == from => self.propose(&cmd),
             Ok(other) => tracing::warn!(%from, ?other, "command not taken from a member"),
@@ -664,6 +668,10 @@ fn describe(command: &Command, changes: &[super::state::Change]) -> Option<crate
             size_bytes: *size_bytes,
         }),
         Command::DeleteNamed { name } => Some(Event::VolumeDeleted { name: name.clone() }),
+        Command::SetQos { name, qos } => Some(Event::VolumeQos {
+            name: name.clone(),
+            qos: *qos,
+        }),
         Command::Restarted { node } => Some(Event::Restarted {
             node: *node,
             moved: replicas + failovers,
@@ -690,6 +698,15 @@ pub fn bootstrap(map: &crate::map::ClusterMap, replicas: u8) -> Vec<Command> {
         extents: map.extent_count(),
         replicas,
     });
+    // A static map's named volumes, in the order they took their extents.
+    let mut named: Vec<_> = map.state().named.iter().collect();
+    named.sort_by_key(|(_, v)| v.first);
+    commands.extend(named.into_iter().map(|(name, v)| Command::CreateNamed {
+        name: name.clone(),
+        size_bytes: v.size_bytes,
+        extents: v.extents,
+        qos: v.qos,
+    }));
     commands
 }
 

@@ -22,6 +22,7 @@
 //! it). A new primary may serve only after `serve_after_ns`, the moment the old
 //! primary's lease has surely run out.
 
+pub use super::qos::{Qos, QosError};
 use crate::ids::{Epoch, ExtentId, NodeId, VolumeId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -137,6 +138,15 @@ pub enum Command {
         size_bytes: u64,
         /// Pool extents it needs (the proposer rounds the size up to extents).
         extents: u64,
+        /// Its quality of service.
+        qos: Qos,
+    },
+    /// A named volume's quality of service changes.
+    SetQos {
+        /// The volume's name.
+        name: String,
+        /// The new setting.
+        qos: Qos,
     },
     /// A named volume is deleted (its extents are not handed out again).
     DeleteNamed {
@@ -212,6 +222,9 @@ pub enum Refusal {
     /// The name or size is not acceptable.
     #[error("bad volume: {0}")]
     BadName(&'static str),
+    /// A QoS setting that cannot be kept.
+    #[error("bad QoS: {0}")]
+    BadQos(QosError),
     /// The command would take the map past one of its bounds.
     #[error("past a bound of the map: {0}")]
     TooLarge(&'static str),
@@ -255,6 +268,8 @@ pub struct NamedVolume {
     pub extents: u64,
     /// Size the users see, in bytes (at most `extents` extents).
     pub size_bytes: u64,
+    /// Its quality of service.
+    pub qos: Qos,
 }
 
 /// What a command changed, for the log and the report.
@@ -346,7 +361,18 @@ impl ClusterState {
                 name,
                 size_bytes,
                 extents,
-            } => self.create_named(name, *size_bytes, *extents),
+                qos,
+            } => self.create_named(name, *size_bytes, *extents, *qos),
+            Command::SetQos { name, qos } => {
+                qos.check().map_err(Refusal::BadQos)?;
+                match self.named.get_mut(name) {
+                    Some(v) => {
+                        v.qos = *qos;
+                        Ok(vec![Change::Membership])
+                    }
+                    None => Err(Refusal::UnknownName(name.clone())),
+                }
+            }
             Command::DeleteNamed { name } => match self.named.remove(name) {
                 Some(_) => Ok(vec![Change::Membership]),
                 None => Err(Refusal::UnknownName(name.clone())),
@@ -464,8 +490,10 @@ impl ClusterState {
         name: &str,
         size_bytes: u64,
         extents: u64,
+        qos: Qos,
     ) -> Result<Vec<Change>, Refusal> {
         check_name(name)?;
+        qos.check().map_err(Refusal::BadQos)?;
         if size_bytes == 0 || extents == 0 {
             return Err(Refusal::BadName("a volume has a size above zero"));
         }
@@ -483,6 +511,7 @@ impl ClusterState {
             first: ExtentId(self.next_free_extent),
             extents,
             size_bytes,
+            qos,
         };
         self.next_free_extent += extents;
         self.named.insert(name.to_string(), volume);
@@ -771,6 +800,9 @@ impl ClusterState {
         for (name, v) in &self.named {
             if v.extents == 0 || v.first.0.saturating_add(v.extents) > self.next_free_extent {
                 return Err(format!("volume {name:?} outside the handed-out extents"));
+            }
+            if let Err(e) = v.qos.check() {
+                return Err(format!("volume {name:?}: {e}"));
             }
         }
         let mut runs: Vec<_> = self

@@ -353,6 +353,7 @@ impl Replicator {
                 lba,
                 data,
                 fua,
+                ..
             } => self.client_write(from, req, volume, epoch, lba, data, fua),
             Message::Read {
                 req,
@@ -360,6 +361,7 @@ impl Replicator {
                 epoch,
                 lba,
                 blocks,
+                ..
             } => self.client_read(from, req, volume, epoch, lba, u64::from(blocks)),
             Message::Flush { req, volume } => self.client_flush(from, req, volume),
             Message::ScrubRead {

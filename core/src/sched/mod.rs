@@ -19,6 +19,11 @@
 use crate::buf::BufPool;
 use crate::device::{DevCompletion, DevError, Geometry};
 use crate::replication::{IoCmd, IoId, IoResult};
+pub use admission::{
+    admitted_on_this_thread, Admission, AdmitConfig, Deltas, Submit, VolKey, VolumeAdmitStats, Who,
+    ADMIT_DEPTH_DEFAULT, ADMIT_FORGET_NS, ADMIT_WAITING_MAX_DEFAULT, ADMIT_WAIT_MAX_NS, DELTAS_MAX,
+    DELTA_MAX,
+};
 pub use order::{Finished, WriteOrder};
 pub use queue::{
     on_this_thread, CmdId, Dispatch, IoQueue, QueueFull, SchedConfig, SchedStats, MERGE_SCAN_MAX,
@@ -26,6 +31,7 @@ pub use queue::{
 };
 use std::time::Duration;
 
+mod admission;
 mod order;
 mod queue;
 
@@ -211,5 +217,7 @@ impl DeviceSched {
     }
 }
 
+#[cfg(test)]
+mod admission_tests;
 #[cfg(test)]
 mod tests;

@@ -37,6 +37,7 @@ fn message() -> impl Strategy<Value = Message> {
                 epoch: Epoch(e),
                 lba: Lba(l),
                 blocks: b,
+                delta: 1,
             }
         }),
         (
@@ -54,6 +55,7 @@ fn message() -> impl Strategy<Value = Message> {
                 lba: Lba(l),
                 data,
                 fua,
+                delta: 1,
             }),
         (id, any::<u32>()).prop_map(|(r, v)| Message::Flush {
             req: RequestId(r),
@@ -301,6 +303,7 @@ fn a_payload_comes_only_with_a_message_that_carries_one() {
         lba: Lba(0),
         data: Bytes::from_static(b"abc"),
         fua: false,
+        delta: 1,
     };
     let frame = msg.encode().unwrap();
     assert_eq!(&frame.payload[..], b"abc");

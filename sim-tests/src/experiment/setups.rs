@@ -66,6 +66,14 @@ pub const ALL: &[Experiment] = &[
                 stripes to split at)",
         variants: merge_split,
     },
+    Experiment {
+        name: "qos",
+        about: "3 nodes; a latency-sensitive volume (one client, 4 KiB random 70% reads at \
+                QD8) beside a noisy neighbour (three clients, 4 KiB random writes at QD128): \
+                no QoS (off), the neighbour limited (limit), the quiet volume holding a \
+                reservation (reserve), both (on), and the quiet volume alone",
+        variants: qos,
+    },
 ];
 
 /// Simulated time of the quick form (`cargo xtask test` runs every experiment so).
@@ -168,6 +176,7 @@ fn mixed(quick: bool) -> Vec<Variant> {
         queue_depth: 8,
         start_spread_ms: 0,
         run_ms: 0,
+        volume: String::new(),
     };
     let mut out = Vec::new();
     for (fabric, set) in [("tcp", kernel_tcp as fn(&mut Scenario)), ("roce", roce)] {
@@ -272,6 +281,7 @@ fn full_stack(quick: bool) -> Vec<Variant> {
                     queue_depth: 64,
                     start_spread_ms: (d * 4 / 5).max(1),
                     run_ms: (d / 5).max(1),
+                    volume: String::new(),
                 }];
                 name.push_str("-burst");
             }
@@ -309,6 +319,7 @@ fn merge_split(quick: bool) -> Vec<Variant> {
                 queue_depth: 4,
                 start_spread_ms: 0,
                 run_ms: 0,
+                volume: String::new(),
             }];
             if name != "fifo-deep" {
                 s.sched.depth = MERGE_SPLIT_DEPTH;
@@ -317,6 +328,53 @@ fn merge_split(quick: bool) -> Vec<Variant> {
             s.sched.split = name == "on";
             out.push(variant(&format!("{name}{suffix}"), s));
         }
+    }
+    out
+}
+
+/// The noisy neighbour's IOPS limit in `qos` (over the cluster).
+pub const QOS_NOISY_LIMIT: u64 = 100_000;
+/// The quiet volume's reservation in `qos`.
+pub const QOS_QUIET_RESERVATION: u64 = 30_000;
+
+/// `off`, `limit`, `reserve`, `on` and `alone`: see the experiment's line.
+/// Admission at the default depth wherever a volume has QoS.
+fn qos(quick: bool) -> Vec<Variant> {
+    let mut out = Vec::new();
+    for name in ["off", "limit", "reserve", "on", "alone"] {
+        let mut s = base(quick, 100);
+        roce(&mut s);
+        s.device.driver = "polled".into();
+        s.workload.clients = 1;
+        s.workload.volume = "quiet".into();
+        workload(&mut s, Pattern::Random, 4096, 70, 8);
+        let mut quiet = crate::scenario::VolumeSpecToml {
+            name: "quiet".into(),
+            ..Default::default()
+        };
+        let mut noisy = crate::scenario::VolumeSpecToml {
+            name: "noisy".into(),
+            ..Default::default()
+        };
+        if matches!(name, "limit" | "on") {
+            noisy.iops_limit = QOS_NOISY_LIMIT;
+        }
+        if matches!(name, "reserve" | "on") {
+            quiet.iops_reservation = QOS_QUIET_RESERVATION;
+        }
+        s.volumes = vec![quiet, noisy];
+        if name != "alone" {
+            s.extra_clients = vec![ExtraClients {
+                clients: 3,
+                pattern: Pattern::Random,
+                read_percent: 0,
+                block_size: 4096,
+                queue_depth: 128,
+                volume: "noisy".into(),
+                ..ExtraClients::default()
+            }];
+        }
+        out.push(variant(name, s));
     }
     out
 }

@@ -261,7 +261,26 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
         max_request_blocks: (1 << 20) / c.block_size,
     };
     let nodes = (1..=c.nodes).map(NodeId).collect();
-    ClusterMap::new_static(nodes, volume, c.replicas as usize).expect("validated scenario")
+    let mut map =
+        ClusterMap::new_static(nodes, volume, c.replicas as usize).expect("validated scenario");
+    // The named volumes, in order, each its share of the pool's extents.
+    let extents = map.extent_count();
+    for v in &scenario.volumes {
+        let share = (extents * u64::from(v.share_percent) / 100).max(1);
+        let qos = if scenario.qos.enabled {
+            v.qos()
+        } else {
+            weir_core::control::qos::Qos::default()
+        };
+        let create = weir_core::control::Command::CreateNamed {
+            name: v.name.clone(),
+            size_bytes: share * (c.extent_mib << 20),
+            extents: share,
+            qos,
+        };
+        map = map.with_named(&create).expect("validated scenario");
+    }
+    map
 }
 
 /// Control-plane tick.
@@ -295,6 +314,10 @@ fn start_nodes(
     let bound = s.cluster.clock_bound();
     let device_timeout = Duration::from_millis(s.cluster.device_timeout_ms);
     let sched = s.sched.config();
+    let admit = weir_core::sched::AdmitConfig {
+        depth: s.qos.depth,
+        ..weir_core::sched::AdmitConfig::default()
+    };
     let since_ns = weir_core::time::cluster_ns();
     for &id in map.nodes() {
         let transport = Arc::new(fabric.endpoint(id).expect("new host"));
@@ -382,6 +405,7 @@ fn start_nodes(
             .with_skew(skew)
             .with_device_timeout(device_timeout)
             .with_sched(sched)
+            .with_admission(admit, false)
             .with_audit(audit.clone())
             .with_log_store(Box::new(log.clone()))
             .with_version_store(Box::new(versions.clone()), device, restored);

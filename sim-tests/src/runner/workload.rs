@@ -29,11 +29,30 @@ struct ClientPlan {
     first_worker: u64,
     start: Instant,
     stop: Instant,
+    /// The blocks it uses: its volume's (first block, blocks), or the pool's.
+    range: (u64, u64),
+}
+
+/// The blocks of named volume `name` of `map` (first, count); the whole pool
+/// for no name.
+fn range_of(map: &ClusterMap, name: &str) -> (u64, u64) {
+    let capacity = map.volume().capacity_blocks;
+    let Some(v) = map.state().named.get(name) else {
+        return (0, capacity);
+    };
+    let first = map.extent_start(v.first).0;
+    let end = map.extent_start(v.first).0 + v.extents * map.volume().extent_blocks;
+    (first, end.min(capacity) - first)
 }
 
 /// Every client's plan: the workload's clients for the whole run, then each
 /// `[[extra_clients]]` group's, starting and stopping as it says.
-fn plans(scenario: &Scenario, epoch: Instant, deadline: Instant) -> Vec<ClientPlan> {
+fn plans(
+    scenario: &Scenario,
+    map: &ClusterMap,
+    epoch: Instant,
+    deadline: Instant,
+) -> Vec<ClientPlan> {
     let w = &scenario.workload;
     let mut plans = Vec::new();
     let mut first_worker = 0u64;
@@ -46,6 +65,7 @@ fn plans(scenario: &Scenario, epoch: Instant, deadline: Instant) -> Vec<ClientPl
             first_worker,
             start: epoch,
             stop: deadline,
+            range: range_of(map, &w.volume),
         });
         first_worker += u64::from(w.queue_depth);
     }
@@ -68,6 +88,7 @@ fn plans(scenario: &Scenario, epoch: Instant, deadline: Instant) -> Vec<ClientPl
                 first_worker,
                 start,
                 stop,
+                range: range_of(map, &e.volume),
             });
             first_worker += u64::from(e.queue_depth);
         }
@@ -79,7 +100,7 @@ fn plans(scenario: &Scenario, epoch: Instant, deadline: Instant) -> Vec<ClientPl
 /// operation, in completion order (operations that never completed last).
 pub(super) async fn drive(cluster: &Cluster, scenario: &Scenario, epoch: Instant) -> Vec<OpRecord> {
     let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
-    let plans = plans(scenario, epoch, deadline);
+    let plans = plans(scenario, &cluster.map, epoch, deadline);
     let workers: u64 = plans.iter().map(|p| u64::from(p.queue_depth)).sum();
     let mut clients = Vec::new();
     for ((c, transport), plan) in cluster.clients.iter().cloned().enumerate().zip(plans) {
@@ -168,7 +189,7 @@ impl Worker {
         let w = &self.plan;
         let bs = u64::from(self.block_size);
         let req_blocks = u64::from(w.block_size) / bs;
-        let capacity = self.volume.map().volume().capacity_blocks;
+        let (base, capacity) = w.range;
         let slots = capacity / req_blocks;
         // Sequential workers each stream through a region of their own.
         let (me, workers) = (self.me, self.workers);
@@ -190,7 +211,7 @@ impl Worker {
                     (start + n % len) % slots
                 }
             };
-            let lba = slot * req_blocks;
+            let lba = base + slot * req_blocks;
             let is_read = thread_rng().gen_range(0..100) < w.read_percent;
             let record = if is_read {
                 self.read(lba, req_blocks).await

@@ -18,7 +18,8 @@ impl Scenario {
     /// leader), link loss and corruption, link flaps, on RoCE (a third of it
     /// through RDMA's messenger, half of that on two-port hosts) or the TCP
     /// baseline, with the hosts' CPUs modelled on a quarter of the seeds and
-    /// the devices' I/O schedulers merging and splitting on a third.
+    /// the devices' I/O schedulers merging and splitting on a third, and QoS
+    /// admission on a third.
     /// `cargo xtask sim --campaign --seed N` replays one.
     pub fn campaign(seed: u64) -> Scenario {
         let pick = |salt: u64, n: u64| campaign_pick(seed, salt, n);
@@ -128,6 +129,29 @@ impl Scenario {
                     s.workload.pattern = super::Pattern::Stream;
                 }
             }
+        }
+        // A third of the seeds carve two named volumes with QoS from the pool
+        // (the clients still use all of it: both volumes and the rest), so
+        // every primary admits client requests by dmClock through the faults:
+        // one volume limited (tightly or loosely), the other holding a
+        // reservation and a weight, a shallow admission depth.
+        if pick(37, 3) == 0 {
+            s.volumes = vec![
+                super::VolumeSpecToml {
+                    name: "a".into(),
+                    share_percent: 50,
+                    iops_limit: [2_000, 20_000][pick(38, 2) as usize],
+                    ..Default::default()
+                },
+                super::VolumeSpecToml {
+                    name: "b".into(),
+                    share_percent: 25,
+                    iops_reservation: 1_000,
+                    weight: [50, 400][pick(39, 2) as usize],
+                    ..Default::default()
+                },
+            ];
+            s.qos.depth = [1, 8][pick(40, 2) as usize];
         }
         s
     }

@@ -215,6 +215,7 @@ fn named_volumes_take_disjoint_runs_and_are_refused_clearly() {
         name: name.into(),
         size_bytes: extents * 4096,
         extents,
+        qos: Qos::default(),
     };
     s.apply(&create("a", 4)).unwrap();
     s.apply(&create("b", 5)).unwrap();
@@ -386,11 +387,28 @@ fn any_command() -> impl Strategy<Value = Command> {
         }),
         node.clone().prop_map(|node| Command::Restarted { node }),
         node.prop_map(|node| Command::ReplaceNode { node }),
-        ("[a-c]{0,2}", any::<u64>(), count).prop_map(|(name, size_bytes, extents)| {
-            Command::CreateNamed {
+        ("[a-c]{0,2}", any::<u64>(), count, 0u64..3, 0u32..3).prop_map(
+            |(name, size_bytes, extents, limit, weight)| Command::CreateNamed {
                 name,
                 size_bytes,
                 extents,
+                qos: Qos {
+                    iops_limit: limit * 1000,
+                    bw_limit: 0,
+                    iops_reservation: 1000,
+                    weight,
+                },
+            }
+        ),
+        ("[a-c]{0,2}", 0u64..3, 0u64..3).prop_map(|(name, limit, reservation)| {
+            Command::SetQos {
+                name,
+                qos: Qos {
+                    iops_limit: limit * 500,
+                    bw_limit: limit << 20,
+                    iops_reservation: reservation * 500,
+                    weight: 100,
+                },
             }
         }),
         "[a-c]{0,2}".prop_map(|name| Command::DeleteNamed { name }),

@@ -204,6 +204,7 @@ fn write(req: u64, lba: u64, data: Bytes) -> Message {
         lba: Lba(lba),
         data,
         fua: false,
+        delta: 1,
     }
 }
 
@@ -214,6 +215,7 @@ fn read(req: u64, lba: u64, blocks: u32) -> Message {
         epoch: Epoch(1),
         lba: Lba(lba),
         blocks,
+        delta: 1,
     }
 }
 
@@ -492,6 +494,7 @@ fn bad_requests_get_typed_errors() {
         lba: Lba(0),
         data: block(1, 1),
         fua: false,
+        delta: 1,
     };
     let unknown = Message::Read {
         req: RequestId(6),
@@ -499,6 +502,7 @@ fn bad_requests_get_typed_errors() {
         epoch: Epoch(1),
         lba: Lba(0),
         blocks: 1,
+        delta: 1,
     };
     c.client_sends(NodeId(1), write(1, 16, block(1, 1)));
     c.client_sends(NodeId(1), read(2, 63, 2));
@@ -743,6 +747,7 @@ fn write_at_epoch(req: u64, lba: u64, data: Bytes, epoch: u64) -> Message {
         lba: Lba(lba),
         data,
         fua: false,
+        delta: 1,
     }
 }
 
@@ -2072,6 +2077,7 @@ fn a_new_primary_writes_back_a_block_only_it_holds_before_it_serves() {
         epoch,
         lba: Lba(5),
         blocks: 1,
+        delta: 1,
     };
     c.client_sends(NodeId(2), read_at(60));
     let (from, to, tail) = c
