@@ -814,7 +814,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     fn issue(&mut self, io: IoId, cmd: IoCmd, done: &DeviceDone) {
         let volume_block = u64::from(self.device.geometry().block_size) * self.scale;
         let cmd = cmd.in_device_blocks(self.scale, volume_block);
-        if let Err(e) = self.sched.submit(io, cmd, self.now_ns()) {
+        let class = self.engine.io_class(io);
+        if let Err(e) = self.sched.submit(io, cmd, class, self.now_ns()) {
             // Back-pressure: answered at once, as a request the engine may retry.
             tracing::warn!(error = %e, "device queue full; request refused");
             self.clock();

@@ -30,6 +30,8 @@
 //! merge = false               # merge queued requests that continue one another
 //! sched_depth = 0             # commands in flight per queue (0: queue_depth);
 //!                             # past it requests wait in weir, where they merge
+//! classes = true              # rebuild, scrub and reconciliation wait behind
+//!                             # clients' requests, two commands on the device
 //!
 //! [qos]                       # while any volume has QoS (weir volume create|set)
 //! admit_depth = 32            # client requests in this node's engine at once;
@@ -152,6 +154,10 @@ pub struct QosSection {
     /// Client requests in this node's engine at once while any volume has QoS.
     #[serde(default = "default_admit_depth")]
     pub admit_depth: usize,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_admit_depth() -> usize {
@@ -286,6 +292,11 @@ pub struct DeviceSection {
     /// requests wait in the scheduler, where they can merge.
     #[serde(default)]
     pub sched_depth: u32,
+    /// Background work (rebuild copies, scrub, reconciliation) waits behind
+    /// clients' requests in the scheduler, at most two commands of it on the
+    /// device, keeping one command in eight while both wait.
+    #[serde(default = "yes")]
+    pub classes: bool,
 }
 
 fn default_checkpoint_ms() -> u64 {
@@ -427,6 +438,7 @@ impl Default for DeviceSection {
             checkpoint_ms: default_checkpoint_ms(),
             merge: false,
             sched_depth: 0,
+            classes: true,
         }
     }
 }

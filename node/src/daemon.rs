@@ -198,6 +198,7 @@ pub async fn run(
         // boundary, so there is nothing to split at.
         split: false,
         depth_per_queue: config.device.sched_depth,
+        classes: config.device.classes,
         ..SchedConfig::default()
     })
     .with_admission(

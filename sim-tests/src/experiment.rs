@@ -116,6 +116,9 @@ pub struct Measured {
     pub cpu_util: BTreeMap<String, f64>,
     /// Per named volume (`[[volumes]]`), by name.
     pub volumes: BTreeMap<String, VolumeMeasured>,
+    /// Latency of the operations invoked after a node restarted (its replicas
+    /// rebuilding meanwhile), if one did.
+    pub after_restart: Option<ReadWrite>,
     /// Every checker of the run passed and no operation failed.
     pub checkers_passed: bool,
 }
@@ -253,6 +256,17 @@ pub fn measure(name: &str, report: &Report, history: &History, interval_ns: u64)
                 (name.clone(), v)
             })
             .collect(),
+        after_restart: report
+            .node_events
+            .iter()
+            .find(|(_, e)| matches!(e, weir_core::Event::Restarted { .. }))
+            .map(|&(at, _)| {
+                let from = at.saturating_sub(crate::scenario::WARMUP.as_nanos() as u64);
+                ReadWrite {
+                    read: latency(history, |o| o.kind == OpKind::Read && o.invoke_ns >= from),
+                    write: latency(history, |o| o.kind == OpKind::Write && o.invoke_ns >= from),
+                }
+            }),
         checkers_passed: report.passed(),
     }
 }
@@ -310,6 +324,23 @@ impl Results {
             "  (latency in us; sd% and maxdv% of IOPS over {} ms intervals; cpuS/cpuC: storage nodes' and clients' CPU busy)",
             self.variants.first().map_or(0.0, |m| m.interval_ms)
         );
+        if self.variants.iter().any(|m| m.after_restart.is_some()) {
+            let _ = writeln!(
+                t,
+                "  after the restart   {:>7} {:>7} {:>8} | {:>7} {:>7} {:>8}",
+                "rd P50", "rd P99", "rd P99.9", "wr P50", "wr P99", "wr P99.9"
+            );
+            for m in &self.variants {
+                if let Some(rw) = &m.after_restart {
+                    let (r, w) = (&rw.read, &rw.write);
+                    let _ = writeln!(
+                        t,
+                        "  {:<18} {:>7.1} {:>7.1} {:>8.1} | {:>7.1} {:>7.1} {:>8.1}",
+                        m.name, r.p50, r.p99, r.p999, w.p50, w.p99, w.p999
+                    );
+                }
+            }
+        }
         if self.variants.iter().any(|m| !m.volumes.is_empty()) {
             let _ = writeln!(
                 t,

@@ -382,6 +382,13 @@ impl fmt::Display for Report {
                 q.refused,
                 q.waited_ns as f64 / 1000.0 / q.requests.max(1) as f64
             )?;
+            if self.scenario.sched.classes {
+                writeln!(
+                    f,
+                    "          {} commands went ahead of waiting background work",
+                    q.passed
+                )?;
+            }
         }
         if !self.scenario.volumes.is_empty() {
             let a = &self.admission;

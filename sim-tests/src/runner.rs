@@ -35,8 +35,7 @@ pub use plan::{Fault, FaultPlan};
 const FIRST_CLIENT: u32 = 1000;
 /// Node id of the host that reads every replica back after the workload.
 const CHECKER_HOST: u32 = 999;
-/// Time the cluster has to come up before the workload and the faults start.
-const WARMUP: Duration = Duration::from_millis(30);
+pub use crate::scenario::WARMUP;
 /// [`WARMUP`] in microseconds (fault times count from the workload's start).
 const WARMUP_US: u64 = WARMUP.as_micros() as u64;
 /// A media error fault makes this many bytes of one SSD unreadable.

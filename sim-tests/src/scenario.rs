@@ -3,6 +3,11 @@
 
 use serde::Deserialize;
 
+/// Time from the cluster's start to the workload's: the nodes elect a leader
+/// and hand out leases. Node events count from the cluster's start, operations
+/// from the workload's.
+pub const WARMUP: std::time::Duration = std::time::Duration::from_millis(30);
+
 /// The scenario `cargo xtask sim` runs when given none.
 pub const DEFAULT_SCENARIO: &str = include_str!("../scenarios/default.toml");
 
@@ -447,6 +452,10 @@ pub struct SchedSpec {
     pub depth: u32,
     /// Requests (pieces) waiting, at most; past it a request fails as busy.
     pub waiting_max: usize,
+    /// Background work (rebuild, scrub, reconciliation) waits behind clients'
+    /// requests, at most two commands of it on the device, keeping one command
+    /// in eight while both wait.
+    pub classes: bool,
 }
 
 impl Default for SchedSpec {
@@ -457,6 +466,7 @@ impl Default for SchedSpec {
             split: cfg.split,
             depth: cfg.depth_per_queue,
             waiting_max: cfg.waiting_max,
+            classes: cfg.classes,
         }
     }
 }
@@ -469,6 +479,7 @@ impl SchedSpec {
             split: self.split,
             depth_per_queue: self.depth,
             waiting_max: self.waiting_max,
+            classes: self.classes,
         }
     }
 }

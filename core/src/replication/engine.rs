@@ -47,7 +47,7 @@ use crate::ids::{Epoch, ExtentId, Lba, NodeId, OpId, RequestId, Version, VolumeI
 use crate::map::ClusterMap;
 use crate::wire::Message;
 use actions::{io_data, io_unit};
-pub use actions::{Action, IoCmd, IoId, IoResult};
+pub use actions::{Action, IoClass, IoCmd, IoId, IoResult};
 pub use audit::Audit;
 use bytes::Bytes;
 pub use config::{ReplicationConfig, DEFAULT_REPLICA_TIMEOUT_NS};
@@ -549,6 +549,21 @@ impl Replicator {
     fn op_id(&mut self) -> OpId {
         self.next_op += 1;
         OpId(self.next_op)
+    }
+
+    /// What device command `io` (issued, not yet answered) is for, as the
+    /// device's scheduler ranks it.
+    pub fn io_class(&self, io: IoId) -> IoClass {
+        match self.ios.get(&io) {
+            Some(IoPurpose::Op(op)) => match self.ops.kind(*op) {
+                Some(ops::Kind::Rebuild) => IoClass::Rebuild,
+                Some(ops::Kind::WriteBack) => IoClass::Reconcile,
+                _ => IoClass::Foreground,
+            },
+            Some(IoPurpose::RebuildWrite { .. }) => IoClass::Rebuild,
+            Some(IoPurpose::BackgroundScrub { .. }) => IoClass::Scrub,
+            _ => IoClass::Foreground,
+        }
     }
 
     fn io(&mut self, purpose: IoPurpose) -> IoId {

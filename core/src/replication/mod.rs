@@ -10,6 +10,6 @@ pub mod range_lock;
 pub mod versions;
 
 pub use engine::{
-    Action, Audit, IoCmd, IoId, IoResult, RebuildProgress, ReplicationConfig, Replicator,
+    Action, Audit, IoClass, IoCmd, IoId, IoResult, RebuildProgress, ReplicationConfig, Replicator,
     DEFAULT_REPLICA_TIMEOUT_NS,
 };

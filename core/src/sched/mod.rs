@@ -18,7 +18,7 @@
 
 use crate::buf::BufPool;
 use crate::device::{DevCompletion, DevError, Geometry};
-use crate::replication::{IoCmd, IoId, IoResult};
+use crate::replication::{IoClass, IoCmd, IoId, IoResult};
 pub use admission::{
     admitted_on_this_thread, Admission, AdmitConfig, Deltas, Submit, VolKey, VolumeAdmitStats, Who,
     ADMIT_DEPTH_DEFAULT, ADMIT_FORGET_NS, ADMIT_WAITING_MAX_DEFAULT, ADMIT_WAIT_MAX_NS, DELTAS_MAX,
@@ -26,8 +26,8 @@ pub use admission::{
 };
 pub use order::{Finished, WriteOrder};
 pub use queue::{
-    on_this_thread, CmdId, Dispatch, IoQueue, QueueFull, SchedConfig, SchedStats, MERGE_SCAN_MAX,
-    WAITING_MAX_DEFAULT,
+    on_this_thread, CmdId, Dispatch, IoQueue, QueueFull, SchedConfig, SchedStats,
+    BACKGROUND_INFLIGHT_MAX, FOREGROUND_TURNS, MERGE_SCAN_MAX, WAITING_MAX_DEFAULT,
 };
 use std::time::Duration;
 
@@ -105,14 +105,21 @@ impl DeviceSched {
         self.timeout
     }
 
-    /// Take request `io` (in device blocks) at `now_ns`; see [`IoQueue::submit`].
-    pub fn submit(&mut self, io: IoId, cmd: IoCmd, now_ns: u64) -> Result<(), QueueFull> {
+    /// Take request `io` (in device blocks) of `class` at `now_ns`; see
+    /// [`IoQueue::submit_as`].
+    pub fn submit(
+        &mut self,
+        io: IoId,
+        cmd: IoCmd,
+        class: IoClass,
+        now_ns: u64,
+    ) -> Result<(), QueueFull> {
         assert_ne!(
             io, PROBE_IO,
             "the engine's requests stay below the probe's id"
         );
         self.active_ns = self.active_ns.max(now_ns);
-        self.io.submit(io, cmd, now_ns)
+        self.io.submit_as(io, cmd, class, now_ns)
     }
 
     /// The next command for the device, if any may go now.

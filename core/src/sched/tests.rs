@@ -45,6 +45,7 @@ fn merging(depth: u32) -> SchedConfig {
         split: true,
         depth_per_queue: depth,
         waiting_max: 64,
+        classes: false,
     }
 }
 
@@ -60,7 +61,8 @@ fn device(queues: u16) -> DeviceSched {
 
 /// Issue one flush-free command and return its id (the health tests' helper).
 fn issue(s: &mut DeviceSched, pool: &BufPool, io: u64, lba: u64, now_ns: u64) -> CmdId {
-    s.submit(IoId(io), read(lba, 1), now_ns).unwrap();
+    s.submit(IoId(io), read(lba, 1), IoClass::Foreground, now_ns)
+        .unwrap();
     s.poll(now_ns, pool).expect("room").cmd
 }
 
@@ -70,7 +72,8 @@ fn commands_spread_over_the_queues_and_are_counted_per_queue() {
     let mut s = device(4);
     let mut queues = Vec::new();
     for i in 0..8 {
-        s.submit(IoId(i), read(i * 2, 1), 0).unwrap();
+        s.submit(IoId(i), read(i * 2, 1), IoClass::Foreground, 0)
+            .unwrap();
         queues.push(s.poll(0, &pool).expect("room").queue);
     }
     assert_eq!(queues, [0, 1, 2, 3, 0, 1, 2, 3], "the least busy queue");
@@ -110,7 +113,8 @@ fn a_command_outstanding_past_the_timeout_at_two_ticks_is_a_stall() {
 fn flushes_are_not_timed_and_gone_stays_gone() {
     let pool = BufPool::new(1 << 20);
     let mut s = device(1);
-    s.submit(IoId(1), IoCmd::Flush, 0).unwrap();
+    s.submit(IoId(1), IoCmd::Flush, IoClass::Foreground, 0)
+        .unwrap();
     let flush = s.poll(0, &pool).expect("room").cmd;
     for t in 1..10 {
         assert_eq!(s.tick(t * 100 * MS), None, "a long flush is no stall");
@@ -137,12 +141,14 @@ fn a_device_hung_on_flushes_stalls_the_requests_behind_them() {
         ..SchedConfig::default()
     };
     let mut s = DeviceSched::new(geometry(1, 8, 8, 0), cfg, Duration::from_millis(100));
-    s.submit(IoId(1), IoCmd::Flush, 0).unwrap();
+    s.submit(IoId(1), IoCmd::Flush, IoClass::Foreground, 0)
+        .unwrap();
     assert!(matches!(
         s.poll(0, &pool).unwrap().command,
         DevCommand::Flush
     ));
-    s.submit(IoId(2), read(0, 1), 10 * MS).unwrap();
+    s.submit(IoId(2), read(0, 1), IoClass::Foreground, 10 * MS)
+        .unwrap();
     assert!(s.poll(10 * MS, &pool).is_none(), "behind the flush");
     assert_eq!(s.tick(100 * MS), None, "90 ms: not yet");
     assert_eq!(s.tick(115 * MS), None, "one late tick is not enough");
@@ -462,6 +468,7 @@ fn check_against_oracle(
     geometry: Geometry,
     bad: BTreeSet<u64>,
     steps: Vec<Step>,
+    class: impl Fn(u64) -> IoClass,
 ) -> Result<(), TestCaseError> {
     let pool = BufPool::new(8 << 20);
     let mut q = IoQueue::new(geometry, cfg);
@@ -530,7 +537,7 @@ fn check_against_oracle(
             IoCmd::Write { lba, data, .. } => Some((lba.0, (data.len() / BS) as u64, data[0])),
             _ => None,
         };
-        if q.submit(io, cmd, 0).is_ok() {
+        if q.submit_as(io, cmd, class(io.0), 0).is_ok() {
             if let Some((lba, blocks, byte)) = write_range {
                 oracle[lba as usize..(lba + blocks) as usize].fill(byte);
             }
@@ -588,8 +595,9 @@ proptest! {
     // each case is a few dozen steps of pure logic.
     #![proptest_config(ProptestConfig::with_cases(10_000))]
 
-    /// Merging and splitting never change what a read returns, what the device
-    /// ends up holding, or which requests finish: whatever the settings, the
+    /// Merging, splitting and classes never change what a read returns, what
+    /// the device ends up holding, or which requests finish: whatever the
+    /// settings, background work among the requests, the
     /// interleaving of requests and completions, the overlaps, FUA, flushes,
     /// media errors and refusals, every request finishes once with the result
     /// the unscheduled oracle gives it.
@@ -597,6 +605,8 @@ proptest! {
     fn the_queue_agrees_with_an_unscheduled_oracle(
         merge in any::<bool>(),
         split in any::<bool>(),
+        classes in any::<bool>(),
+        background in any::<u64>(),
         depth in 1u32..4,
         queues in 1u16..3,
         waiting_max in 4usize..40,
@@ -605,8 +615,146 @@ proptest! {
         bad in proptest::collection::btree_set(0u64..64, 0..3),
         steps in proptest::collection::vec(step(), 1..60),
     ) {
-        let cfg = SchedConfig { merge, split, depth_per_queue: depth, waiting_max };
+        let cfg = SchedConfig { merge, split, depth_per_queue: depth, waiting_max, classes };
         let geometry = geometry(queues, 8, max_transfer, boundary);
-        check_against_oracle(cfg, geometry, bad, steps)?;
+        // Request i is background where bit i of `background` is set.
+        let class = |io: u64| match (background >> (io % 64)) & 1 {
+            1 => IoClass::Rebuild,
+            _ => IoClass::Foreground,
+        };
+        check_against_oracle(cfg, geometry, bad, steps, class)?;
     }
+}
+
+/// The LBA of each command `q` dispatches while one at a time completes.
+fn order_of(q: &mut IoQueue, pool: &BufPool) -> Vec<u64> {
+    let mut out = Vec::new();
+    while let Some(d) = q.poll(0, pool) {
+        let done = match d.command {
+            DevCommand::Read { lba, buf } => {
+                out.push(lba.0);
+                DevCompletion::Read(buf)
+            }
+            DevCommand::Write { lba, .. } => {
+                out.push(lba.0);
+                DevCompletion::Done
+            }
+            other => panic!("{other:?}"),
+        };
+        q.complete(d.cmd, Ok(done));
+        while q.poll_finished().is_some() {}
+    }
+    out
+}
+
+#[test]
+fn with_classes_clients_pass_background_work_but_leave_it_a_share() {
+    let pool = BufPool::new(1 << 20);
+    let cfg = SchedConfig {
+        depth_per_queue: 1,
+        classes: true,
+        ..SchedConfig::default()
+    };
+    let mut q = IoQueue::new(geometry(1, 8, 8, 0), cfg);
+    // A rebuild's reads at 0..10 wait, then clients' reads at 20..40.
+    for i in 0..10 {
+        q.submit_as(IoId(i), read(i, 1), IoClass::Rebuild, 0)
+            .unwrap();
+    }
+    for i in 0..20 {
+        q.submit(IoId(100 + i), read(20 + i, 1), 0).unwrap();
+    }
+    let order = order_of(&mut q, &pool);
+    let turns = FOREGROUND_TURNS as usize;
+    // Seven clients' reads, then one of the rebuild's, and so on.
+    assert_eq!(
+        &order[..turns],
+        &(20..20 + turns as u64).collect::<Vec<_>>()[..]
+    );
+    assert_eq!(order[turns], 0, "background's turn");
+    assert_eq!(order[turns + 1], 20 + turns as u64);
+    assert_eq!(order.len(), 30);
+    assert_eq!(q.stats().passed, 20);
+
+    // Without classes: in the order they came.
+    let mut q = IoQueue::new(
+        geometry(1, 8, 8, 0),
+        SchedConfig {
+            classes: false,
+            ..cfg
+        },
+    );
+    for i in 0..3 {
+        q.submit_as(IoId(i), read(i, 1), IoClass::Rebuild, 0)
+            .unwrap();
+    }
+    q.submit(IoId(9), read(20, 1), 0).unwrap();
+    assert_eq!(order_of(&mut q, &pool), vec![0, 1, 2, 20]);
+}
+
+#[test]
+fn a_client_write_never_passes_background_work_it_overlaps() {
+    let pool = BufPool::new(1 << 20);
+    let cfg = SchedConfig {
+        depth_per_queue: 1,
+        classes: true,
+        ..SchedConfig::default()
+    };
+    let mut q = IoQueue::new(geometry(1, 8, 8, 0), cfg);
+    // A reconciliation write-back at 4, a scrub read at 8, then a client's
+    // write at 4 (it must not pass the write-back) and one at 30 (it may).
+    q.submit_as(IoId(1), read(0, 1), IoClass::Scrub, 0).unwrap();
+    q.submit_as(IoId(2), write(4, 1, 7, false), IoClass::Reconcile, 0)
+        .unwrap();
+    q.submit(IoId(3), write(4, 1, 9, false), 0).unwrap();
+    q.submit(IoId(4), write(30, 1, 9, false), 0).unwrap();
+    assert_eq!(order_of(&mut q, &pool), vec![30, 0, 4, 4]);
+    // A flush passes nothing, and nothing passes it.
+    let mut q = IoQueue::new(geometry(1, 8, 8, 0), cfg);
+    q.submit_as(IoId(1), read(0, 1), IoClass::Scrub, 0).unwrap();
+    q.submit(IoId(2), IoCmd::Flush, 0).unwrap();
+    q.submit(IoId(3), read(9, 1), 0).unwrap();
+    let mut kinds = Vec::new();
+    while let Some(d) = q.poll(0, &pool) {
+        kinds.push(matches!(d.command, DevCommand::Flush));
+        let done = match d.command {
+            DevCommand::Read { buf, .. } => DevCompletion::Read(buf),
+            _ => DevCompletion::Done,
+        };
+        q.complete(d.cmd, Ok(done));
+    }
+    assert_eq!(kinds, vec![false, true, false]);
+}
+
+#[test]
+fn background_work_holds_at_most_its_share_of_the_device() {
+    let pool = BufPool::new(1 << 20);
+    let cfg = SchedConfig {
+        depth_per_queue: 8,
+        classes: true,
+        ..SchedConfig::default()
+    };
+    // Two queues of 8: 16 slots, 2 for background (BACKGROUND_INFLIGHT_MAX).
+    let mut q = IoQueue::new(geometry(2, 8, 8, 0), cfg);
+    for i in 0..5 {
+        q.submit_as(IoId(i), read(i, 1), IoClass::Rebuild, 0)
+            .unwrap();
+    }
+    let first: Vec<_> = std::iter::from_fn(|| q.poll(0, &pool)).collect();
+    assert_eq!(first.len(), 2, "two background commands, then none");
+    // Clients' requests still go, up to the device's depth.
+    for i in 0..20 {
+        q.submit(IoId(100 + i), read(20 + i, 1), 0).unwrap();
+    }
+    let more: Vec<_> = std::iter::from_fn(|| q.poll(0, &pool)).collect();
+    assert_eq!(more.len(), 14);
+    q.self_check();
+    // A background command done: the next background one may go.
+    let d = first.into_iter().next().unwrap();
+    let DevCommand::Read { buf, .. } = d.command else {
+        panic!("a read");
+    };
+    q.complete(d.cmd, Ok(DevCompletion::Read(buf)));
+    let next = q.poll(0, &pool).expect("a slot freed");
+    assert!(matches!(next.command, DevCommand::Read { lba, .. } if lba.0 == 2));
 }

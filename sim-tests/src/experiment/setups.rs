@@ -74,6 +74,16 @@ pub const ALL: &[Experiment] = &[
                 reservation (reserve), both (on), and the quiet volume alone",
         variants: qos,
     },
+    Experiment {
+        name: "rebuild-under-load",
+        about: "3 nodes; 2 clients of 4 KiB random 70% reads at QD32; a node restarts with no \
+                checkpoint and its replicas rebuild (about 1 GiB) under the load: the device \
+                scheduler at 16 commands a queue, FIFO (fifo) or with background work behind \
+                clients' requests and at most two commands on the device (classes), and at \
+                the device's depth, FIFO (fifo-deep, the default) or with classes \
+                (classes-deep)",
+        variants: rebuild_under_load,
+    },
 ];
 
 /// Simulated time of the quick form (`cargo xtask test` runs every experiment so).
@@ -374,6 +384,30 @@ fn qos(quick: bool) -> Vec<Variant> {
                 ..ExtraClients::default()
             }];
         }
+        out.push(variant(name, s));
+    }
+    out
+}
+
+/// `fifo`, `classes`, `fifo-deep` and `classes-deep`: see the experiment's line. The restart
+/// comes at the same time in each (the seed's), so the rebuild is the same.
+fn rebuild_under_load(quick: bool) -> Vec<Variant> {
+    let mut out = Vec::new();
+    for name in ["fifo", "classes", "fifo-deep", "classes-deep"] {
+        let mut s = base(quick, 300);
+        roce(&mut s);
+        s.device.driver = "polled".into();
+        s.cluster.volume_mib = 1024;
+        // No checkpoints: the restarted node is sent every block it holds.
+        s.cluster.checkpoint_ms = 0;
+        s.workload.clients = 2;
+        workload(&mut s, Pattern::Random, 4096, 70, 32);
+        s.faults.node_restarts = 1;
+        s.faults.restart_ms = 20;
+        if !name.ends_with("-deep") {
+            s.sched.depth = MERGE_SPLIT_DEPTH;
+        }
+        s.sched.classes = name.starts_with("classes");
         out.push(variant(name, s));
     }
     out

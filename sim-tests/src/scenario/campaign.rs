@@ -115,7 +115,7 @@ impl Scenario {
             s.host.cores = [2, 4, 16][pick(30, 3) as usize];
         }
         // A third of the seeds schedule their devices: merging and splitting at
-        // a shallow depth (requests wait in weir, where they merge; a media
+        // a shallow depth (half of them without classes) (requests wait in weir, where they merge; a media
         // error takes a merged command apart), half of them on two striped
         // SSDs (a boundary to split at), half of those with every client one
         // sequential stream (neighbouring requests in flight together).
@@ -123,6 +123,10 @@ impl Scenario {
             s.sched.merge = true;
             s.sched.split = true;
             s.sched.depth = [1, 4][pick(34, 2) as usize];
+            // Half of them do not rank background work (rebuild copies,
+            // scrub, reconciliation) behind clients' requests, as every other
+            // seed does (the default).
+            s.sched.classes = pick(41, 2) == 0;
             if pick(35, 2) == 0 {
                 s.device.ssds = 2;
                 if pick(36, 2) == 0 {

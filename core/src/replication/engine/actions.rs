@@ -8,6 +8,29 @@ use super::*;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct IoId(pub u64);
 
+/// What a device command is for, as the device's scheduler ranks it: a
+/// client's request (and everything a client waits on: a replica's write, a
+/// repair, a flush) or background work, which waits behind it (see
+/// [`crate::sched::IoQueue`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IoClass {
+    /// A client waits on it.
+    Foreground,
+    /// A rebuild's copy: read at the primary, written at the replica.
+    Rebuild,
+    /// The background scrubber's reads.
+    Scrub,
+    /// Reconciliation's write-backs at a takeover.
+    Reconcile,
+}
+
+impl IoClass {
+    /// Whether it is background work.
+    pub fn background(self) -> bool {
+        self != IoClass::Foreground
+    }
+}
+
 /// A device command, in volume blocks; the driver maps it to the device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IoCmd {
