@@ -112,8 +112,9 @@ fn carries(request: &Request, token: &str) -> bool {
 }
 
 /// The QoS a query asks for: `iops_limit`, `bw_limit`, `iops_reservation` and
-/// `weight` over `base` (0 clears a limit or reservation), checked.
-fn parse_qos(query: &str, base: Qos) -> Result<Qos, String> {
+/// `weight` over `base` (0 clears a limit or reservation), checked; `size` is
+/// taken (and left to the caller) only where `sized`.
+fn parse_qos(query: &str, base: Qos, sized: bool) -> Result<Qos, String> {
     let mut qos = base;
     for kv in query.split('&').filter(|kv| !kv.is_empty()) {
         let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
@@ -123,7 +124,7 @@ fn parse_qos(query: &str, base: Qos) -> Result<Qos, String> {
                 .map_err(|_| format!("{key}: {value:?} is not a whole number\n"))
         };
         match key {
-            "size" => {}
+            "size" if sized => {}
             "iops_limit" => qos.iops_limit = number()?,
             "iops_reservation" => qos.iops_reservation = number()?,
             "bw_limit" => {
@@ -218,7 +219,7 @@ impl Admin {
             Some(Err(e)) => return (400, format!("size: {e}\n")),
             None => return (400, "say the size: ?size=10G\n".into()),
         };
-        let qos = match parse_qos(query, Qos::default()) {
+        let qos = match parse_qos(query, Qos::default(), true) {
             Ok(q) => q,
             Err(e) => return (400, e),
         };
@@ -265,7 +266,7 @@ impl Admin {
         let Some(current) = self.handle.report().state.named.get(name).map(|v| v.qos) else {
             return (404, format!("no volume named {name:?}\n"));
         };
-        let qos = match parse_qos(query, current) {
+        let qos = match parse_qos(query, current, false) {
             Ok(q) => q,
             Err(e) => return (400, e),
         };

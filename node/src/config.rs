@@ -30,7 +30,7 @@
 //! merge = false               # merge queued requests that continue one another
 //! sched_depth = 0             # commands in flight per queue (0: queue_depth);
 //!                             # past it requests wait in weir, where they merge
-//! classes = true              # rebuild, scrub and reconciliation wait behind
+//! classes = true              # rebuild and scrub I/O waits behind
 //!                             # clients' requests, two commands on the device
 //!
 //! [qos]                       # while any volume has QoS (weir volume create|set)
@@ -292,7 +292,7 @@ pub struct DeviceSection {
     /// requests wait in the scheduler, where they can merge.
     #[serde(default)]
     pub sched_depth: u32,
-    /// Background work (rebuild copies, scrub, reconciliation) waits behind
+    /// Background work (rebuild copies, the scrubber) waits behind
     /// clients' requests in the scheduler, at most two commands of it on the
     /// device, keeping one command in eight while both wait.
     #[serde(default = "yes")]

@@ -452,7 +452,7 @@ pub struct SchedSpec {
     pub depth: u32,
     /// Requests (pieces) waiting, at most; past it a request fails as busy.
     pub waiting_max: usize,
-    /// Background work (rebuild, scrub, reconciliation) waits behind clients'
+    /// Background work (rebuild copies, the scrubber) waits behind clients'
     /// requests, at most two commands of it on the device, keeping one command
     /// in eight while both wait.
     pub classes: bool,

@@ -83,6 +83,9 @@ impl ClientGate {
             } => (*req, *lba, data.len() as u64, *delta),
             _ => return Arrival::Engine(from, msg),
         };
+        // Tags are charged before the engine checks the request: a length
+        // past what any request may carry is charged as the largest.
+        let bytes = bytes.min(crate::map::MAX_REQUEST_BYTES);
         let (key, qos): (VolKey, Qos) = match map.named_at(map.extent_of(lba)) {
             Some((first, qos)) => (Some(first), qos),
             None => (None, Qos::default()),

@@ -555,9 +555,10 @@ impl Replicator {
     /// device's scheduler ranks it.
     pub fn io_class(&self, io: IoId) -> IoClass {
         match self.ios.get(&io) {
+            // Reconciliation's write-backs are a client's wait: the new
+            // primary serves the extent once they are done.
             Some(IoPurpose::Op(op)) => match self.ops.kind(*op) {
                 Some(ops::Kind::Rebuild) => IoClass::Rebuild,
-                Some(ops::Kind::WriteBack) => IoClass::Reconcile,
                 _ => IoClass::Foreground,
             },
             Some(IoPurpose::RebuildWrite { .. }) => IoClass::Rebuild,

@@ -27,9 +27,14 @@
 //! the reservation phase): a volume served above its reservation through its
 //! weight gets nothing more through its reservation.
 //!
-//! A request that has waited [`ADMIT_WAIT_MAX`] is answered `Busy` (its client's
-//! call has nearly timed out; it retries), so what waits is bounded in time as
-//! well as in number ([`AdmitConfig::waiting_max`]).
+//! A request that has waited [`ADMIT_WAIT_MAX_NS`] is answered `Busy` (its
+//! client's call has nearly timed out; it retries), so what waits is bounded in
+//! time as well as in number ([`AdmitConfig::waiting_max`]). Tags are spaced
+//! from the last *admitted* request of the volume, worked out when a request
+//! comes to the head of its volume's queue: one answered `Busy` takes no room
+//! from those after it (tagged at arrival, a volume with more requests
+//! outstanding than its limit allows in 200 ms would run its tags ever further
+//! ahead, and every request would time out).
 //!
 //! Sans-IO: inputs take `now_ns`; the node carries admitted requests to the engine.
 
@@ -55,7 +60,7 @@ pub const ADMIT_WAIT_MAX_NS: u64 = 200_000_000;
 pub const ADMIT_FORGET_NS: u64 = 2_000_000_000;
 /// Largest delta a client may carry (a hostile or broken one only slows its own
 /// volume, but tags stay in range).
-pub const DELTA_MAX: u32 = 1 << 20;
+pub const DELTA_MAX: u32 = 1 << 16;
 
 const NS: u128 = 1_000_000_000;
 
@@ -156,22 +161,33 @@ pub enum Submit<R> {
     Refused(R),
 }
 
-/// A request waiting, with its tags (ns).
+/// A request waiting: what its tags are made of.
 #[derive(Debug)]
 struct Waiting<R> {
     item: R,
     who: Who,
+    delta: u128,
+    bytes: u128,
+    /// Its P tag's floor: the virtual time when it arrived to an empty queue.
+    floor: u128,
+    arrived_ns: u64,
+}
+
+/// The tags of a volume's head request (ns): R, the IOPS limit's L, the
+/// bandwidth limit's B, P.
+#[derive(Clone, Copy, Debug)]
+struct Tags {
     r: u128,
     l: u128,
+    b: u128,
     p: u128,
-    arrived_ns: u64,
 }
 
 /// One volume at this node: its setting, its last tags, its waiting requests.
 #[derive(Debug)]
 struct VolumeQueue<R> {
     qos: Qos,
-    /// The last request's tags (none before the first).
+    /// The last admitted request's tags (none before the first).
     last_r: Option<u128>,
     last_l: Option<u128>,
     last_b: Option<u128>,
@@ -181,6 +197,28 @@ struct VolumeQueue<R> {
 }
 
 impl<R> VolumeQueue<R> {
+    /// The tags of the head request, spaced from the last admitted one: a
+    /// request answered `Busy` after waiting takes nothing from the others.
+    fn head_tags(&self) -> Option<Tags> {
+        let w = self.queue.front()?;
+        let q = &self.qos;
+        let since = u128::from(w.arrived_ns);
+        let after = |last: Option<u128>, rate: u64, units: u128| match (rate, last) {
+            (0, _) => 0,
+            (_, None) => since,
+            (rate, Some(last)) => (last + units * NS / u128::from(rate)).max(since),
+        };
+        Some(Tags {
+            r: match q.iops_reservation {
+                0 => u128::MAX,
+                res => after(self.last_r, res, w.delta),
+            },
+            l: after(self.last_l, q.iops_limit, w.delta),
+            b: after(self.last_b, q.bw_limit, w.delta * w.bytes),
+            p: (self.last_p + w.delta * NS / u128::from(q.weight.max(1))).max(w.floor),
+        })
+    }
+
     fn new(qos: Qos) -> Self {
         VolumeQueue {
             qos,
@@ -273,31 +311,13 @@ impl<R> Admission<R> {
             return Submit::Refused(item);
         }
         v.qos = qos;
-        let now = u128::from(now_ns);
-        let delta = u128::from(delta.clamp(1, DELTA_MAX));
-        let after = |last: Option<u128>, rate: u64, units: u128| match (rate, last) {
-            (0, _) => 0,
-            (_, None) => now,
-            (rate, Some(last)) => (last + units * NS / u128::from(rate)).max(now),
-        };
-        let r = match qos.iops_reservation {
-            0 => u128::MAX,
-            res => after(v.last_r, res, delta),
-        };
-        let l = after(v.last_l, qos.iops_limit, delta);
-        let b = after(v.last_b, qos.bw_limit, delta * u128::from(bytes));
         let floor = if v.queue.is_empty() { self.vtime } else { 0 };
-        let p = (v.last_p + delta * NS / u128::from(qos.weight.max(1))).max(floor);
-        if r != u128::MAX {
-            v.last_r = Some(r);
-        }
-        (v.last_l, v.last_b, v.last_p) = (Some(l), Some(b), p);
         v.queue.push_back(Waiting {
             item,
             who,
-            r,
-            l: l.max(b),
-            p,
+            delta: u128::from(delta.clamp(1, DELTA_MAX)),
+            bytes: u128::from(bytes),
+            floor,
             arrived_ns: now_ns,
         });
         v.stats.waiting += 1;
@@ -313,7 +333,12 @@ impl<R> Admission<R> {
         }
         let (key, phase) = self.choose(u128::from(now_ns))?;
         let v = self.volumes.get_mut(&key).expect("chosen volume");
+        let t = v.head_tags().expect("chosen volume waits");
         let w = v.queue.pop_front().expect("chosen volume waits");
+        if t.r != u128::MAX {
+            v.last_r = Some(t.r);
+        }
+        (v.last_l, v.last_b, v.last_p) = (Some(t.l), Some(t.b), t.p);
         v.stats.waiting -= 1;
         self.waiting -= 1;
         v.stats.admitted += 1;
@@ -322,7 +347,8 @@ impl<R> Admission<R> {
         }
         let waited = now_ns - w.arrived_ns;
         v.stats.waited_ns += waited;
-        let held = (w.l.saturating_sub(u128::from(w.arrived_ns))) as u64;
+        let held = t.l.max(t.b).saturating_sub(u128::from(w.arrived_ns));
+        let held = u64::try_from(held).unwrap_or(u64::MAX);
         v.stats.throttled_ns += held.min(waited);
         count_here(|s| {
             s.admitted += 1;
@@ -331,26 +357,29 @@ impl<R> Admission<R> {
             s.throttled_ns += held.min(waited);
         });
         self.in_engine.insert(w.who, now_ns);
-        self.vtime = self.vtime.max(w.p);
+        self.vtime = self.vtime.max(t.p);
         Some(w.item)
     }
 
-    /// The volume whose head goes next, and in which phase.
+    /// The volume whose head goes next, and in which phase: the reservation
+    /// phase takes the smallest R due (within its bandwidth limit; the IOPS
+    /// limit is no lower than the reservation), the weight phase the smallest
+    /// P among heads within both limits.
     fn choose(&self, now: u128) -> Option<(VolKey, Phase)> {
         let heads = || {
             self.volumes
                 .iter()
-                .filter_map(|(&k, v)| v.queue.front().map(|w| (k, w)))
+                .filter_map(|(&k, v)| v.head_tags().map(|t| (k, t)))
         };
         if let Some((key, _)) = heads()
-            .filter(|(_, w)| w.r <= now)
-            .min_by_key(|(k, w)| (w.r, *k))
+            .filter(|(_, t)| t.r <= now && t.b <= now)
+            .min_by_key(|(k, t)| (t.r, *k))
         {
             return Some((key, Phase::Reservation));
         }
         heads()
-            .filter(|(_, w)| w.l <= now)
-            .min_by_key(|(k, w)| (w.p, *k))
+            .filter(|(_, t)| t.l.max(t.b) <= now)
+            .min_by_key(|(k, t)| (t.p, *k))
             .map(|(key, _)| (key, Phase::Weight))
     }
 
@@ -384,9 +413,9 @@ impl<R> Admission<R> {
         let now = u128::from(now_ns);
         self.volumes
             .values()
-            .filter_map(|v| v.queue.front())
-            .map(|w| {
-                let go = w.r.min(w.l).max(now + 1);
+            .filter_map(|v| Some((v.queue.front()?, v.head_tags()?)))
+            .map(|(w, t)| {
+                let go = t.r.max(t.b).min(t.l.max(t.b)).max(now + 1);
                 let give_up = u128::from(w.arrived_ns + ADMIT_WAIT_MAX_NS);
                 go.min(give_up.max(now + 1))
             })
@@ -434,8 +463,7 @@ impl<R> Admission<R> {
         for v in self.volumes.values() {
             assert_eq!(v.queue.len(), v.stats.waiting, "volume waiting count");
             for pair in v.queue.iter().collect::<Vec<_>>().windows(2) {
-                assert!(pair[0].p <= pair[1].p, "P tags in arrival order");
-                assert!(pair[0].l <= pair[1].l, "L tags in arrival order");
+                assert!(pair[0].arrived_ns <= pair[1].arrived_ns, "arrival order");
             }
         }
     }

@@ -338,3 +338,36 @@ fn deltas_count_requests_sent_elsewhere() {
     }
     assert!((95..=100).contains(&at_a), "{at_a}");
 }
+
+#[test]
+fn a_limit_holds_with_more_waiting_than_it_admits_before_they_give_up() {
+    // 16 outstanding at 50 IOPS: each waits 320 ms, past the 200 ms a request
+    // may wait, so some are answered busy and sent again. Tags spaced from the
+    // requests admitted keep the volume at its limit (tagged at arrival, the
+    // refused ones pushed the tags ever further ahead and it starved).
+    let mut vols = [vol(0, qos(50, 0, 100))];
+    run(1, 8, 100_000, &mut vols, 3 * S);
+    let got = done_in(&vols[0], S, 3 * S);
+    assert!(
+        within(got, 100.0, 0.03),
+        "{got} in 2 s under a 50 IOPS limit"
+    );
+    assert!(
+        vols[0].refused > 0,
+        "the check can fail: none waited too long"
+    );
+}
+
+#[test]
+fn a_reservation_does_not_pass_the_bandwidth_limit() {
+    let mut v = vol(0, qos(0, 1000, 100));
+    v.qos.bw_limit = 100 * 65536;
+    v.bytes = 65536;
+    let mut vols = [v];
+    run(1, 8, 100_000, &mut vols, 2 * S);
+    let got = done_in(&vols[0], S, 2 * S);
+    assert!(
+        within(got, 100.0, 0.03),
+        "{got} of 64 KiB under 6.5 MB/s, 1000 reserved"
+    );
+}

@@ -26,8 +26,8 @@
 //!   read returns what it would have unscheduled (the property test in
 //!   `tests.rs` runs both against an oracle). What is in flight together races
 //!   on the device as before: ordering device writes is [`super::WriteOrder`]'s.
-//! - **Classes.** With `classes` on, background work (rebuild copies, scrub,
-//!   reconciliation: [`IoClass`]) waits behind clients' requests. It holds at
+//! - **Classes.** With `classes` on, background work (rebuild copies and the
+//!   scrubber: [`IoClass`]) waits behind clients' requests. It holds at
 //!   most [`BACKGROUND_INFLIGHT_MAX`] commands on the device at once: a
 //!   rebuild's large commands, once on the device, hold up clients' as long
 //!   as they run, whatever order they were queued in. And the next command starts from the first foreground piece among
@@ -35,7 +35,8 @@
 //!   conflicts with (an overlap where either writes, a flush, a piece of its
 //!   own request) and is no flush itself; but after [`FOREGROUND_TURNS`] such
 //!   passes in a row the background head goes (if it has a slot), so
-//!   background work keeps a share and is never starved.
+//!   background work keeps a share and is never starved. A merge joins pieces
+//!   of one side only, so merging cannot carry background work past its bound.
 //! - **Errors.** A merged command that fails with a media error is taken apart:
 //!   its requests go again one by one at the head, so the error is charged to
 //!   the request whose blocks it is in and the others complete. Other errors
@@ -562,6 +563,13 @@ impl IoQueue {
             let timed_ns = (!matches!(command, DevCommand::Flush)).then_some(now_ns);
             let background = self.cfg.classes && run[0].class.background();
             self.background += u32::from(background);
+            // The turns count commands that went, not choices made.
+            if background {
+                self.passes = 0;
+            } else if self.cfg.classes && first > 0 {
+                self.passes += 1;
+                self.count(|s| s.passed += 1);
+            }
             let cmd_state = Cmd {
                 queue,
                 pieces: run,
@@ -581,7 +589,7 @@ impl IoQueue {
     /// foreground piece that may pass the background ones before it (see the
     /// module), unless background has waited its turns; `None` if the head is
     /// background without a slot and nothing may pass it.
-    fn first_to_go(&mut self) -> Option<usize> {
+    fn first_to_go(&self) -> Option<usize> {
         let head = self.waiting.front()?;
         if !self.cfg.classes || !head.class.background() {
             return Some(0);
@@ -593,7 +601,6 @@ impl IoQueue {
             return room.then_some(0);
         }
         if room && self.passes >= FOREGROUND_TURNS {
-            self.passes = 0;
             return Some(0);
         }
         for i in 1..self.waiting.len().min(MERGE_SCAN_MAX + 1) {
@@ -613,14 +620,9 @@ impl IoQueue {
             {
                 continue;
             }
-            self.passes += 1;
-            self.count(|s| s.passed += 1);
             return Some(i);
         }
-        room.then(|| {
-            self.passes = 0;
-            0
-        })
+        room.then_some(0)
     }
 
     /// Background commands in flight at most (classes on).
@@ -653,6 +655,7 @@ impl IoQueue {
                 && end + p.blocks - start <= self.max_transfer_blocks
                 && !self.crosses(start, end + p.blocks)
                 && !skipped.iter().any(|&s| p.conflicts(&self.waiting[s]))
+                && (!self.cfg.classes || p.class.background() == run[0].class.background())
                 && !self.waits_for_merged(p);
             if joins {
                 end += p.blocks;
@@ -882,6 +885,10 @@ impl IoQueue {
             let mut end = first.lba;
             for p in &c.pieces {
                 assert!(first.same_kind(p) || c.pieces.len() == 1, "a mixed command");
+                assert!(
+                    !self.cfg.classes || p.class.background() == first.class.background(),
+                    "background work merged into a client's command"
+                );
                 assert_eq!(p.lba, end, "a command with a gap");
                 end += p.blocks;
             }

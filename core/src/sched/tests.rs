@@ -626,6 +626,15 @@ proptest! {
     }
 }
 
+/// FIFO at `depth` commands a queue, with classes.
+fn with_classes(depth: u32) -> SchedConfig {
+    SchedConfig {
+        depth_per_queue: depth,
+        classes: true,
+        ..SchedConfig::default()
+    }
+}
+
 /// The LBA of each command `q` dispatches while one at a time completes.
 fn order_of(q: &mut IoQueue, pool: &BufPool) -> Vec<u64> {
     let mut out = Vec::new();
@@ -650,11 +659,7 @@ fn order_of(q: &mut IoQueue, pool: &BufPool) -> Vec<u64> {
 #[test]
 fn with_classes_clients_pass_background_work_but_leave_it_a_share() {
     let pool = BufPool::new(1 << 20);
-    let cfg = SchedConfig {
-        depth_per_queue: 1,
-        classes: true,
-        ..SchedConfig::default()
-    };
+    let cfg = with_classes(1);
     let mut q = IoQueue::new(geometry(1, 8, 8, 0), cfg);
     // A rebuild's reads at 0..10 wait, then clients' reads at 20..40.
     for i in 0..10 {
@@ -695,16 +700,12 @@ fn with_classes_clients_pass_background_work_but_leave_it_a_share() {
 #[test]
 fn a_client_write_never_passes_background_work_it_overlaps() {
     let pool = BufPool::new(1 << 20);
-    let cfg = SchedConfig {
-        depth_per_queue: 1,
-        classes: true,
-        ..SchedConfig::default()
-    };
+    let cfg = with_classes(1);
     let mut q = IoQueue::new(geometry(1, 8, 8, 0), cfg);
-    // A reconciliation write-back at 4, a scrub read at 8, then a client's
-    // write at 4 (it must not pass the write-back) and one at 30 (it may).
+    // A scrub read at 0, a rebuild's write at 4, then a client's
+    // write at 4 (it must not pass the rebuild's) and one at 30 (it may).
     q.submit_as(IoId(1), read(0, 1), IoClass::Scrub, 0).unwrap();
-    q.submit_as(IoId(2), write(4, 1, 7, false), IoClass::Reconcile, 0)
+    q.submit_as(IoId(2), write(4, 1, 7, false), IoClass::Rebuild, 0)
         .unwrap();
     q.submit(IoId(3), write(4, 1, 9, false), 0).unwrap();
     q.submit(IoId(4), write(30, 1, 9, false), 0).unwrap();
@@ -729,11 +730,7 @@ fn a_client_write_never_passes_background_work_it_overlaps() {
 #[test]
 fn background_work_holds_at_most_its_share_of_the_device() {
     let pool = BufPool::new(1 << 20);
-    let cfg = SchedConfig {
-        depth_per_queue: 8,
-        classes: true,
-        ..SchedConfig::default()
-    };
+    let cfg = with_classes(8);
     // Two queues of 8: 16 slots, 2 for background (BACKGROUND_INFLIGHT_MAX).
     let mut q = IoQueue::new(geometry(2, 8, 8, 0), cfg);
     for i in 0..5 {

@@ -124,7 +124,7 @@ impl Scenario {
             s.sched.split = true;
             s.sched.depth = [1, 4][pick(34, 2) as usize];
             // Half of them do not rank background work (rebuild copies,
-            // scrub, reconciliation) behind clients' requests, as every other
+            // the scrubber) behind clients' requests, as every other
             // seed does (the default).
             s.sched.classes = pick(41, 2) == 0;
             if pick(35, 2) == 0 {

@@ -10,7 +10,8 @@ pub struct IoId(pub u64);
 
 /// What a device command is for, as the device's scheduler ranks it: a
 /// client's request (and everything a client waits on: a replica's write, a
-/// repair, a flush) or background work, which waits behind it (see
+/// repair, a flush, reconciliation's write-backs, which a new primary serves
+/// only after) or background work, which waits behind it (see
 /// [`crate::sched::IoQueue`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum IoClass {
@@ -20,8 +21,6 @@ pub enum IoClass {
     Rebuild,
     /// The background scrubber's reads.
     Scrub,
-    /// Reconciliation's write-backs at a takeover.
-    Reconcile,
 }
 
 impl IoClass {
