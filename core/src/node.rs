@@ -380,15 +380,6 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         self
     }
 
-    /// Admit client requests by `cfg`; `always`: through dmClock even when no
-    /// volume of the map asks for QoS.
-    pub fn with_admission(mut self, cfg: AdmitConfig, always: bool) -> Self {
-        self.gate = ClientGate::new(cfg, always);
-        let opened = self.gate.set_map(self.engine.map());
-        debug_assert!(opened.is_empty(), "nothing waits before the node runs");
-        self
-    }
-
     /// Declare the device stalled when a command is outstanding for `timeout`
     /// (at two ticks in a row).
     pub fn with_device_timeout(mut self, timeout: std::time::Duration) -> Self {
@@ -454,12 +445,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             {
                 let _ = done.send(true);
             }
-            // When a client request waiting for admission may go (or must give up).
-            let admit_at = self
-                .gate
-                .next_wake(self.now_ns())
-                .zip(self.origin)
-                .map(|(ns, origin)| origin + std::time::Duration::from_nanos(ns));
+            let admit_at = self.admit_at();
             // `biased`: device completions first (they free resources), and no draw
             // from tokio's unseeded thread-local RNG, which would break determinism.
             tokio::select! {
@@ -477,7 +463,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 }
                 Some(request) = recv_request(&mut self.requests) => self.on_request(request),
                 // Admitted in the next `drain_actions`.
-                _ = sleep_until_opt(admit_at) => {}
+                _ = gate::sleep_until_opt(admit_at) => {}
                 frame = self.transport.recv() => {
                     let (from, frame) = frame?;
                     match Message::decode(frame) {
@@ -625,33 +611,6 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         self.take_held(&mut msg);
         self.clock();
         self.engine.handle_message(from, msg)
-    }
-
-    /// Answer client request `req` of `to` `Busy` (it retries).
-    fn busy(&mut self, to: NodeId, req: crate::ids::RequestId) {
-        let msg = Message::Failed {
-            req,
-            error: WeirError::Busy,
-        };
-        if let Err(e) = self.send(to, msg) {
-            tracing::warn!(%to, error = %e, "busy answer not sent");
-        }
-    }
-
-    /// Client requests through the gate: those admitted now to the engine,
-    /// those waited too long answered `Busy`. Whether any moved.
-    fn admit(&mut self) -> bool {
-        let now = self.now_ns();
-        let mut moved = false;
-        for (to, req) in self.gate.expired(now) {
-            moved = true;
-            self.busy(to, req);
-        }
-        while let Some((from, msg)) = self.gate.poll(now) {
-            moved = true;
-            self.give_engine(from, msg);
-        }
-        moved
     }
 
     /// A replica write sent without its data, for a write of this node's own
@@ -848,14 +807,6 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
 
 /// Where device tasks send their completions.
 type DeviceDone = mpsc::Sender<(CmdId, Result<DevCompletion, DevError>)>;
-
-/// Sleep until `at`, or forever.
-async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => crate::time::sleep_until_exact(at).await,
-        None => std::future::pending().await,
-    }
-}
 
 /// The next admin request, or never if the node has no handle.
 async fn recv_request(requests: &mut Option<mpsc::Receiver<Request>>) -> Option<Request> {

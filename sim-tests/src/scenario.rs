@@ -306,6 +306,9 @@ impl Default for ExtraClients {
 }
 
 mod campaign;
+mod volumes;
+
+pub use volumes::{QosSpec, VolumeSpecToml};
 
 impl Scenario {
     /// Client hosts in all.
@@ -484,92 +487,6 @@ impl SchedSpec {
     }
 }
 
-/// A named volume of the scenario: a share of the pool's extents, with QoS.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct VolumeSpecToml {
-    /// Its name.
-    pub name: String,
-    /// Its share of the pool's extents, percent (volumes take consecutive runs).
-    pub share_percent: u32,
-    /// Most requests per second over the cluster (0: none).
-    pub iops_limit: u64,
-    /// Most MiB per second over the cluster (0: none).
-    pub bw_limit_mib: u64,
-    /// Requests per second reserved (0: none).
-    pub iops_reservation: u64,
-    /// Share of what is left beyond reservations.
-    pub weight: u32,
-}
-
-impl Default for VolumeSpecToml {
-    fn default() -> Self {
-        VolumeSpecToml {
-            name: String::new(),
-            share_percent: 50,
-            iops_limit: 0,
-            bw_limit_mib: 0,
-            iops_reservation: 0,
-            weight: weir_core::control::qos::QOS_WEIGHT_DEFAULT,
-        }
-    }
-}
-
-impl Scenario {
-    /// The named volumes' blocks: (name, first block, blocks), as the map
-    /// places them (consecutive runs of whole extents, in order).
-    pub fn volume_ranges(&self) -> Vec<(String, u64, u64)> {
-        let c = &self.cluster;
-        let bs = u64::from(c.block_size);
-        let capacity = (c.volume_mib << 20) / bs;
-        let extent_blocks = (c.extent_mib << 20) / bs;
-        let extents = capacity.div_ceil(extent_blocks);
-        let mut first = 0;
-        let mut out = Vec::new();
-        for v in &self.volumes {
-            let share = (extents * u64::from(v.share_percent) / 100).max(1);
-            let start = first * extent_blocks;
-            let end = ((first + share) * extent_blocks).min(capacity);
-            out.push((v.name.clone(), start, end - start));
-            first += share;
-        }
-        out
-    }
-}
-
-impl VolumeSpecToml {
-    /// Its QoS in the map.
-    pub fn qos(&self) -> weir_core::control::qos::Qos {
-        weir_core::control::qos::Qos {
-            iops_limit: self.iops_limit,
-            bw_limit: self.bw_limit_mib << 20,
-            iops_reservation: self.iops_reservation,
-            weight: self.weight,
-        }
-    }
-}
-
-/// Admission of client requests at the primaries: dmClock by the volumes' QoS.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct QosSpec {
-    /// Whether the volumes' QoS goes into the map (false: the volumes are
-    /// created without it, and nothing is admitted).
-    pub enabled: bool,
-    /// Client requests in each node's engine at once; the rest wait for
-    /// admission.
-    pub depth: usize,
-}
-
-impl Default for QosSpec {
-    fn default() -> Self {
-        QosSpec {
-            enabled: true,
-            depth: weir_core::sched::ADMIT_DEPTH_DEFAULT,
-        }
-    }
-}
-
 /// Test-only deliberate bugs.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -705,49 +622,7 @@ impl Scenario {
         if self.client_hosts() > 256 {
             return bad("extra_clients.clients", "at most 256 client hosts in all");
         }
-        let mut share = 0;
-        for (i, v) in self.volumes.iter().enumerate() {
-            if weir_core::control::state::check_name(&v.name).is_err()
-                || self.volumes[..i].iter().any(|u| u.name == v.name)
-            {
-                return bad(
-                    "volumes.name",
-                    "a volume needs a distinct name (letters, digits, - _ .)",
-                );
-            }
-            if v.share_percent == 0 {
-                return bad("volumes.share_percent", "must be above 0");
-            }
-            share += v.share_percent;
-            if let Err(e) = v.qos().check() {
-                return Err(("volumes", format!("{}: {e}", v.name)));
-            }
-        }
-        let extents = c.volume_mib.div_ceil(c.extent_mib);
-        let taken: u64 = self
-            .volumes
-            .iter()
-            .map(|v| (extents * u64::from(v.share_percent) / 100).max(1))
-            .sum();
-        if share > 100 || taken > extents {
-            return bad(
-                "volumes.share_percent",
-                "the volumes' shares add up to at most 100",
-            );
-        }
-        if share > 100 {
-            return bad(
-                "volumes.share_percent",
-                "the volumes' shares add up to at most 100",
-            );
-        }
-        let named = |name: &str| name.is_empty() || self.volumes.iter().any(|v| v.name == name);
-        if !named(&w.volume) || !self.extra_clients.iter().all(|e| named(&e.volume)) {
-            return bad("workload.volume", "names no volume of [[volumes]]");
-        }
-        if self.qos.depth == 0 || self.qos.depth > 1 << 16 {
-            return bad("qos.depth", "must be between 1 and 65536");
-        }
+        self.validate_volumes()?;
         if self.sched.depth > 1024 {
             return bad("sched.depth", "must be at most 1024 (0: the device's)");
         }

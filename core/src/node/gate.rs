@@ -4,10 +4,14 @@
 //! admit). Without QoS the gate is open: requests go straight to the engine, as
 //! they always did.
 
+use super::Node;
 use crate::control::state::Qos;
+use crate::device::BlockDevice;
+use crate::error::WeirError;
 use crate::ids::{NodeId, RequestId};
 use crate::map::ClusterMap;
 use crate::sched::{Admission, AdmitConfig, Submit, VolKey, VolumeAdmitStats};
+use crate::transport::Transport;
 use crate::wire::Message;
 
 /// What became of a client request at the gate.
@@ -156,4 +160,60 @@ fn qos_of(map: &ClusterMap, first: crate::ids::ExtentId) -> Option<Qos> {
     map.named_at(first)
         .filter(|(f, _)| *f == first)
         .map(|(_, q)| q)
+}
+
+/// The node's side of the gate: what it admits goes to the engine, what waited
+/// too long is answered, and when it must look again.
+impl<T: Transport, D: BlockDevice> Node<T, D> {
+    /// Admit client requests by `cfg`; `always`: through dmClock even when no
+    /// volume of the map asks for QoS.
+    pub fn with_admission(mut self, cfg: AdmitConfig, always: bool) -> Self {
+        self.gate = ClientGate::new(cfg, always);
+        let opened = self.gate.set_map(self.engine.map());
+        debug_assert!(opened.is_empty(), "nothing waits before the node runs");
+        self
+    }
+
+    /// Answer client request `req` of `to` `Busy` (it retries).
+    pub(super) fn busy(&mut self, to: NodeId, req: RequestId) {
+        let msg = Message::Failed {
+            req,
+            error: WeirError::Busy,
+        };
+        if let Err(e) = self.send(to, msg) {
+            tracing::warn!(%to, error = %e, "busy answer not sent");
+        }
+    }
+
+    /// Client requests through the gate: those admitted now to the engine,
+    /// those waited too long answered `Busy`. Whether any moved.
+    pub(super) fn admit(&mut self) -> bool {
+        let now = self.now_ns();
+        let mut moved = false;
+        for (to, req) in self.gate.expired(now) {
+            moved = true;
+            self.busy(to, req);
+        }
+        while let Some((from, msg)) = self.gate.poll(now) {
+            moved = true;
+            self.give_engine(from, msg);
+        }
+        moved
+    }
+
+    /// When a client request waiting for admission may go (or must give up).
+    pub(super) fn admit_at(&self) -> Option<tokio::time::Instant> {
+        self.gate
+            .next_wake(self.now_ns())
+            .zip(self.origin)
+            .map(|(ns, origin)| origin + std::time::Duration::from_nanos(ns))
+    }
+}
+
+/// Sleep until `at`, or forever.
+pub(super) async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => crate::time::sleep_until_exact(at).await,
+        None => std::future::pending().await,
+    }
 }

@@ -331,9 +331,8 @@ impl<R> Admission<R> {
         if self.in_engine.len() >= self.cfg.depth {
             return None;
         }
-        let (key, phase) = self.choose(u128::from(now_ns))?;
+        let (key, phase, t) = self.choose(u128::from(now_ns))?;
         let v = self.volumes.get_mut(&key).expect("chosen volume");
-        let t = v.head_tags().expect("chosen volume waits");
         let w = v.queue.pop_front().expect("chosen volume waits");
         if t.r != u128::MAX {
             v.last_r = Some(t.r);
@@ -365,22 +364,24 @@ impl<R> Admission<R> {
     /// phase takes the smallest R due (within its bandwidth limit; the IOPS
     /// limit is no lower than the reservation), the weight phase the smallest
     /// P among heads within both limits.
-    fn choose(&self, now: u128) -> Option<(VolKey, Phase)> {
-        let heads = || {
-            self.volumes
-                .iter()
-                .filter_map(|(&k, v)| v.head_tags().map(|t| (k, t)))
-        };
-        if let Some((key, _)) = heads()
-            .filter(|(_, t)| t.r <= now && t.b <= now)
-            .min_by_key(|(k, t)| (t.r, *k))
-        {
-            return Some((key, Phase::Reservation));
+    fn choose(&self, now: u128) -> Option<(VolKey, Phase, Tags)> {
+        // One pass over the heads, in volume order (a tie goes to the first).
+        let mut reserved: Option<(VolKey, Tags)> = None;
+        let mut weighted: Option<(VolKey, Tags)> = None;
+        for (&k, v) in &self.volumes {
+            let Some(t) = v.head_tags() else {
+                continue;
+            };
+            if t.r <= now && t.b <= now && reserved.is_none_or(|(_, best)| t.r < best.r) {
+                reserved = Some((k, t));
+            }
+            if t.l.max(t.b) <= now && weighted.is_none_or(|(_, best)| t.p < best.p) {
+                weighted = Some((k, t));
+            }
         }
-        heads()
-            .filter(|(_, t)| t.l.max(t.b) <= now)
-            .min_by_key(|(k, t)| (t.p, *k))
-            .map(|(key, _)| (key, Phase::Weight))
+        reserved
+            .map(|(k, t)| (k, Phase::Reservation, t))
+            .or(weighted.map(|(k, t)| (k, Phase::Weight, t)))
     }
 
     /// Requests that have waited past [`ADMIT_WAIT_MAX_NS`] at `now_ns`, taken

@@ -263,10 +263,10 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
     let nodes = (1..=c.nodes).map(NodeId).collect();
     let mut map =
         ClusterMap::new_static(nodes, volume, c.replicas as usize).expect("validated scenario");
-    // The named volumes, in order, each its share of the pool's extents.
-    let extents = map.extent_count();
-    for v in &scenario.volumes {
-        let share = (extents * u64::from(v.share_percent) / 100).max(1);
+    // The named volumes, in order, each its share of the pool's extents (the
+    // map hands them out in that order, from the first).
+    for (v, (first, share)) in scenario.volumes.iter().zip(scenario.volume_extents()) {
+        debug_assert_eq!(first, map.state().next_free_extent);
         let qos = if scenario.qos.enabled {
             v.qos()
         } else {

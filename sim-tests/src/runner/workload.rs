@@ -33,26 +33,19 @@ struct ClientPlan {
     range: (u64, u64),
 }
 
-/// The blocks of named volume `name` of `map` (first, count); the whole pool
-/// for no name.
-fn range_of(map: &ClusterMap, name: &str) -> (u64, u64) {
-    let capacity = map.volume().capacity_blocks;
-    let Some(v) = map.state().named.get(name) else {
-        return (0, capacity);
-    };
-    let first = map.extent_start(v.first).0;
-    let end = map.extent_start(v.first).0 + v.extents * map.volume().extent_blocks;
-    (first, end.min(capacity) - first)
+/// The blocks of named volume `name` (first, count) of `scenario`, whose pool
+/// holds `capacity` blocks; the whole pool for no name.
+fn range_of(scenario: &Scenario, capacity: u64, name: &str) -> (u64, u64) {
+    scenario
+        .volume_ranges()
+        .into_iter()
+        .find(|(n, ..)| n == name)
+        .map_or((0, capacity), |(_, first, blocks)| (first, blocks))
 }
 
 /// Every client's plan: the workload's clients for the whole run, then each
 /// `[[extra_clients]]` group's, starting and stopping as it says.
-fn plans(
-    scenario: &Scenario,
-    map: &ClusterMap,
-    epoch: Instant,
-    deadline: Instant,
-) -> Vec<ClientPlan> {
+fn plans(scenario: &Scenario, capacity: u64, epoch: Instant, deadline: Instant) -> Vec<ClientPlan> {
     let w = &scenario.workload;
     let mut plans = Vec::new();
     let mut first_worker = 0u64;
@@ -65,7 +58,7 @@ fn plans(
             first_worker,
             start: epoch,
             stop: deadline,
-            range: range_of(map, &w.volume),
+            range: range_of(scenario, capacity, &w.volume),
         });
         first_worker += u64::from(w.queue_depth);
     }
@@ -88,7 +81,7 @@ fn plans(
                 first_worker,
                 start,
                 stop,
-                range: range_of(map, &e.volume),
+                range: range_of(scenario, capacity, &e.volume),
             });
             first_worker += u64::from(e.queue_depth);
         }
@@ -100,7 +93,8 @@ fn plans(
 /// operation, in completion order (operations that never completed last).
 pub(super) async fn drive(cluster: &Cluster, scenario: &Scenario, epoch: Instant) -> Vec<OpRecord> {
     let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
-    let plans = plans(scenario, &cluster.map, epoch, deadline);
+    let capacity = cluster.map.volume().capacity_blocks;
+    let plans = plans(scenario, capacity, epoch, deadline);
     let workers: u64 = plans.iter().map(|p| u64::from(p.queue_depth)).sum();
     let mut clients = Vec::new();
     for ((c, transport), plan) in cluster.clients.iter().cloned().enumerate().zip(plans) {
