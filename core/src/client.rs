@@ -12,7 +12,10 @@
 //! request id, so a node that applied the first attempt and has seen it
 //! overwritten since does not bring the old data back (see the engine's `applied`).
 
+mod read_flow;
+
 use crate::error::WeirError;
+use crate::flow::{FlowConfig, ReadFlowStats};
 use crate::ids::{Lba, NodeId, RequestId};
 use crate::map::ClusterMap;
 use crate::sched::{Deltas, VolKey};
@@ -98,6 +101,9 @@ pub struct Volume<T> {
     /// What each request carries for the primaries' dmClock (see
     /// [`crate::sched::Admission`]).
     deltas: Mutex<Deltas>,
+    /// The window over read responses in flight towards this client, with the
+    /// congestion response on (see [`crate::flow::ReadWindow`]).
+    reads: Option<read_flow::ReadFlow>,
 }
 
 impl<T: Transport> Volume<T> {
@@ -118,6 +124,20 @@ impl<T: Transport> Volume<T> {
         incarnation: u32,
         held: Option<Arc<crate::front_end::HeldPayloads>>,
     ) -> Arc<Self> {
+        Self::open_with(transport, map, incarnation, held, FlowConfig::default())
+    }
+
+    /// [`Volume::open_holding`] with the congestion response's settings: with
+    /// `flow.enabled`, reads wait for a window over the response bytes in flight
+    /// towards this client, which the transport's marks on packets arriving here
+    /// cut.
+    pub fn open_with(
+        transport: Arc<T>,
+        map: ClusterMap,
+        incarnation: u32,
+        held: Option<Arc<crate::front_end::HeldPayloads>>,
+        flow: FlowConfig,
+    ) -> Arc<Self> {
         let waiters: Waiters = Arc::new(Mutex::new(Some(BTreeMap::new())));
         let volume = Arc::new(Volume {
             transport: transport.clone(),
@@ -128,6 +148,7 @@ impl<T: Transport> Volume<T> {
             refreshing: tokio::sync::Mutex::new(None),
             held,
             deltas: Mutex::new(Deltas::default()),
+            reads: flow.enabled.then(|| read_flow::ReadFlow::new(flow)),
         });
         tokio::spawn(async move {
             while let Ok((from, frame)) = transport.recv().await {
@@ -176,6 +197,23 @@ impl<T: Transport> Volume<T> {
     /// Retries done so far.
     pub fn retries(&self) -> u64 {
         self.retries.load(Ordering::Relaxed)
+    }
+
+    /// What the read window has done, with the congestion response on.
+    pub fn read_flow(&self) -> Option<ReadFlowStats> {
+        self.reads.as_ref().map(read_flow::ReadFlow::stats)
+    }
+
+    /// Marked packets received from every node of `map` so far, and the
+    /// longest of the latest RTT samples towards them.
+    fn marks_in(&self, map: &ClusterMap) -> (u64, u64) {
+        map.nodes().iter().fold((0, 0), |(marks, rtt), &node| {
+            let s = self.transport.signals(node);
+            (
+                marks + crate::flow::receiver_marks(&s),
+                rtt.max(s.rtt_ns_last),
+            )
+        })
     }
 
     /// Block size in bytes.
@@ -327,6 +365,12 @@ impl<T: Transport> Volume<T> {
         let v = *map.volume();
         let mut out = BytesMut::new();
         for (start, count) in split(&map, lba, blocks)? {
+            // Dropped with an error (or the caller gone), the turn gives its
+            // bytes back.
+            let turn = match &self.reads {
+                Some(reads) => Some(reads.turn(count * u64::from(v.block_size)).await),
+                None => None,
+            };
             let data = self
                 .with_retry(|map| async move {
                     let extent = map.extent(map.extent_of(start));
@@ -345,6 +389,10 @@ impl<T: Transport> Volume<T> {
                     self.expect_data(reply, count)
                 })
                 .await?;
+            if let Some(turn) = turn {
+                let (marks, rtt) = self.marks_in(&self.map());
+                turn.answered(marks, rtt);
+            }
             out.extend_from_slice(&data);
         }
         debug_assert_eq!(out.len() as u64, blocks * u64::from(v.block_size));

@@ -374,6 +374,14 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         self
     }
 
+    /// Respond to congestion by `cfg` (see [`crate::flow`]): with it on, each
+    /// peer's window follows the transport's signals and bounds the rebuild
+    /// copies sent there.
+    pub fn with_flow(mut self, cfg: crate::flow::FlowConfig) -> Self {
+        self.flow = Flow::with_config(cfg);
+        self
+    }
+
     /// Schedule the device's requests by `cfg` (merging, splitting, depth).
     pub fn with_sched(mut self, cfg: SchedConfig) -> Self {
         self.sched.set_config(cfg);
@@ -537,11 +545,14 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// Read the transport's signals towards every other node of the map.
     fn record_signals(&mut self) {
         let me = self.engine.id();
+        let now = self.now_ns();
         for &peer in self.engine.map().nodes() {
             if peer != me {
-                self.flow.record_signals(peer, self.transport.signals(peer));
+                let signals = self.transport.signals(peer);
+                self.flow.record_signals(peer, signals, now);
             }
         }
+        self.engine.set_peer_windows(self.flow.windows());
     }
 
     /// A request through the [`NodeHandle`].

@@ -42,6 +42,12 @@ pub struct CongestionSignals {
     pub retransmits: u64,
     /// Most recent round-trip time sample in nanoseconds, 0 if none yet.
     pub rtt_ns_last: u64,
+    /// Data packets from the peer that arrived ECN-marked: the receiver's side of
+    /// congestion on the path towards it (a RoCE NIC's notification point counts
+    /// them, mlx5's `np_ecn_marked_roce_packets`; 0 where the transport cannot
+    /// see them, as kernel TCP does not report them per socket). A client's read
+    /// window follows it ([`crate::flow::ReadWindow`]).
+    pub marked_in: u64,
 }
 
 /// Why [`Transport::send`] did not take a frame.

@@ -145,6 +145,10 @@ pub struct Config {
     /// Admission of client requests by the volumes' QoS.
     #[serde(default)]
     pub qos: QosSection,
+    /// The congestion response: the front end's read window, rebuild copies
+    /// within each peer's window (`weir_core::flow::FlowConfig`; off by default).
+    #[serde(default)]
+    pub flow: weir_core::flow::FlowConfig,
 }
 
 /// `[qos]`
@@ -530,6 +534,9 @@ impl Config {
                 message,
             })
         };
+        if let Err((key, why)) = self.flow.check() {
+            return bad(key, why.to_string());
+        }
         if !(1..=65_536).contains(&self.qos.admit_depth) {
             return bad(
                 "qos.admit_depth",
@@ -739,6 +746,21 @@ mod tests {
         assert_eq!(c.timeouts.replace_after_s, 600);
         // 1 ms offsets and 15 ppm over a 1.5 s lease.
         assert_eq!(c.timeouts.lease_margin_ns(), 2_000_000 + 45_000);
+    }
+
+    #[test]
+    fn the_congestion_response_is_off_unless_asked_and_its_bounds_are_checked() {
+        assert!(!parse(GOOD).unwrap().flow.enabled);
+        let on = parse(&format!(
+            "{GOOD}\n[flow]\nenabled = true\nwindow_min_bytes = 65536"
+        ));
+        let flow = on.unwrap().flow;
+        assert!(flow.enabled);
+        assert_eq!(flow.window_min_bytes, 65536);
+        let e = parse(&format!("{GOOD}\n[flow]\nwindow_min_bytes = 0"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("flow.window_min_bytes"), "{e}");
     }
 
     #[test]

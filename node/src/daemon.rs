@@ -201,6 +201,7 @@ pub async fn run(
         classes: config.device.classes,
         ..SchedConfig::default()
     })
+    .with_flow(config.flow)
     .with_admission(
         weir_core::sched::AdmitConfig {
             depth: config.qos.admit_depth,
@@ -214,7 +215,13 @@ pub async fn run(
     let handle = node.handle();
     let mut node_task = tokio_real::spawn(node.run());
 
-    let volume = Volume::open_holding(client_side, map.clone(), rand::random(), Some(held));
+    let volume = Volume::open_with(
+        client_side,
+        map.clone(),
+        rand::random(),
+        Some(held),
+        config.flow,
+    );
     let metrics = Arc::new(Metrics::new());
     let extent_bytes = config.cluster.extent_size.0;
     let backend = Arc::new(WeirBackend::new(

@@ -80,7 +80,7 @@ pub struct Metrics {
     admin_refused: Counter,
     /// Per peer: the flow owner's counts and the transport's signals
     /// (`weir_core::flow`), as gauges set from the node's report.
-    flow: [(&'static str, &'static str, Family<Peer, Gauge>); 8],
+    flow: [(&'static str, &'static str, Family<Peer, Gauge>); 11],
     /// The device's I/O scheduler (`weir_core::sched`), set from the report.
     sched: [(&'static str, &'static str, Gauge); 6],
     /// Per volume: dmClock admission at this node (`weir_core::sched::Admission`),
@@ -150,6 +150,18 @@ impl Metrics {
                 (
                     "peer_rtt_ns",
                     "Last round-trip time sample towards the peer, ns",
+                ),
+                (
+                    "peer_marked_in",
+                    "Packets from the peer that arrived ECN-marked (RoCE)",
+                ),
+                (
+                    "peer_window_bytes",
+                    "The congestion response's window towards the peer, bytes (0: off)",
+                ),
+                (
+                    "peer_window_cuts",
+                    "Times the congestion response cut the peer's window",
                 ),
             ]
             .map(|(name, help)| (name, help, Family::default())),
@@ -407,6 +419,9 @@ impl Metrics {
                 f.signals.ecn_echoes,
                 f.signals.retransmits,
                 f.signals.rtt_ns_last,
+                f.signals.marked_in,
+                f.window_bytes,
+                f.window_cuts,
             ];
             let label = Peer { peer: peer.0 };
             for ((.., family), value) in self.flow.iter().zip(values) {

@@ -502,7 +502,16 @@ mod tests {
                     "roce-write-alone",
                 ][..],
             ),
-            ("incast", &["dcqcn-on", "dcqcn-off", "tcp"][..]),
+            (
+                "incast",
+                &[
+                    "dcqcn-on",
+                    "dcqcn-off",
+                    "tcp",
+                    "dcqcn-on-flow-fan-in",
+                    "tcp-flow-fan-in",
+                ][..],
+            ),
             ("spdk-vs-kernel", &["polled", "kernel"][..]),
             (
                 "rdma-messenger",

@@ -369,6 +369,16 @@ impl fmt::Display for Report {
             "  flow    {} sends refused by a full queue, {} frames held until it had room, {} dropped",
             self.flow.refused, self.flow.held, self.flow.dropped
         )?;
+        // Only with the congestion response on: reports of runs without it stay
+        // as they were.
+        if self.scenario.flow.enabled {
+            writeln!(
+                f,
+                "  window  {} reads waited for their client's window, {} read-window cuts, \
+                 {} peer-window cuts",
+                self.flow.reads_waited, self.flow.read_cuts, self.flow.peer_cuts
+            )?;
+        }
         // Only when the scenario schedules: reports of FIFO runs stay as they were.
         if self.scenario.sched != crate::scenario::SchedSpec::default() {
             let q = &self.sched;

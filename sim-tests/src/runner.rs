@@ -192,11 +192,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let flow = weir_core::flow::on_this_thread();
     report.cpu = cpu;
     report.messenger = cluster.fabric.messenger_totals();
-    report.flow = weir_core::flow::FlowTotals {
-        refused: flow.refused - flow_before.refused,
-        held: flow.held - flow_before.held,
-        dropped: flow.dropped - flow_before.dropped,
-    };
+    report.flow = flow.since(&flow_before);
     report.sched = weir_core::sched::on_this_thread().since(&sched_before);
     report.admission = weir_core::sched::admitted_on_this_thread().since(&admitted_before);
     report.node_events = cluster

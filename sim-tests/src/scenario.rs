@@ -34,6 +34,9 @@ pub struct Scenario {
     pub volumes: Vec<VolumeSpecToml>,
     /// Admission of client requests at the primaries (dmClock QoS).
     pub qos: QosSpec,
+    /// The congestion response (`[flow]`): clients' read windows, and rebuild
+    /// copies bounded by each peer's window; off by default.
+    pub flow: weir_core::flow::FlowConfig,
     /// Faults injected into the fabric, drawn from the seed.
     pub faults: FaultSpec,
     /// Deliberate bugs, to prove the checkers can fail.
@@ -623,6 +626,9 @@ impl Scenario {
             return bad("extra_clients.clients", "at most 256 client hosts in all");
         }
         self.validate_volumes()?;
+        if let Err((key, why)) = self.flow.check() {
+            return bad(key, why);
+        }
         if self.sched.depth > 1024 {
             return bad("sched.depth", "must be at most 1024 (0: the device's)");
         }

@@ -496,24 +496,30 @@ fn a_one_port_link_flap_on_two_port_hosts_moves_connections_and_no_io_fails() {
     assert!(r.read.p99_us < 1_000.0 && r.write.p99_us < 1_000.0, "{r}");
 }
 
+/// Variant `name` of experiment `experiment`, seed 1, for `ms` simulated ms;
+/// every checker passes.
+fn run_experiment_variant(experiment: &str, name: &str, ms: u64) -> Report {
+    let variants = (weir_sim::experiment::find(experiment).unwrap().variants)(false);
+    let mut s = variants
+        .into_iter()
+        .find(|v| v.name == name)
+        .unwrap()
+        .scenario;
+    s.workload.duration_ms = ms;
+    let r = run(1, &s, name).report;
+    assert!(r.passed(), "{r}");
+    r
+}
+
 /// The `qos` experiment's variants, 20 simulated ms each: a noisy neighbour's
 /// limit holds over the three primaries, and a reservation lifts the quiet
 /// volume from what it gets without QoS to above what it reserved.
 #[test]
 fn a_limit_holds_over_the_primaries_and_a_reservation_is_kept() {
     use weir_sim::experiment::setups::{QOS_NOISY_LIMIT, QOS_QUIET_RESERVATION};
-    let variants = (weir_sim::experiment::find("qos").unwrap().variants)(false);
     // Each variant's IOPS per volume (quiet, noisy).
     let run_variant = |name: &str| {
-        let mut s = variants
-            .iter()
-            .find(|v| v.name == name)
-            .unwrap()
-            .scenario
-            .clone();
-        s.workload.duration_ms = 20;
-        let r = run(1, &s, name).report;
-        assert!(r.passed(), "{r}");
+        let r = run_experiment_variant("qos", name, 20);
         let iops = |volume: &str| r.volumes.iter().find(|v| v.0 == volume).unwrap().1;
         println!(
             "{name}: quiet {:.0}, noisy {:.0} IOPS",
@@ -542,5 +548,46 @@ fn a_limit_holds_over_the_primaries_and_a_reservation_is_kept() {
     assert!(
         reserved >= reservation,
         "{reserved:.0} IOPS with {reservation} reserved"
+    );
+}
+
+/// The `incast` experiment's fan-in, 20 simulated ms: with the congestion
+/// response on, each client's read window follows the marks on packets reaching
+/// it, so the switch marks far fewer packets at the clients' ports, at about the
+/// same IOPS (the clients' links bind either way).
+#[test]
+fn a_clients_read_window_drains_the_fan_in_queue_without_losing_its_rate() {
+    let run_variant = |name: &str| {
+        let r = run_experiment_variant("incast", name, 20);
+        println!(
+            "{name}: {:.0} IOPS, {} ECN marks, read P99 {} us, {} reads waited, {} cuts",
+            r.iops, r.fabric.ecn_marks, r.read.p99_us, r.flow.reads_waited, r.flow.read_cuts
+        );
+        r
+    };
+    let off = run_variant("dcqcn-on-fan-in");
+    let on = run_variant("dcqcn-on-flow-fan-in");
+    assert_eq!(
+        off.flow.reads_waited + off.flow.read_cuts,
+        0,
+        "off: no window"
+    );
+    assert!(on.flow.read_cuts > 0 && on.flow.reads_waited > 0);
+    assert!(
+        off.fabric.ecn_marks > 1000,
+        "the check can fail: {} marks without the window",
+        off.fabric.ecn_marks
+    );
+    assert!(
+        on.fabric.ecn_marks * 2 < off.fabric.ecn_marks,
+        "{} marks with the window, {} without",
+        on.fabric.ecn_marks,
+        off.fabric.ecn_marks
+    );
+    assert!(
+        on.iops > 0.9 * off.iops,
+        "{:.0} IOPS with the window, {:.0} without",
+        on.iops,
+        off.iops
     );
 }

@@ -158,6 +158,10 @@ pub struct Replicator {
     /// for them): a new client write whose replicas include one is refused
     /// `Busy`, so clients back off instead of piling frames up behind it.
     congested: std::collections::BTreeSet<NodeId>,
+    /// Each peer's sender-side window from the congestion response (bytes): the
+    /// rebuild copies in flight to a peer stay within it. Empty (no bound) with
+    /// the response off.
+    peer_windows: BTreeMap<NodeId, u64>,
 }
 
 impl Replicator {
@@ -191,6 +195,7 @@ impl Replicator {
             seen_in_sync: std::collections::BTreeSet::new(),
             reconcile: reconcile::Reconciler::default(),
             congested: std::collections::BTreeSet::new(),
+            peer_windows: BTreeMap::new(),
         };
         engine.reconcile_start_with();
         engine
@@ -331,6 +336,12 @@ impl Replicator {
     /// node's flow owner); the driver sets it whenever it changes.
     pub fn set_congested(&mut self, peers: std::collections::BTreeSet<NodeId>) {
         self.congested = peers;
+    }
+
+    /// Each peer's window from the congestion response (see [`crate::flow`]);
+    /// the driver sets them every tick. A peer with none is not bounded.
+    pub fn set_peer_windows(&mut self, windows: BTreeMap<NodeId, u64>) {
+        self.peer_windows = windows;
     }
 
     /// Client operations in flight (queued or running).

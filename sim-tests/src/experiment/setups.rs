@@ -221,12 +221,20 @@ fn incast(quick: bool) -> Vec<Variant> {
     // The published setup: 32 clients, 4 KiB reads, one SSD a node. Then one
     // where the fabric binds rather than the SSDs: 6 nodes with 4 SSDs each
     // answer 4 clients' 128 KiB reads (4 MiB outstanding per client), so many
-    // senders converge on each client's port.
+    // senders converge on each client's port. `-flow`: the congestion response
+    // on (each client's read window follows the marks on packets reaching it;
+    // not on kernel TCP, which reports no marks at the receiver).
     for (suffix, nodes, ssds, clients, bs, qd) in [
         ("", 3, 1, 32, 4096, 16),
         ("-fan-in", 6, 4, 4, 128 << 10, 32),
     ] {
-        for name in ["dcqcn-on", "dcqcn-off", "tcp"] {
+        for name in [
+            "dcqcn-on",
+            "dcqcn-off",
+            "tcp",
+            "dcqcn-on-flow",
+            "dcqcn-off-flow",
+        ] {
             let mut s = base(quick, 40);
             s.cluster.nodes = nodes;
             s.cluster.extent_mib = 16;
@@ -237,12 +245,13 @@ fn incast(quick: bool) -> Vec<Variant> {
             workload(&mut s, Pattern::Random, bs, 100, qd);
             match name {
                 "tcp" => kernel_tcp(&mut s),
-                "dcqcn-off" => {
+                "dcqcn-off" | "dcqcn-off-flow" => {
                     roce(&mut s);
                     s.fabric.dcqcn = "off".into();
                 }
                 _ => roce(&mut s),
             }
+            s.flow.enabled = name.ends_with("-flow");
             out.push(variant(&format!("{name}{suffix}"), s));
         }
     }

@@ -314,6 +314,7 @@ fn start_nodes(
     let bound = s.cluster.clock_bound();
     let device_timeout = Duration::from_millis(s.cluster.device_timeout_ms);
     let sched = s.sched.config();
+    let flow = s.flow;
     let admit = weir_core::sched::AdmitConfig {
         depth: s.qos.depth,
         ..weir_core::sched::AdmitConfig::default()
@@ -405,6 +406,7 @@ fn start_nodes(
             .with_skew(skew)
             .with_device_timeout(device_timeout)
             .with_sched(sched)
+            .with_flow(flow)
             .with_admission(admit, false)
             .with_audit(audit.clone())
             .with_log_store(Box::new(log.clone()))

@@ -127,7 +127,7 @@ async fn run_client(
     (client, plan, workers): (u16, ClientPlan, u64),
     epoch: Instant,
 ) -> Vec<OpRecord> {
-    let volume = Volume::open(transport, map, thread_rng().gen());
+    let volume = Volume::open_with(transport, map, thread_rng().gen(), None, spec.flow);
     let seq = Arc::new(AtomicU64::new(0));
     let stream = Arc::new(AtomicU64::new(0));
     let log = Arc::new(Mutex::new(Vec::new()));

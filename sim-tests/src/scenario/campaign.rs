@@ -157,6 +157,18 @@ impl Scenario {
             ];
             s.qos.depth = [1, 8][pick(40, 2) as usize];
         }
+        // A third of the seeds turn the congestion response on, half of them
+        // with windows so small they bind all the time (a client's reads wait
+        // for each other; one rebuild chunk per peer), so reads that wait, are
+        // retried and are given up while they wait run through every fault.
+        if pick(42, 3) == 0 {
+            s.flow.enabled = true;
+            if pick(43, 2) == 0 {
+                s.flow.window_min_bytes = 4096;
+                s.flow.window_max_bytes = 16 << 10;
+                s.flow.increase_bytes = 4096;
+            }
+        }
         s
     }
 }

@@ -352,6 +352,7 @@ impl Engine {
         let src = key.0;
         let to = (src, key.1, qpn);
         let rq = self.recv_qp(h, key, qpn);
+        rq.marked_in += u64::from(ce);
         let cnp = ce && rq.np.handle_marked(now);
         let verdict = rq.receive(psn);
         let expected = rq.expected;

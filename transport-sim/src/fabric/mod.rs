@@ -329,13 +329,15 @@ impl Engine {
     }
 
     /// Congestion signals host `src` has seen on its connection to `dst` (CNPs, ECN
-    /// echoes, retransmits, the last RTT sample); zero if it never sent to `dst`.
+    /// echoes, retransmits, the last RTT sample, and ECN-marked packets it received
+    /// from `dst`); zero if the two never exchanged a packet.
     pub fn signals(&self, src: HostIdx, dst: HostIdx) -> weir_core::transport::CongestionSignals {
-        self.qps(src, dst).fold(
-            Default::default(),
-            |a: weir_core::transport::CongestionSignals, qp| {
+        use weir_core::transport::CongestionSignals;
+        let sent = self
+            .qps(src, dst)
+            .fold(CongestionSignals::default(), |a, qp| {
                 let b = qp.signals;
-                weir_core::transport::CongestionSignals {
+                CongestionSignals {
                     cnps: a.cnps + b.cnps,
                     ecn_echoes: a.ecn_echoes + b.ecn_echoes,
                     retransmits: a.retransmits + b.retransmits,
@@ -344,9 +346,15 @@ impl Engine {
                     } else {
                         a.rtt_ns_last
                     },
+                    marked_in: 0,
                 }
-            },
-        )
+            });
+        let marked_in = self.hosts[src]
+            .recv
+            .range((dst, 0)..=(dst, Path::MAX))
+            .map(|(_, rq)| rq.marked_in)
+            .sum();
+        CongestionSignals { marked_in, ..sent }
     }
 
     /// Counters of the whole fabric.

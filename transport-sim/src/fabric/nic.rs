@@ -202,6 +202,9 @@ pub(super) struct RecvQp {
     pub(super) np: NotificationPoint,
     /// TCP only: packets received beyond a gap, by PSN.
     pub(super) ooo: BTreeMap<u64, Held>,
+    /// Data packets that arrived ECN-marked (CE): RoCE mode only (a RoCE NIC's
+    /// notification point counts them; kernel TCP does not report them).
+    pub(super) marked_in: u64,
 }
 
 /// What a receiver does with an arriving data packet.
@@ -223,6 +226,7 @@ impl RecvQp {
             nacked: false,
             np,
             ooo: BTreeMap::new(),
+            marked_in: 0,
         }
     }
 

@@ -28,6 +28,9 @@ impl Engine {
         msg_sent_ns: u64,
     ) {
         let src = key.0;
+        // Kernel TCP echoes CE to the sender but reports no count of marked
+        // packets received per socket, so `marked_in` stays 0 here, as it does
+        // in weir's TCP transport.
         let rq = self.recv_qp(h, key, qpn);
         let mut ready = Vec::new();
         if psn == rq.expected {

@@ -20,7 +20,9 @@
 //!   those blocks are done.
 //! - Bandwidth is bounded ([`ReplicationConfig::rebuild_bytes_per_sec`] over all of
 //!   a primary's copies, at most [`REBUILD_CHUNKS_IN_FLIGHT`] chunks at once), so
-//!   foreground latency stays close to normal.
+//!   foreground latency stays close to normal. With the congestion response on,
+//!   the chunks in flight to a replica also stay within that peer's window (see
+//!   [`crate::flow`]; one chunk always may go): a congested path slows its copy.
 //! - When the walk is done the replica is *joining*: new writes wait for it like
 //!   for an in-sync replica. Once it has answered every write forwarded to it
 //!   before, the primary asks the control plane for `RebuildDone`; from then on any
@@ -212,9 +214,13 @@ impl Replicator {
             *next_op += 1;
             OpId(*next_op)
         };
-        let steps = self
-            .rebuild
-            .pump(self.now_ns, rate, &self.grains, &self.map, &mut new_op);
+        let steps = self.rebuild.pump(
+            self.now_ns,
+            (rate, &self.peer_windows),
+            &self.grains,
+            &self.map,
+            &mut new_op,
+        );
         for step in steps {
             match step {
                 Step::AskDone(command) => self.actions.push_back(Action::Control { command }),

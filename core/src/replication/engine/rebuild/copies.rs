@@ -308,7 +308,7 @@ impl Rebuilds {
     pub(in crate::replication::engine) fn pump(
         &mut self,
         now: u64,
-        rate: u64,
+        (rate, windows): (u64, &BTreeMap<NodeId, u64>),
         grains: &Grains,
         map: &ClusterMap,
         new_op: &mut dyn FnMut() -> OpId,
@@ -331,12 +331,25 @@ impl Rebuilds {
         let allowed = u128::from(rate) * u128::from(now.saturating_sub(since)) / 1_000_000_000
             + u128::from(REBUILD_CHUNK_BYTES);
         let mut in_flight: usize = self.copies.values().map(|c| c.chunks.len()).sum();
+        // Chunks in flight to each replica, against its window (if any).
+        let mut to_peer: BTreeMap<NodeId, u64> = BTreeMap::new();
+        for (key, c) in &self.copies {
+            *to_peer.entry(key.1).or_default() += c.chunks.len() as u64;
+        }
+        let chunk_bytes = chunk_blocks * bs;
         let keys: Vec<CopyKey> = self.copies.keys().copied().collect();
         for key in keys {
             // Each round starts one chunk; bounded by the copy's chunks in flight.
             loop {
                 let c = self.copies.get_mut(&key).expect("listed");
                 if c.chunks.len() >= REBUILD_CHUNKS_PER_COPY || c.backoff_until_ns > now {
+                    break;
+                }
+                let peer = to_peer.entry(key.1).or_default();
+                if windows
+                    .get(&key.1)
+                    .is_some_and(|&w| *peer > 0 && (*peer + 1) * chunk_bytes > w)
+                {
                     break;
                 }
                 if c.joining {
@@ -358,6 +371,7 @@ impl Rebuilds {
                 let op = new_op();
                 let chunk = c.take_chunk(key, op, first, chunk_blocks, grains, now);
                 in_flight += 1;
+                *peer += 1;
                 steps.push(Step::Chunk { op, chunk });
             }
         }

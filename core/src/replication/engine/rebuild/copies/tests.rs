@@ -39,6 +39,8 @@ struct Table {
     chunks: BTreeMap<OpId, Chunk>,
     next_op: u64,
     asked: usize,
+    /// Peers' windows from the congestion response.
+    windows: BTreeMap<NodeId, u64>,
 }
 
 impl Table {
@@ -51,7 +53,7 @@ impl Table {
             OpId(*next)
         };
         let mut started = Vec::new();
-        for step in r.pump(now, RATE, grains, map, &mut new_op) {
+        for step in r.pump(now, (RATE, &self.windows), grains, map, &mut new_op) {
             match step {
                 Step::AskDone(crate::control::Command::RebuildDone { extent, node, .. }) => {
                     assert_eq!((extent, node), (E0, N2));
@@ -87,6 +89,23 @@ fn started(grains: &Grains, map: &ClusterMap) -> (Rebuilds, Table) {
     r.begin(wanted[0], None, false, grains, map, 0);
     assert!(r.wanted(map, ME).is_empty(), "the copy has begun");
     (r, Table::default())
+}
+
+#[test]
+fn a_congested_replicas_window_bounds_its_copys_chunks_in_flight() {
+    let (grains, map) = setup();
+    let map = with_node(&map, N2, true);
+    let (mut r, mut t) = started(&grains, &map);
+    let chunk = 16 * BS;
+    // A window below one chunk still lets one go; two and a half let two.
+    t.windows.insert(N2, chunk / 2);
+    assert_eq!(t.pump(&mut r, 0, &grains, &map), [0]);
+    assert!(t.pump(&mut r, 0, &grains, &map).is_empty());
+    t.windows.insert(N2, chunk * 5 / 2);
+    assert_eq!(t.pump(&mut r, 0, &grains, &map), [16]);
+    // Another peer's window does not bind this copy.
+    t.windows = [(NodeId(3), 1)].into();
+    assert_eq!(t.pump(&mut r, 0, &grains, &map), [32, 48]);
 }
 
 #[test]
@@ -192,7 +211,7 @@ fn chunks_are_bounded_over_all_copies() {
         *next += 1;
         OpId(*next)
     };
-    let steps = r.pump(0, RATE, &grains, &map, &mut new_op);
+    let steps = r.pump(0, (RATE, &BTreeMap::new()), &grains, &map, &mut new_op);
     assert_eq!(steps.len(), REBUILD_CHUNKS_IN_FLIGHT);
     for step in steps {
         let Step::Chunk { op, chunk } = step else {
@@ -221,7 +240,7 @@ fn the_rate_bounds_what_is_read() {
     };
     // 64 KiB per second: a chunk's burst at first, then 1 s per 64 KiB sent.
     let rate = 64 << 10;
-    let steps = r.pump(0, rate, &grains, &map, &mut new_op);
+    let steps = r.pump(0, (rate, &BTreeMap::new()), &grains, &map, &mut new_op);
     assert_eq!(
         steps.len(),
         REBUILD_CHUNKS_PER_COPY,
@@ -234,16 +253,34 @@ fn the_rate_bounds_what_is_read() {
     let err = WeirError::NotPrimary(N2);
     r.chunk_ended((E0, N2), *op, chunk.lba, Err(&err), 0);
     assert!(
-        r.pump(REBUILD_RETRY_NS, rate, &grains, &map, &mut new_op)
-            .is_empty(),
+        r.pump(
+            REBUILD_RETRY_NS,
+            (rate, &BTreeMap::new()),
+            &grains,
+            &map,
+            &mut new_op
+        )
+        .is_empty(),
         "past the rate"
     );
     assert!(r
-        .pump(1_900_000_000, rate, &grains, &map, &mut new_op)
+        .pump(
+            1_900_000_000,
+            (rate, &BTreeMap::new()),
+            &grains,
+            &map,
+            &mut new_op
+        )
         .is_empty());
     assert_eq!(
-        r.pump(2_100_000_000, rate, &grains, &map, &mut new_op)
-            .len(),
+        r.pump(
+            2_100_000_000,
+            (rate, &BTreeMap::new()),
+            &grains,
+            &map,
+            &mut new_op
+        )
+        .len(),
         1
     );
 }

@@ -13,9 +13,22 @@
 //! stays up, so the peer sees a gap without a reconnect, which the engine's
 //! timeouts and retries cover as they cover a reset.
 //!
-//! Signals are recorded for now (in the node's report, `/metrics` and the
-//! simulator's report); the congestion response that acts on them is the
-//! scheduler's.
+//! Signals are recorded (in the node's report, `/metrics` and the simulator's
+//! report), and with the congestion response on (`[flow] enabled`) each peer's
+//! sender-side [`Window`] follows them: CNPs, ECN echoes and retransmissions
+//! towards the peer cut it, once per tick at most, and each tick without them it
+//! grows back by one step. The engine bounds its rebuild copies to a peer by
+//! that peer's window. The client's side, a window over the read responses in
+//! flight towards it, is [`ReadWindow`].
+
+mod reads;
+mod window;
+
+pub use reads::{ReadFlowStats, ReadWindow, Turn, READS_WAITING_MAX};
+pub use window::{
+    receiver_marks, sender_marks, FlowConfig, Window, WindowStats, GUARD_MIN_NS,
+    INCREASE_BYTES_DEFAULT, PACKET_BYTES, WINDOW_MAX_BYTES_DEFAULT, WINDOW_MIN_BYTES_DEFAULT,
+};
 
 use crate::ids::NodeId;
 use crate::transport::{CongestionSignals, SendError, Transport, TransportError};
@@ -56,6 +69,11 @@ pub struct PeerFlow {
     pub dropped: u64,
     /// The transport's signals towards the peer, as last read (cumulative).
     pub signals: CongestionSignals,
+    /// The peer's sender-side window, bytes (0 with the congestion response
+    /// off), and its cuts so far.
+    pub window_bytes: u64,
+    /// Times the peer's window was cut.
+    pub window_cuts: u64,
 }
 
 /// Counts over every flow owner on this thread (the simulator runs each
@@ -68,13 +86,42 @@ pub struct FlowTotals {
     pub held: u64,
     /// Frames dropped with held frames past the bound.
     pub dropped: u64,
+    /// Client reads that waited for their read window.
+    pub reads_waited: u64,
+    /// Cuts of clients' read windows.
+    pub read_cuts: u64,
+    /// Cuts of nodes' per-peer windows.
+    pub peer_cuts: u64,
+}
+
+impl FlowTotals {
+    /// The counts since `before`.
+    pub fn since(&self, before: &FlowTotals) -> FlowTotals {
+        FlowTotals {
+            refused: self.refused - before.refused,
+            held: self.held - before.held,
+            dropped: self.dropped - before.dropped,
+            reads_waited: self.reads_waited - before.reads_waited,
+            read_cuts: self.read_cuts - before.read_cuts,
+            peer_cuts: self.peer_cuts - before.peer_cuts,
+        }
+    }
 }
 
 thread_local! {
-    static HERE: Cell<FlowTotals> = const { Cell::new(FlowTotals { refused: 0, held: 0, dropped: 0 }) };
+    static HERE: Cell<FlowTotals> = const {
+        Cell::new(FlowTotals {
+            refused: 0,
+            held: 0,
+            dropped: 0,
+            reads_waited: 0,
+            read_cuts: 0,
+            peer_cuts: 0,
+        })
+    };
 }
 
-fn tally(f: impl FnOnce(&mut FlowTotals)) {
+pub(crate) fn tally(f: impl FnOnce(&mut FlowTotals)) {
     HERE.with(|c| {
         let mut t = c.get();
         f(&mut t);
@@ -91,6 +138,8 @@ pub fn on_this_thread() -> FlowTotals {
 struct Peer {
     held: VecDeque<Frame>,
     stats: PeerFlow,
+    /// The sender-side window, with the congestion response on.
+    window: Option<Window>,
 }
 
 impl Peer {
@@ -123,6 +172,7 @@ impl Peer {
 /// handed, whose `send` never waits.
 #[derive(Debug, Default)]
 pub struct Flow {
+    config: FlowConfig,
     peers: BTreeMap<NodeId, Peer>,
     /// A peer started or stopped having frames held since the engine was last
     /// told ([`Flow::congestion_changed`]).
@@ -133,6 +183,14 @@ impl Flow {
     /// A flow owner that holds nothing yet.
     pub fn new() -> Self {
         Flow::default()
+    }
+
+    /// A flow owner with the congestion response's settings.
+    pub fn with_config(config: FlowConfig) -> Self {
+        Flow {
+            config,
+            ..Flow::default()
+        }
     }
 
     /// Send `frame` to `to`, or hold it behind the frames already held for `to` (so
@@ -226,10 +284,33 @@ impl Flow {
         self.peers.values().any(|p| !p.held.is_empty())
     }
 
-    /// Record the transport's signals towards `peer`. Cumulative counters never go
-    /// back, except when the transport forgot the path (a new connection).
-    pub fn record_signals(&mut self, peer: NodeId, signals: CongestionSignals) {
-        self.peers.entry(peer).or_default().stats.signals = signals;
+    /// Record the transport's signals towards `peer` at `now_ns` (the node's
+    /// tick). Cumulative counters never go back, except when the transport
+    /// forgot the path (a new connection). With the congestion response on, the
+    /// peer's window is cut on new congestion marks, or else grown a step.
+    pub fn record_signals(&mut self, peer: NodeId, signals: CongestionSignals, now_ns: u64) {
+        let config = self.config;
+        let p = self.peers.entry(peer).or_default();
+        p.stats.signals = signals;
+        if config.enabled {
+            let w = p.window.get_or_insert_with(|| Window::new(config));
+            if w.observe(sender_marks(&signals), signals.rtt_ns_last, now_ns, 0) {
+                tally(|t| t.peer_cuts += 1);
+            } else {
+                w.step_up();
+            }
+            p.stats.window_bytes = w.bytes();
+            p.stats.window_cuts = w.stats().cuts;
+        }
+    }
+
+    /// Each peer's sender-side window, bytes: empty with the congestion response
+    /// off (no peer is limited).
+    pub fn windows(&self) -> BTreeMap<NodeId, u64> {
+        self.peers
+            .iter()
+            .filter_map(|(&id, p)| Some((id, p.window.as_ref()?.bytes())))
+            .collect()
     }
 
     /// Every peer's flow, by peer id.
@@ -248,6 +329,9 @@ impl Flow {
                 p.stats.held_bytes <= FLOW_HELD_BYTES_MAX,
                 "bytes held for {id}"
             );
+            if let Some(w) = &p.window {
+                w.self_check();
+            }
         }
     }
 }
@@ -371,6 +455,36 @@ mod tests {
         flow.send(&t, NodeId(1), frame(0, 1)).unwrap();
         t.closed = true;
         assert_eq!(flow.flush(&t), Err(TransportError::Closed));
+    }
+
+    #[test]
+    fn a_peers_window_follows_its_cnps_only_with_the_response_on() {
+        let signals = |cnps| CongestionSignals {
+            cnps,
+            ..CongestionSignals::default()
+        };
+        let mut off = Flow::new();
+        off.record_signals(NodeId(1), signals(0), 0);
+        off.record_signals(NodeId(1), signals(9), 1_000_000);
+        assert!(off.windows().is_empty(), "off: nothing limited");
+        let config = FlowConfig {
+            enabled: true,
+            ..FlowConfig::default()
+        };
+        let mut on = Flow::with_config(config);
+        let max = config.window_max_bytes;
+        on.record_signals(NodeId(1), signals(0), 0);
+        on.record_signals(NodeId(2), signals(0), 0);
+        on.record_signals(NodeId(1), signals(4), 1_000_000);
+        on.record_signals(NodeId(2), signals(0), 1_000_000);
+        assert_eq!(
+            on.windows(),
+            [(NodeId(1), max / 2), (NodeId(2), max)].into()
+        );
+        on.record_signals(NodeId(1), signals(4), 2_000_000);
+        assert_eq!(on.windows()[&NodeId(1)], max / 2 + config.increase_bytes);
+        assert_eq!(on.report()[0].1.window_cuts, 1);
+        on.self_check();
     }
 
     #[test]
