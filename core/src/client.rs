@@ -205,15 +205,14 @@ impl<T: Transport> Volume<T> {
     }
 
     /// Marked packets received from every node of `map` so far, and the
-    /// longest of the latest RTT samples towards them.
-    fn marks_in(&self, map: &ClusterMap) -> (u64, u64) {
-        map.nodes().iter().fold((0, 0), |(marks, rtt), &node| {
-            let s = self.transport.signals(node);
-            (
-                marks + crate::flow::receiver_marks(&s),
-                rtt.max(s.rtt_ns_last),
-            )
-        })
+    /// latest RTT sample towards `from`.
+    fn marks_in(&self, map: &ClusterMap, from: NodeId) -> (u64, u64) {
+        let marks = map
+            .nodes()
+            .iter()
+            .map(|&node| crate::flow::receiver_marks(&self.transport.signals(node)))
+            .sum();
+        (marks, self.transport.signals(from).rtt_ns_last)
     }
 
     /// Block size in bytes.
@@ -365,14 +364,17 @@ impl<T: Transport> Volume<T> {
         let v = *map.volume();
         let mut out = BytesMut::new();
         for (start, count) in split(&map, lba, blocks)? {
-            // Dropped with an error (or the caller gone), the turn gives its
-            // bytes back.
-            let turn = match &self.reads {
-                Some(reads) => Some(reads.turn(count * u64::from(v.block_size)).await),
-                None => None,
-            };
+            let bytes = count * u64::from(v.block_size);
             let data = self
                 .with_retry(|map| async move {
+                    // Each attempt waits for the read window (if any) and holds
+                    // its turn until answered; dropped with an error (or the
+                    // caller gone), the turn gives its bytes back, so a read
+                    // retrying through a failover holds no one else up.
+                    let turn = match &self.reads {
+                        Some(reads) => Some(reads.turn(bytes).await),
+                        None => None,
+                    };
                     let extent = map.extent(map.extent_of(start));
                     let (to, epoch) = (extent.primary, extent.epoch);
                     let delta = self.delta(&map, start, to);
@@ -386,13 +388,13 @@ impl<T: Transport> Volume<T> {
                             delta,
                         })
                         .await?;
+                    if let Some(turn) = turn {
+                        let (marks, rtt) = self.marks_in(&map, to);
+                        turn.answered(marks, rtt);
+                    }
                     self.expect_data(reply, count)
                 })
                 .await?;
-            if let Some(turn) = turn {
-                let (marks, rtt) = self.marks_in(&self.map());
-                turn.answered(marks, rtt);
-            }
             out.extend_from_slice(&data);
         }
         debug_assert_eq!(out.len() as u64, blocks * u64::from(v.block_size));

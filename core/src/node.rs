@@ -536,9 +536,10 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             plane.tick(now);
         }
         self.clock();
+        // The windows first: the tick's rebuild pump uses them.
+        self.record_signals();
         self.engine.handle_tick(now);
         self.gate.tick(self.now_ns());
-        self.record_signals();
         self.report();
     }
 

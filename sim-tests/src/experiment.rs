@@ -509,7 +509,7 @@ mod tests {
                     "dcqcn-off",
                     "tcp",
                     "dcqcn-on-flow-fan-in",
-                    "tcp-flow-fan-in",
+                    "dcqcn-off-flow-fan-in",
                 ][..],
             ),
             ("spdk-vs-kernel", &["polled", "kernel"][..]),

@@ -110,7 +110,8 @@ impl ReadFlow {
 
 impl ReadTurn<'_> {
     /// The read was answered; `marks` is the count of marked packets received
-    /// over every path so far and `rtt_ns` the latest RTT sample.
+    /// over every path so far and `rtt_ns` the latest RTT sample towards the
+    /// node that answered.
     pub(super) fn answered(mut self, marks: u64, rtt_ns: u64) {
         self.ended = true;
         let flow = self.flow;
@@ -139,12 +140,14 @@ impl Drop for Waiting<'_> {
             return;
         }
         let mut inner = self.flow.lock();
-        if inner.window.cancel(self.ticket) {
-            inner.wakers.remove(&self.ticket);
-        } else {
+        let go = match inner.window.cancel(self.ticket) {
+            Some(go) => {
+                inner.wakers.remove(&self.ticket);
+                go
+            }
             // Woken already: its bytes were counted in flight.
-            let go = inner.window.abandon(self.bytes);
-            ReadFlow::wake(&mut inner, go);
-        }
+            None => inner.window.abandon(self.bytes),
+        };
+        ReadFlow::wake(&mut inner, go);
     }
 }

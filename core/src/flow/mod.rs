@@ -24,7 +24,7 @@
 mod reads;
 mod window;
 
-pub use reads::{ReadFlowStats, ReadWindow, Turn, READS_WAITING_MAX};
+pub use reads::{ReadFlowStats, ReadWindow, Turn, READS_WAITING_MAX, RESPONSE_NS_MAX};
 pub use window::{
     receiver_marks, sender_marks, FlowConfig, Window, WindowStats, GUARD_MIN_NS,
     INCREASE_BYTES_DEFAULT, PACKET_BYTES, WINDOW_MAX_BYTES_DEFAULT, WINDOW_MIN_BYTES_DEFAULT,
@@ -70,7 +70,7 @@ pub struct PeerFlow {
     /// The transport's signals towards the peer, as last read (cumulative).
     pub signals: CongestionSignals,
     /// The peer's sender-side window, bytes (0 with the congestion response
-    /// off), and its cuts so far.
+    /// off).
     pub window_bytes: u64,
     /// Times the peer's window was cut.
     pub window_cuts: u64,

@@ -35,7 +35,8 @@ pub struct FlowConfig {
     pub window_min_bytes: u64,
     /// The largest window, bytes, and where a window starts.
     pub window_max_bytes: u64,
-    /// Growth per round trip, bytes.
+    /// Growth, bytes: per round trip for a client's read window (per window of
+    /// responses), per node tick for a peer's window.
     pub increase_bytes: u64,
     /// An RTT sample above this counts as congestion, microseconds; 0: RTT is
     /// recorded but not acted on.
@@ -118,6 +119,9 @@ pub struct Window {
     last_marks: Option<u64>,
     /// When the current period ends.
     guard_until_ns: u64,
+    /// The last RTT sample seen (a transport repeats its last one until it
+    /// takes another: only a new sample counts).
+    last_rtt_ns: u64,
     /// Marks and bytes answered in the current period; an RTT over target seen.
     period_marks: u64,
     period_bytes: u64,
@@ -138,6 +142,7 @@ impl Window {
             bytes: config.window_max_bytes,
             last_marks: None,
             guard_until_ns: 0,
+            last_rtt_ns: 0,
             period_marks: 0,
             period_bytes: 0,
             period_slow: false,
@@ -181,7 +186,8 @@ impl Window {
         self.stats.marks += new;
         self.period_marks += new;
         let target = self.config.rtt_target_us * 1000;
-        self.period_slow |= target > 0 && rtt_ns > target;
+        let sample = std::mem::replace(&mut self.last_rtt_ns, rtt_ns) != rtt_ns;
+        self.period_slow |= sample && target > 0 && rtt_ns > target;
         if now_ns < self.guard_until_ns {
             return false;
         }
@@ -217,9 +223,9 @@ impl Window {
         let owed = u128::from(self.config.increase_bytes) * u128::from(bytes)
             + u128::from(self.grown_frac);
         let window = u128::from(self.bytes);
-        let grow = (owed / window) as u64;
         self.grown_frac = (owed % window) as u64;
-        self.bytes = (self.bytes + grow).min(self.config.window_max_bytes);
+        let max = u128::from(self.config.window_max_bytes);
+        self.bytes = (window + owed / window).min(max) as u64;
     }
 
     /// Grow by one step: for an owner that observes on a clock, not per answer.
@@ -352,9 +358,10 @@ mod tests {
     }
 
     #[test]
-    fn an_rtt_over_target_cuts_only_when_a_target_is_set() {
+    fn an_rtt_over_target_cuts_only_when_a_target_is_set_and_only_once_per_sample() {
         let mut w = Window::new(config());
-        assert!(!w.observe(0, 900_000, 0, 0));
+        assert!(!w.observe(0, 0, 0, 0), "the baseline");
+        assert!(!w.observe(0, 900_000, GUARD_MIN_NS, 0), "no target");
         let mut w = Window::new(FlowConfig {
             rtt_target_us: 100,
             ..config()
@@ -362,6 +369,11 @@ mod tests {
         assert!(!w.observe(0, 0, 0, 0), "the baseline");
         assert!(!w.observe(0, 100_000, GUARD_MIN_NS, 0), "at target");
         assert!(w.observe(0, 100_001, 2 * GUARD_MIN_NS, 0));
+        assert!(
+            !w.observe(0, 100_001, 3 * GUARD_MIN_NS, 0),
+            "the same sample again is no news"
+        );
+        assert!(w.observe(0, 100_002, 4 * GUARD_MIN_NS, 0));
     }
 
     #[test]

@@ -345,13 +345,6 @@ impl Rebuilds {
                 if c.chunks.len() >= REBUILD_CHUNKS_PER_COPY || c.backoff_until_ns > now {
                     break;
                 }
-                let peer = to_peer.entry(key.1).or_default();
-                if windows
-                    .get(&key.1)
-                    .is_some_and(|&w| *peer > 0 && (*peer + 1) * chunk_bytes > w)
-                {
-                    break;
-                }
                 if c.joining {
                     steps.extend(self.ask_done(key, now));
                     break;
@@ -368,6 +361,15 @@ impl Rebuilds {
                     }
                     break;
                 };
+                // Within the replica's window, if the congestion response gave
+                // it one (one chunk always may go).
+                let peer = to_peer.entry(key.1).or_default();
+                if windows
+                    .get(&key.1)
+                    .is_some_and(|&w| *peer > 0 && (*peer + 1) * chunk_bytes > w)
+                {
+                    break;
+                }
                 let op = new_op();
                 let chunk = c.take_chunk(key, op, first, chunk_blocks, grains, now);
                 in_flight += 1;
