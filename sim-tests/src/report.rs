@@ -375,8 +375,11 @@ impl fmt::Display for Report {
             writeln!(
                 f,
                 "  window  {} reads waited for their client's window, {} read-window cuts, \
-                 {} peer-window cuts",
-                self.flow.reads_waited, self.flow.read_cuts, self.flow.peer_cuts
+                 {} peer-window cuts, {} writes waited for a replica's window",
+                self.flow.reads_waited,
+                self.flow.read_cuts,
+                self.flow.peer_cuts,
+                self.flow.writes_waited
             )?;
         }
         // Only when the scenario schedules: reports of FIFO runs stay as they were.

@@ -15,10 +15,11 @@
 //!
 //! Signals are recorded (in the node's report, `/metrics` and the simulator's
 //! report), and with the congestion response on (`[flow] enabled`) each peer's
-//! sender-side [`Window`] follows them: CNPs, ECN echoes and retransmissions
-//! towards the peer cut it, once per tick at most, and each tick without them it
-//! grows back by one step. The engine bounds its rebuild copies to a peer by
-//! that peer's window. The client's side, a window over the read responses in
+//! sender-side [`Window`] follows them: at each tick, by the fraction of the
+//! packets sent to the peer since the last (counted from the bytes the
+//! transport took) that CNPs, ECN echoes and retransmissions answered, it is
+//! cut; it grows with the bytes sent. The engine bounds its replica forwards
+//! and rebuild copies to a peer by that peer's window. The client's side, a window over the read responses in
 //! flight towards it, is [`ReadWindow`].
 
 mod reads;
@@ -92,6 +93,8 @@ pub struct FlowTotals {
     pub read_cuts: u64,
     /// Cuts of nodes' per-peer windows.
     pub peer_cuts: u64,
+    /// Client writes that waited for room in a replica's window.
+    pub writes_waited: u64,
 }
 
 impl FlowTotals {
@@ -104,6 +107,7 @@ impl FlowTotals {
             reads_waited: self.reads_waited - before.reads_waited,
             read_cuts: self.read_cuts - before.read_cuts,
             peer_cuts: self.peer_cuts - before.peer_cuts,
+            writes_waited: self.writes_waited - before.writes_waited,
         }
     }
 }
@@ -117,6 +121,7 @@ thread_local! {
             reads_waited: 0,
             read_cuts: 0,
             peer_cuts: 0,
+            writes_waited: 0,
         })
     };
 }
@@ -143,6 +148,15 @@ struct Peer {
 }
 
 impl Peer {
+    /// A frame of `bytes` was taken by the transport: the window's period
+    /// counts its packets, and it grows.
+    fn sent(&mut self, bytes: usize) {
+        self.stats.sent += 1;
+        if let Some(w) = &mut self.window {
+            w.answered(bytes as u64);
+        }
+    }
+
     /// Drop every held frame, and count `more` dropped with them.
     fn drop_held(&mut self, more: u64) {
         let dropped = self.held.len() as u64 + more;
@@ -207,9 +221,10 @@ impl Flow {
         let sent = if was_holding {
             peer.hold(frame)
         } else {
+            let bytes = frame.len();
             match transport.send(to, frame) {
                 Ok(()) => {
-                    peer.stats.sent += 1;
+                    peer.sent(bytes);
                     Sent::Taken
                 }
                 Err(SendError::Full(frame)) => {
@@ -236,7 +251,7 @@ impl Flow {
                 let bytes = frame.len();
                 match transport.send(to, frame) {
                     Ok(()) => {
-                        peer.stats.sent += 1;
+                        peer.sent(bytes);
                         peer.stats.held_bytes -= bytes;
                     }
                     Err(SendError::Full(frame)) => {
@@ -296,8 +311,6 @@ impl Flow {
             let w = p.window.get_or_insert_with(|| Window::new(config));
             if w.observe(sender_marks(&signals), signals.rtt_ns_last, now_ns, 0) {
                 tally(|t| t.peer_cuts += 1);
-            } else {
-                w.step_up();
             }
             p.stats.window_bytes = w.bytes();
             p.stats.window_cuts = w.stats().cuts;
@@ -481,9 +494,17 @@ mod tests {
             on.windows(),
             [(NodeId(1), max / 2), (NodeId(2), max)].into()
         );
-        on.record_signals(NodeId(1), signals(4), 2_000_000);
+        // Sending grows it: a window's worth of bytes, one increase.
+        let t = Fake::new(usize::MAX);
+        on.send(&t, NodeId(1), frame(0, (max / 2) as usize))
+            .unwrap();
         assert_eq!(on.windows()[&NodeId(1)], max / 2 + config.increase_bytes);
-        assert_eq!(on.report()[0].1.window_cuts, 1);
+        // A tick whose sends were mostly unmarked cuts it by little: alpha
+        // (starting at 1) moves 1/16 of the way to the fraction marked.
+        on.record_signals(NodeId(1), signals(5), 2_000_000);
+        let w = on.windows()[&NodeId(1)];
+        assert!(w < max / 2 + config.increase_bytes && w > max / 4, "{w}");
+        assert_eq!(on.report()[0].1.window_cuts, 2);
         on.self_check();
     }
 

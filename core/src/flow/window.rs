@@ -35,8 +35,8 @@ pub struct FlowConfig {
     pub window_min_bytes: u64,
     /// The largest window, bytes, and where a window starts.
     pub window_max_bytes: u64,
-    /// Growth, bytes: per round trip for a client's read window (per window of
-    /// responses), per node tick for a peer's window.
+    /// Growth, bytes, per window's worth answered (a client's read window) or
+    /// sent (a peer's window): about one increase per round trip.
     pub increase_bytes: u64,
     /// An RTT sample above this counts as congestion, microseconds; 0: RTT is
     /// recorded but not acted on.
@@ -226,11 +226,6 @@ impl Window {
         self.grown_frac = (owed % window) as u64;
         let max = u128::from(self.config.window_max_bytes);
         self.bytes = (window + owed / window).min(max) as u64;
-    }
-
-    /// Grow by one step: for an owner that observes on a clock, not per answer.
-    pub fn step_up(&mut self) {
-        self.bytes = (self.bytes + self.config.increase_bytes).min(self.config.window_max_bytes);
     }
 
     /// The window within its bounds.

@@ -32,6 +32,7 @@ mod audit;
 mod checkpoint;
 mod client;
 mod config;
+mod forwards;
 mod lease;
 mod map_change;
 mod ops;
@@ -162,6 +163,9 @@ pub struct Replicator {
     /// rebuild copies in flight to a peer stay within it. Empty (no bound) with
     /// the response off.
     peer_windows: BTreeMap<NodeId, u64>,
+    /// Bytes forwarded to each replica and not yet answered, and the client
+    /// writes waiting for room in a replica's window.
+    forwards: forwards::Forwards,
 }
 
 impl Replicator {
@@ -196,6 +200,7 @@ impl Replicator {
             reconcile: reconcile::Reconciler::default(),
             congested: std::collections::BTreeSet::new(),
             peer_windows: BTreeMap::new(),
+            forwards: forwards::Forwards::default(),
         };
         engine.reconcile_start_with();
         engine
@@ -305,6 +310,7 @@ impl Replicator {
         self.checkpoint.self_check();
         self.reconcile.self_check();
         self.rebuild.self_check(&self.ops.chunks);
+        self.forwards.self_check(&self.ops.writes);
         // The versions a primary has not answered yet are exactly those of its
         // writes sent out and not finished.
         let mut started: BTreeMap<ExtentId, std::collections::BTreeSet<Version>> = BTreeMap::new();
@@ -342,6 +348,7 @@ impl Replicator {
     /// the driver sets them every tick. A peer with none is not bounded.
     pub fn set_peer_windows(&mut self, windows: BTreeMap<NodeId, u64>) {
         self.peer_windows = windows;
+        self.start_waiting_forwards();
     }
 
     /// Client operations in flight (queued or running).

@@ -70,7 +70,10 @@ impl Replicator {
     pub(super) fn abandon(&mut self, extent: ExtentId, error: WeirError) {
         for op in self.ops.of_extent(extent) {
             let waiter = match self.ops.kind(op) {
-                Some(Kind::Write) => self.ops.writes.remove(&op).map(|w| (w.client, w.req)),
+                Some(Kind::Write) => {
+                    self.forwards.ended(op);
+                    self.ops.writes.remove(&op).map(|w| (w.client, w.req))
+                }
                 Some(Kind::Read) => self.ops.reads.remove(&op).map(|r| (r.client, r.req)),
                 Some(Kind::Repair) => self.ops.repairs.remove(&op).and_then(|r| r.waiter),
                 // The new primary rebuilds afresh; an asking replica asks it.

@@ -385,6 +385,38 @@ fn a_write_towards_a_congested_replica_is_refused_busy_until_it_drains() {
 }
 
 #[test]
+fn a_write_past_a_replicas_window_waits_for_room_and_then_goes() {
+    let mut c = cluster(test_config());
+    // Extent 0: primary n1, replicas n2 and n3; n3's window holds one block.
+    let n1 = c.engines.get_mut(&NodeId(1)).unwrap();
+    n1.set_peer_windows([(NodeId(3), BS as u64)].into());
+    c.client_sends(NodeId(1), write(1, 3, block(7, 1)));
+    c.client_sends(NodeId(1), write(2, 5, block(8, 1)));
+    c.deliver();
+    let forwarded = |c: &Cluster, lba: u64| c.applied.iter().filter(|a| a.1 == Lba(lba)).count();
+    assert_eq!(forwarded(&c, 3), 2, "the first write went to both replicas");
+    assert_eq!(forwarded(&c, 5), 0, "the second waits for n3's answer");
+    // n3 answers the first: the second goes, and both are acknowledged.
+    c.settle();
+    assert_eq!(forwarded(&c, 5), 2);
+    assert_eq!(c.replies.len(), 2, "{:?}", c.replies);
+    assert!(c
+        .replies
+        .iter()
+        .all(|r| matches!(r, Message::WriteOk { .. })));
+    assert_eq!(c.disk_block(NodeId(3), 5), Some(8));
+    // Without a window for a replica nothing waits.
+    c.engines
+        .get_mut(&NodeId(1))
+        .unwrap()
+        .set_peer_windows([(NodeId(2), u64::MAX)].into());
+    c.client_sends(NodeId(1), write(3, 6, block(9, 1)));
+    c.client_sends(NodeId(1), write(4, 7, block(9, 1)));
+    c.deliver();
+    assert_eq!(forwarded(&c, 6) + forwarded(&c, 7), 4);
+}
+
+#[test]
 fn overlapping_writes_reach_replicas_in_version_order() {
     let mut c = cluster(test_config());
     c.client_sends(NodeId(2), write(1, 16, block(1, 4)));
@@ -1349,6 +1381,9 @@ enum Step {
     Complete(u32, usize),
     /// Node `.0` fails: it stops, and the control plane declares it down.
     Down(u32),
+    /// Node `.0` gets windows for its peers from the congestion response: one
+    /// block, two blocks, or none (`.1` picks).
+    Windows(u32, usize),
 }
 
 fn step() -> impl proptest::strategy::Strategy<Value = Step> {
@@ -1358,6 +1393,7 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         6 => (0usize..8).prop_map(Step::Deliver),
         5 => (1u32..=3, 0usize..4).prop_map(|(n, k)| Step::Complete(n, k)),
         1 => (1u32..=3).prop_map(Step::Down),
+        1 => (1u32..=3, 0usize..3).prop_map(|(n, k)| Step::Windows(n, k)),
     ]
 }
 
@@ -1431,6 +1467,18 @@ impl Model {
                 let pick = self.c.ios.remove(mine[k % mine.len()]);
                 self.c.ios.insert(0, pick);
                 self.c.complete_one(node);
+            }
+            Step::Windows(n, k) => {
+                let peers = (1..=3).filter(|&p| p != n).map(NodeId);
+                let windows = match k {
+                    0 => peers.map(|p| (p, BS as u64)).collect(),
+                    1 => peers.map(|p| (p, 2 * BS as u64)).collect(),
+                    _ => BTreeMap::new(),
+                };
+                if Some(NodeId(n)) != self.dead {
+                    let engine = self.c.engines.get_mut(&NodeId(n)).unwrap();
+                    engine.set_peer_windows(windows);
+                }
             }
             Step::Down(n) => {
                 if self.dead.is_some() {

@@ -45,7 +45,7 @@ impl Replicator {
     /// queued; then fail it and return the ops its lock release makes ready.
     pub(super) fn start(&mut self, op: OpId) -> Vec<OpId> {
         match self.ops.kind(op) {
-            Some(Kind::Write) => self.start_client_write(op),
+            Some(Kind::Write) => self.start_within_windows(op),
             Some(Kind::Read) => self.start_read(op),
             // A copy reads the primary's own data for a replica that checks the
             // epoch itself: no lease needed. First the replica is asked which
@@ -79,7 +79,7 @@ impl Replicator {
 
     /// Write `op` holds its range lock: send it out, unless it may not be served
     /// now or was superseded (then answered at once).
-    fn start_client_write(&mut self, op: OpId) -> Vec<OpId> {
+    pub(super) fn start_client_write(&mut self, op: OpId) -> Vec<OpId> {
         let w = &self.ops.writes[&op];
         let (client, req, extent, lba) = (w.client, w.req, w.extent, w.lba);
         // A write may not widen the replicas' uncertain tails past what they keep
@@ -146,6 +146,7 @@ impl Replicator {
             .expect("a write being started")
             .version = version;
         let forward = self.forward_to(&placement);
+        self.forwards.took(op, forward.clone(), data.len() as u64);
         self.expect_acks(op, extent, &placement, &forward);
         self.note_write(
             (client, req),
@@ -213,7 +214,7 @@ impl Replicator {
     }
 
     /// The replicas a write goes to: every in-sync and rebuilding one but this node.
-    fn forward_to(&self, placement: &crate::control::state::ExtentState) -> Vec<NodeId> {
+    pub(super) fn forward_to(&self, placement: &crate::control::state::ExtentState) -> Vec<NodeId> {
         let mut forward: Vec<NodeId> = placement
             .replicas
             .iter()
@@ -347,6 +348,13 @@ impl Replicator {
 
     /// One replica (or the local device) reported on write `op`.
     pub(super) fn write_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
+        self.forwards.answered(op, from);
+        self.count_write_ack(from, op, result);
+        // The answer made room in `from`'s window.
+        self.start_waiting_forwards();
+    }
+
+    fn count_write_ack(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
         if self.rebuild_replica_acked(from, op, result.is_err()) && !self.ops.contains(op) {
             return; // A rebuilding replica's late ack of a finished write.
         }
@@ -396,6 +404,7 @@ impl Replicator {
             version,
             ..
         } = self.ops.writes.remove(&op).expect("a running write");
+        self.forwards.ended(op);
         if outcome.is_ok() {
             let placement = self.map.extent(extent);
             let fact = Audit::Acked {
@@ -418,6 +427,7 @@ impl Replicator {
             self.reply(client, req, outcome.map(|()| Message::WriteOk { req }));
         }
         self.unlock(extent, op);
+        self.start_waiting_forwards();
     }
 
     pub(super) fn flush_acked(&mut self, from: NodeId, op: OpId, result: Result<(), WeirError>) {
