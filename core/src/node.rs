@@ -112,6 +112,9 @@ pub struct NodeReport {
     /// Client requests admitted by dmClock, per named volume (by first extent;
     /// `None`: outside every named volume), while any volume asks for QoS.
     pub admission: Vec<(crate::sched::VolKey, crate::sched::VolumeAdmitStats)>,
+    /// The device scheduler's merges and splits per named volume (by first
+    /// extent).
+    pub volume_sched: Vec<(crate::ids::ExtentId, crate::sched::VolumeSchedStats)>,
 }
 
 /// The daemon's handle on a running node: ask for map changes, watch its reports.
@@ -363,6 +366,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             r.flow = self.flow.report();
             r.front_end_payloads = self.held.as_ref().map_or((0, 0), |h| h.counts());
             r.admission = self.gate.stats();
+            r.volume_sched = self.sched.volume_stats();
         });
     }
 
@@ -786,7 +790,19 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         let volume_block = u64::from(self.device.geometry().block_size) * self.scale;
         let cmd = cmd.in_device_blocks(self.scale, volume_block);
         let class = self.engine.io_class(io);
-        if let Err(e) = self.sched.submit(io, cmd, class, self.now_ns()) {
+        // The named volume of the blocks (the device holds each extent at its
+        // pool blocks), for the per-volume merges and splits.
+        let map = self.engine.map();
+        let volume = match &cmd {
+            IoCmd::Read { lba, .. } | IoCmd::Write { lba, .. } => map
+                .named_at(map.extent_of(Lba(lba.0 / self.scale)))
+                .map(|(first, _)| first),
+            IoCmd::Flush => None,
+        };
+        if let Err(e) = self
+            .sched
+            .submit_for(io, cmd, (class, volume), self.now_ns())
+        {
             // Back-pressure: answered at once, as a request the engine may retry.
             tracing::warn!(error = %e, "device queue full; request refused");
             self.clock();

@@ -45,6 +45,8 @@ pub struct Admin {
     pub extent_bytes: u64,
     /// The bearer token ([`load_or_create_token`]).
     pub token: String,
+    /// The front end's read window, if the congestion response is on.
+    pub read_flow: Box<dyn Fn() -> Option<weir_core::flow::ReadFlowStats> + Send>,
 }
 
 /// Bytes of randomness in a token (256 bits), written as hex.
@@ -167,7 +169,10 @@ impl Admin {
         let url = request.url().to_string();
         let (path, query) = url.split_once('?').unwrap_or((&url, ""));
         match (request.method(), path) {
-            (Method::Get, "/metrics") => (200, self.metrics.render(self.me, &self.handle.report())),
+            (Method::Get, "/metrics") => {
+                self.metrics.set_read_window((self.read_flow)());
+                (200, self.metrics.render(self.me, &self.handle.report()))
+            }
             (Method::Get, "/status") => (200, self.status()),
             (Method::Get, "/volumes") => (200, self.list()),
             (Method::Post, p) if p.starts_with("/volumes/") => {

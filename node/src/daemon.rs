@@ -224,6 +224,10 @@ pub async fn run(
     );
     let metrics = Arc::new(Metrics::new());
     let extent_bytes = config.cluster.extent_size.0;
+    let read_flow = {
+        let volume = volume.clone();
+        Box::new(move || volume.read_flow())
+    };
     let backend = Arc::new(WeirBackend::new(
         volume,
         handle.clone(),
@@ -250,6 +254,7 @@ pub async fn run(
         events,
         extent_bytes,
         token,
+        read_flow,
     };
     let admin_server = server.clone();
     let admin_thread = std::thread::Builder::new()

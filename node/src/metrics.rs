@@ -86,6 +86,12 @@ pub struct Metrics {
     /// Per volume: dmClock admission at this node (`weir_core::sched::Admission`),
     /// while any volume asks for QoS.
     admission: [(&'static str, &'static str, Family<Vol, Gauge>); 6],
+    /// Per named volume: the device scheduler's merges and splits of its
+    /// requests at this node.
+    volume_sched: [(&'static str, &'static str, Family<Vol, Gauge>); 2],
+    /// The front end's read window (`weir_core::flow::ReadWindow`), with the
+    /// congestion response on.
+    read_window: [(&'static str, &'static str, Gauge); 4],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -219,6 +225,33 @@ impl Metrics {
                 ),
             ]
             .map(|(name, help)| (name, help, Family::default())),
+            volume_sched: [
+                (
+                    "volume_merged",
+                    "Requests of the volume that joined another's device command here",
+                ),
+                (
+                    "volume_split",
+                    "Requests of the volume cut at the device's optimal I/O boundary here",
+                ),
+            ]
+            .map(|(name, help)| (name, help, Family::default())),
+            read_window: [
+                (
+                    "read_window_bytes",
+                    "The front end's window over read responses in flight, bytes",
+                ),
+                (
+                    "read_window_waited",
+                    "Front-end reads that waited for the read window",
+                ),
+                ("read_window_cuts", "Times the read window was cut"),
+                (
+                    "read_window_marks",
+                    "ECN-marked packets the read window has seen arrive",
+                ),
+            ]
+            .map(|(name, help)| (name, help, Gauge::default())),
         };
         {
             let mut r = m.registry.lock().expect("registry");
@@ -310,11 +343,26 @@ impl Metrics {
             for (name, help, gauge) in &m.sched {
                 r.register(*name, *help, gauge.clone());
             }
-            for (name, help, family) in &m.admission {
+            for (name, help, family) in m.admission.iter().chain(&m.volume_sched) {
                 r.register(*name, *help, family.clone());
+            }
+            for (name, help, gauge) in &m.read_window {
+                r.register(*name, *help, gauge.clone());
             }
         }
         m
+    }
+
+    /// Set the front end's read window gauges (left at 0 with the congestion
+    /// response off).
+    pub fn set_read_window(&self, stats: Option<weir_core::flow::ReadFlowStats>) {
+        let Some(s) = stats else {
+            return;
+        };
+        let values = [s.window_bytes, s.waited, s.window.cuts, s.window.marks];
+        for ((.., gauge), v) in self.read_window.iter().zip(values) {
+            gauge.set(v.min(i64::MAX as u64) as i64);
+        }
     }
 
     /// A request finished.
@@ -431,7 +479,7 @@ impl Metrics {
             }
         }
         // Volumes come and go: the families hold the current ones only.
-        for (.., family) in &self.admission {
+        for (.., family) in self.admission.iter().chain(&self.volume_sched) {
             family.clear();
         }
         let names: std::collections::BTreeMap<_, _> = report
@@ -440,14 +488,23 @@ impl Metrics {
             .iter()
             .map(|(name, v)| (v.first, name))
             .collect();
+        let label = |key: &weir_core::sched::VolKey| match key {
+            None => Some(Vol {
+                volume: "(pool)".to_string(),
+            }),
+            Some(first) => names.get(first).map(|name| Vol {
+                volume: name.to_string(),
+            }),
+        };
+        let set = |families: &[(&str, &str, Family<Vol, Gauge>)], label: &Vol, values: &[u64]| {
+            for ((.., family), value) in families.iter().zip(values) {
+                family
+                    .get_or_create(label)
+                    .set((*value).min(i64::MAX as u64) as i64);
+            }
+        };
         for (key, a) in &report.admission {
-            let name = match key {
-                None => "(pool)".to_string(),
-                Some(first) => match names.get(first) {
-                    Some(name) => name.to_string(),
-                    None => continue,
-                },
-            };
+            let Some(label) = label(key) else { continue };
             let values = [
                 a.admitted,
                 a.by_reservation,
@@ -456,12 +513,13 @@ impl Metrics {
                 a.throttled_ns / 1000,
                 a.refused,
             ];
-            let label = Vol { volume: name };
-            for ((.., family), value) in self.admission.iter().zip(values) {
-                family
-                    .get_or_create(&label)
-                    .set(value.min(i64::MAX as u64) as i64);
-            }
+            set(&self.admission, &label, &values);
+        }
+        for (first, v) in &report.volume_sched {
+            let Some(label) = label(&Some(*first)) else {
+                continue;
+            };
+            set(&self.volume_sched, &label, &[v.merged, v.split]);
         }
         let mut out = String::new();
         let registry = self.registry.lock().expect("registry");
@@ -527,5 +585,62 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}
+
+#[cfg(test)]
+mod volume_tests {
+    use super::*;
+    use weir_core::control::state::NamedVolume;
+    use weir_core::ExtentId;
+
+    #[test]
+    fn merges_and_splits_show_per_volume_and_the_read_window_once_on() {
+        let m = Metrics::new();
+        let mut report = NodeReport::default();
+        std::sync::Arc::make_mut(&mut report.state).named.insert(
+            "db".into(),
+            NamedVolume {
+                first: ExtentId(4),
+                extents: 2,
+                size_bytes: 1 << 20,
+                qos: Default::default(),
+            },
+        );
+        report.volume_sched = vec![(
+            ExtentId(4),
+            weir_core::sched::VolumeSchedStats {
+                merged: 3,
+                split: 2,
+            },
+        )];
+        let text = m.render(NodeId(1), &report);
+        assert!(
+            text.contains("weir_volume_merged{volume=\"db\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("weir_volume_split{volume=\"db\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("weir_read_window_bytes 0"), "{text}");
+        m.set_read_window(None);
+        assert!(m
+            .render(NodeId(1), &report)
+            .contains("weir_read_window_bytes 0"));
+        let mut window = weir_core::flow::ReadWindow::new(weir_core::flow::FlowConfig {
+            enabled: true,
+            ..Default::default()
+        });
+        assert_eq!(window.take(1, 4096), weir_core::flow::Turn::Go);
+        m.set_read_window(Some(window.stats()));
+        let text = m.render(NodeId(1), &report);
+        assert!(
+            text.contains(&format!(
+                "weir_read_window_bytes {}",
+                weir_core::flow::WINDOW_MAX_BYTES_DEFAULT
+            )),
+            "{text}"
+        );
     }
 }

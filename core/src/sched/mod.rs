@@ -18,6 +18,7 @@
 
 use crate::buf::BufPool;
 use crate::device::{DevCompletion, DevError, Geometry};
+use crate::ids::ExtentId;
 use crate::replication::{IoClass, IoCmd, IoId, IoResult};
 pub use admission::{
     admitted_on_this_thread, Admission, AdmitConfig, Deltas, Submit, VolKey, VolumeAdmitStats, Who,
@@ -29,6 +30,7 @@ pub use queue::{
     on_this_thread, CmdId, Dispatch, IoQueue, QueueFull, SchedConfig, SchedStats,
     BACKGROUND_INFLIGHT_MAX, FOREGROUND_TURNS, MERGE_SCAN_MAX, WAITING_MAX_DEFAULT,
 };
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 mod admission;
@@ -64,6 +66,21 @@ pub struct DeviceSched {
     active_ns: u64,
     /// Whether the probe is out.
     probing: bool,
+    /// The named volume (by first extent) of each request in the scheduler
+    /// that belongs to one.
+    volume_of: BTreeMap<IoId, ExtentId>,
+    /// Merges and splits by named volume: one entry per volume that had I/O
+    /// here.
+    by_volume: BTreeMap<ExtentId, VolumeSchedStats>,
+}
+
+/// The scheduler's merges and splits of one volume's requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumeSchedStats {
+    /// Requests that joined another's device command.
+    pub merged: u64,
+    /// Requests cut at the device's optimal I/O boundary.
+    pub split: u64,
 }
 
 impl DeviceSched {
@@ -79,6 +96,8 @@ impl DeviceSched {
             gone: false,
             active_ns: 0,
             probing: false,
+            volume_of: BTreeMap::new(),
+            by_volume: BTreeMap::new(),
         }
     }
 
@@ -114,17 +133,48 @@ impl DeviceSched {
         class: IoClass,
         now_ns: u64,
     ) -> Result<(), QueueFull> {
+        self.submit_for(io, cmd, (class, None), now_ns)
+    }
+
+    /// [`DeviceSched::submit`] of a request of `volume`: its merges and splits
+    /// are counted for the volume too.
+    pub fn submit_for(
+        &mut self,
+        io: IoId,
+        cmd: IoCmd,
+        (class, volume): (IoClass, VolKey),
+        now_ns: u64,
+    ) -> Result<(), QueueFull> {
         assert_ne!(
             io, PROBE_IO,
             "the engine's requests stay below the probe's id"
         );
         self.active_ns = self.active_ns.max(now_ns);
-        self.io.submit_as(io, cmd, class, now_ns)
+        let split_before = self.io.stats().split;
+        self.io.submit_as(io, cmd, class, now_ns)?;
+        if let Some(volume) = volume {
+            let split = self.io.stats().split - split_before;
+            self.by_volume.entry(volume).or_default().split += split;
+            self.volume_of.insert(io, volume);
+        }
+        Ok(())
+    }
+
+    /// Merges and splits by named volume (first extent).
+    pub fn volume_stats(&self) -> Vec<(ExtentId, VolumeSchedStats)> {
+        self.by_volume.iter().map(|(&v, &s)| (v, s)).collect()
     }
 
     /// The next command for the device, if any may go now.
     pub fn poll(&mut self, now_ns: u64, pool: &BufPool) -> Option<Dispatch> {
-        self.io.poll(now_ns, pool)
+        let d = self.io.poll(now_ns, pool)?;
+        // Every request after the first joined the first's command.
+        for io in d.requests.iter().skip(1) {
+            if let Some(v) = self.volume_of.get(io) {
+                self.by_volume.entry(*v).or_default().merged += 1;
+            }
+        }
+        Some(d)
     }
 
     /// Command `cmd` completed at `now_ns` (the node's clock) with `result`.
@@ -141,6 +191,7 @@ impl DeviceSched {
         loop {
             let (io, result) = self.io.poll_finished()?;
             if io != PROBE_IO {
+                self.volume_of.remove(&io);
                 return Some((io, result));
             }
             // Only its completion mattered (`Gone`, or a stall while it is out).

@@ -105,6 +105,9 @@ pub struct Dispatch {
     pub queue: u16,
     /// The command.
     pub command: DevCommand,
+    /// The requests whose pieces it carries, in block order: more than one is a
+    /// merge.
+    pub requests: Vec<IoId>,
 }
 
 /// The queue refused a request: too many wait already.
@@ -553,6 +556,7 @@ impl IoQueue {
                 self.passes += 1;
                 self.count(|s| s.passed += 1);
             }
+            let requests = run.iter().map(|p| p.io).collect();
             let cmd_state = Cmd {
                 queue,
                 pieces: run,
@@ -564,6 +568,7 @@ impl IoQueue {
                 cmd,
                 queue,
                 command,
+                requests,
             });
         }
     }
