@@ -301,6 +301,11 @@ pub struct DeviceSection {
     /// device, keeping one command in eight while both wait.
     #[serde(default = "yes")]
     pub classes: bool,
+    /// With classes: the rebuild's commands per second owed before any weight
+    /// (0: none), a floor under its progress however busy clients keep the
+    /// device.
+    #[serde(default)]
+    pub rebuild_reservation: u32,
 }
 
 fn default_checkpoint_ms() -> u64 {
@@ -443,6 +448,7 @@ impl Default for DeviceSection {
             merge: false,
             sched_depth: 0,
             classes: true,
+            rebuild_reservation: 0,
         }
     }
 }
@@ -627,6 +633,15 @@ impl Config {
             return bad(
                 "device.queues",
                 "queues and queue_depth must be above 0".into(),
+            );
+        }
+        if self.device.rebuild_reservation > 1_000_000 {
+            return bad(
+                "device.rebuild_reservation",
+                format!(
+                    "{}: must be at most 1000000 commands per second",
+                    self.device.rebuild_reservation
+                ),
             );
         }
         if self.device.sched_depth > u32::from(self.device.queue_depth) {

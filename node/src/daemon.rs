@@ -199,6 +199,13 @@ pub async fn run(
         split: false,
         depth_per_queue: config.device.sched_depth,
         classes: config.device.classes,
+        shares: weir_core::sched::ClassShares {
+            rebuild: weir_core::sched::Share {
+                weight: 1,
+                reservation: config.device.rebuild_reservation,
+            },
+            ..Default::default()
+        },
         ..SchedConfig::default()
     })
     .with_flow(config.flow)

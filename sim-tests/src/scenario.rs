@@ -462,6 +462,13 @@ pub struct SchedSpec {
     /// requests, at most two commands of it on the device, keeping one command
     /// in eight while both wait.
     pub classes: bool,
+    /// With classes: clients' weight against each background class's (7).
+    pub foreground_weight: u32,
+    /// With classes: the rebuild's weight (1) and reservation (commands per
+    /// second it is owed before any weight; 0: none).
+    pub rebuild_weight: u32,
+    /// See `rebuild_weight`.
+    pub rebuild_reservation: u32,
 }
 
 impl Default for SchedSpec {
@@ -473,6 +480,9 @@ impl Default for SchedSpec {
             depth: cfg.depth_per_queue,
             waiting_max: cfg.waiting_max,
             classes: cfg.classes,
+            foreground_weight: cfg.shares.foreground_weight,
+            rebuild_weight: cfg.shares.rebuild.weight,
+            rebuild_reservation: cfg.shares.rebuild.reservation,
         }
     }
 }
@@ -486,6 +496,14 @@ impl SchedSpec {
             depth_per_queue: self.depth,
             waiting_max: self.waiting_max,
             classes: self.classes,
+            shares: weir_core::sched::ClassShares {
+                foreground_weight: self.foreground_weight,
+                rebuild: weir_core::sched::Share {
+                    weight: self.rebuild_weight,
+                    reservation: self.rebuild_reservation,
+                },
+                ..Default::default()
+            },
         }
     }
 }
@@ -631,6 +649,9 @@ impl Scenario {
         }
         if self.sched.depth > 1024 {
             return bad("sched.depth", "must be at most 1024 (0: the device's)");
+        }
+        if let Err(why) = self.sched.config().shares.check() {
+            return bad("sched.foreground_weight", why);
         }
         if !(1..=1 << 20).contains(&self.sched.waiting_max) {
             return bad("sched.waiting_max", "must be between 1 and 1048576");

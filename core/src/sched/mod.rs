@@ -27,8 +27,8 @@ pub use admission::{
 };
 pub use order::{Finished, WriteOrder};
 pub use queue::{
-    on_this_thread, CmdId, Dispatch, IoQueue, QueueFull, SchedConfig, SchedStats,
-    BACKGROUND_INFLIGHT_MAX, FOREGROUND_TURNS, MERGE_SCAN_MAX, WAITING_MAX_DEFAULT,
+    on_this_thread, ClassShares, CmdId, Dispatch, IoQueue, QueueFull, SchedConfig, SchedStats,
+    Share, BACKGROUND_INFLIGHT_MAX, FOREGROUND_WEIGHT, MERGE_SCAN_MAX, WAITING_MAX_DEFAULT,
 };
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -46,7 +46,7 @@ use crate::replication::{IoClass, IoCmd, IoId, IoResult};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 
-pub use classes::{BACKGROUND_INFLIGHT_MAX, FOREGROUND_TURNS};
+pub use classes::{ClassShares, Share, BACKGROUND_INFLIGHT_MAX, FOREGROUND_WEIGHT};
 
 mod classes;
 
@@ -73,6 +73,8 @@ pub struct SchedConfig {
     pub waiting_max: usize,
     /// Background work waits behind clients' requests (see the module).
     pub classes: bool,
+    /// The classes' weights and reservations (with `classes`).
+    pub shares: ClassShares,
 }
 
 impl Default for SchedConfig {
@@ -88,6 +90,7 @@ impl Default for SchedConfig {
             depth_per_queue: 0,
             waiting_max: WAITING_MAX_DEFAULT,
             classes: true,
+            shares: ClassShares::default(),
         }
     }
 }
@@ -283,9 +286,8 @@ pub struct IoQueue {
     finished: VecDeque<(IoId, IoResult)>,
     next_cmd: u64,
     stats: SchedStats,
-    /// Foreground commands that passed background work since the background
-    /// head last went.
-    passes: u32,
+    /// The classes' dmClock tags (classes on).
+    clock: classes::ClassClock,
     /// Background commands in flight (classes on).
     background: u32,
 }
@@ -318,7 +320,7 @@ impl IoQueue {
             finished: VecDeque::new(),
             next_cmd: 0,
             stats: SchedStats::default(),
-            passes: 0,
+            clock: classes::ClassClock::new(cfg.shares),
             background: 0,
         }
     }
@@ -513,7 +515,7 @@ impl IoQueue {
             if self.inflight[queue] >= self.depth {
                 return None;
             }
-            let first = self.first_to_go()?;
+            let first = self.first_to_go(now_ns)?;
             if self
                 .waiting
                 .get(first)
@@ -549,12 +551,12 @@ impl IoQueue {
             let timed_ns = (!matches!(command, DevCommand::Flush)).then_some(now_ns);
             let background = self.cfg.classes && run[0].class.background();
             self.background += u32::from(background);
-            // The turns count commands that went, not choices made.
-            if background {
-                self.passes = 0;
-            } else if self.cfg.classes && first > 0 {
-                self.passes += 1;
-                self.count(|s| s.passed += 1);
+            // The tags count commands that went, not choices made.
+            if self.cfg.classes {
+                self.clock.dispatched(run[0].class, now_ns);
+                if !background && first > 0 {
+                    self.count(|s| s.passed += 1);
+                }
             }
             let requests = run.iter().map(|p| p.io).collect();
             let cmd_state = Cmd {

@@ -46,6 +46,7 @@ fn merging(depth: u32) -> SchedConfig {
         depth_per_queue: depth,
         waiting_max: 64,
         classes: false,
+        shares: ClassShares::default(),
     }
 }
 
@@ -615,7 +616,14 @@ proptest! {
         bad in proptest::collection::btree_set(0u64..64, 0..3),
         steps in proptest::collection::vec(step(), 1..60),
     ) {
-        let cfg = SchedConfig { merge, split, depth_per_queue: depth, waiting_max, classes };
+        let cfg = SchedConfig {
+            merge,
+            split,
+            depth_per_queue: depth,
+            waiting_max,
+            classes,
+            shares: ClassShares::default(),
+        };
         let geometry = geometry(queues, 8, max_transfer, boundary);
         // Request i is background where bit i of `background` is set.
         let class = |io: u64| match (background >> (io % 64)) & 1 {
@@ -670,7 +678,7 @@ fn with_classes_clients_pass_background_work_but_leave_it_a_share() {
         q.submit(IoId(100 + i), read(20 + i, 1), 0).unwrap();
     }
     let order = order_of(&mut q, &pool);
-    let turns = FOREGROUND_TURNS as usize;
+    let turns = FOREGROUND_WEIGHT as usize;
     // Seven clients' reads, then one of the rebuild's, and so on.
     assert_eq!(
         &order[..turns],

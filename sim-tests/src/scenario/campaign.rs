@@ -127,6 +127,11 @@ impl Scenario {
             // the scrubber) behind clients' requests, as every other
             // seed does (the default).
             s.sched.classes = pick(41, 2) == 0;
+            // Half of those with classes reserve the rebuild a floor of
+            // commands before clients' weight.
+            if s.sched.classes && pick(44, 2) == 0 {
+                s.sched.rebuild_reservation = 2_000;
+            }
             if pick(35, 2) == 0 {
                 s.device.ssds = 2;
                 if pick(36, 2) == 0 {
