@@ -651,7 +651,10 @@ impl Scenario {
             return bad("sched.depth", "must be at most 1024 (0: the device's)");
         }
         if let Err(why) = self.sched.config().shares.check() {
-            return bad("sched.foreground_weight", why);
+            return bad(
+                "sched.foreground_weight, rebuild_weight, rebuild_reservation",
+                why,
+            );
         }
         if !(1..=1 << 20).contains(&self.sched.waiting_max) {
             return bad("sched.waiting_max", "must be between 1 and 1048576");

@@ -302,7 +302,8 @@ impl Flow {
     /// Record the transport's signals towards `peer` at `now_ns` (the node's
     /// tick). Cumulative counters never go back, except when the transport
     /// forgot the path (a new connection). With the congestion response on, the
-    /// peer's window is cut on new congestion marks, or else grown a step.
+    /// peer's window is cut by the fraction of packets sent since that new
+    /// congestion marks answered (it grows as frames are sent).
     pub fn record_signals(&mut self, peer: NodeId, signals: CongestionSignals, now_ns: u64) {
         let config = self.config;
         let p = self.peers.entry(peer).or_default();

@@ -28,8 +28,8 @@ use crate::transport::CongestionSignals;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FlowConfig {
-    /// Whether clients bound their reads' response bytes by a window and
-    /// primaries bound rebuild copies by each peer's window.
+    /// Whether clients bound their reads' response bytes by a window, and
+    /// primaries their replica forwards and rebuild copies by each peer's.
     pub enabled: bool,
     /// The smallest window, bytes: what a cut never goes below.
     pub window_min_bytes: u64,

@@ -160,7 +160,7 @@ pub struct Replicator {
     /// `Busy`, so clients back off instead of piling frames up behind it.
     congested: std::collections::BTreeSet<NodeId>,
     /// Each peer's sender-side window from the congestion response (bytes): the
-    /// rebuild copies in flight to a peer stay within it. Empty (no bound) with
+    /// replica forwards and rebuild copies in flight to a peer stay within it. Empty (no bound) with
     /// the response off.
     peer_windows: BTreeMap<NodeId, u64>,
     /// Bytes forwarded to each replica and not yet answered, and the client

@@ -2,8 +2,11 @@
 //! [`crate::flow`]): a primary counts the bytes of the writes it forwarded to
 //! each replica and not yet heard back about, and a client write whose forwards
 //! would take a replica past its window waits, holding its range lock, until
-//! answers make room. Waiting writes start in arrival order; with nothing
-//! forwarded to a replica, a write always may go to it. With no windows (the
+//! answers make room. Writes to a replica start in arrival order (a write waits
+//! behind any earlier waiting write that shares one of its replicas; one whose
+//! replicas have no writes waiting may pass); with nothing forwarded to a
+//! replica, a write always may go to it. A forward sent without its payload
+//! (the replica's front end holds it) costs no window. With no windows (the
 //! response off) nothing ever waits, and the counts change nothing.
 
 use super::*;
@@ -13,8 +16,9 @@ use super::*;
 pub(super) struct Forwards {
     /// Bytes forwarded to each peer and not yet answered.
     out: BTreeMap<NodeId, u64>,
-    /// What each running write holds: the peers it was forwarded to, its bytes.
-    by_op: BTreeMap<OpId, (Vec<NodeId>, u64)>,
+    /// What each running write holds: the peers it was forwarded to, and the
+    /// bytes sent to each.
+    by_op: BTreeMap<OpId, Vec<(NodeId, u64)>>,
     /// Client writes holding their range lock, waiting for room, in arrival order.
     waiting: VecDeque<OpId>,
 }
@@ -30,59 +34,78 @@ impl Forwards {
         })
     }
 
-    /// Write `op` forwarded `bytes` to `peers`.
-    pub(super) fn took(&mut self, op: OpId, peers: Vec<NodeId>, bytes: u64) {
-        for peer in &peers {
-            *self.out.entry(*peer).or_default() += bytes;
+    /// Write `op` forwarded these bytes to these peers.
+    pub(super) fn took(&mut self, op: OpId, sent: Vec<(NodeId, u64)>) {
+        for &(peer, bytes) in sent.iter().filter(|(_, b)| *b > 0) {
+            *self.out.entry(peer).or_default() += bytes;
         }
-        let before = self.by_op.insert(op, (peers, bytes));
+        let before = self.by_op.insert(op, sent);
         debug_assert!(before.is_none(), "{op} forwarded twice");
     }
 
     /// `peer` answered write `op` (or gave up on it).
     pub(super) fn answered(&mut self, op: OpId, peer: NodeId) {
-        let Some((peers, bytes)) = self.by_op.get_mut(&op) else {
+        let Some(sent) = self.by_op.get_mut(&op) else {
             return;
         };
-        if let Some(at) = peers.iter().position(|p| *p == peer) {
-            peers.swap_remove(at);
+        if let Some(at) = sent.iter().position(|(p, _)| *p == peer) {
+            let (_, bytes) = sent.swap_remove(at);
+            if bytes == 0 {
+                return;
+            }
             let out = self.out.get_mut(&peer).expect("counted when forwarded");
-            *out -= *bytes;
+            *out -= bytes;
             if *out == 0 {
                 self.out.remove(&peer);
             }
         }
     }
 
-    /// Write `op` ended: whatever it still held is free.
+    /// Write `op` ended (or was failed while it waited): whatever it still held
+    /// is free, and it leaves the line.
     pub(super) fn ended(&mut self, op: OpId) {
-        if let Some((peers, _)) = self.by_op.get(&op).cloned() {
-            for peer in peers {
+        if let Some(sent) = self.by_op.get(&op).cloned() {
+            for (peer, _) in sent {
                 self.answered(op, peer);
             }
             self.by_op.remove(&op);
         }
+        self.waiting.retain(|w| *w != op);
     }
 
     /// Writes hold what they took, and the counts are their sums.
     pub(super) fn self_check(&self, writes: &BTreeMap<OpId, WriteOp>) {
         let mut sums: BTreeMap<NodeId, u64> = BTreeMap::new();
-        for (op, (peers, bytes)) in &self.by_op {
+        for (op, sent) in &self.by_op {
             assert!(writes.contains_key(op), "{op} holds forwards but has ended");
-            for peer in peers {
+            for (peer, bytes) in sent {
                 *sums.entry(*peer).or_default() += bytes;
             }
         }
+        sums.retain(|_, b| *b > 0);
         assert_eq!(sums, self.out, "forwarded bytes by peer");
+        for op in &self.waiting {
+            assert!(writes.contains_key(op), "{op} waits but has ended");
+        }
         assert!(self.waiting.len() <= MAX_OPS_IN_FLIGHT);
     }
 }
 
 impl Replicator {
     /// Client write `op` holds its range lock: start it if its forwards fit
-    /// their replicas' windows and no earlier write waits; else it waits.
+    /// their replicas' windows and no earlier waiting write shares a replica
+    /// with it; else it waits.
     pub(super) fn start_within_windows(&mut self, op: OpId) -> Vec<OpId> {
-        if !self.forwards.waiting.is_empty() || !self.forwards_fit(op) {
+        if self.peer_windows.is_empty() && self.forwards.waiting.is_empty() {
+            return self.start_client_write(op);
+        }
+        let peers = self.replicas_of(op);
+        let behind = self
+            .forwards
+            .waiting
+            .iter()
+            .any(|&w| self.replicas_of(w).iter().any(|p| peers.contains(p)));
+        if behind || !self.forwards_fit(op, &peers) {
             crate::flow::tally(|t| t.writes_waited += 1);
             self.forwards.waiting.push_back(op);
             return Vec::new();
@@ -90,28 +113,31 @@ impl Replicator {
         self.start_client_write(op)
     }
 
-    fn forwards_fit(&self, op: OpId) -> bool {
-        if self.peer_windows.is_empty() {
-            return true;
-        }
-        let w = &self.ops.writes[&op];
-        let peers = self.forward_to(self.map.extent(w.extent));
-        self.forwards
-            .fits(&peers, w.data.len() as u64, &self.peer_windows)
+    /// The replicas write `op` goes to.
+    fn replicas_of(&self, op: OpId) -> Vec<NodeId> {
+        self.forward_to(self.map.extent(self.ops.writes[&op].extent))
     }
 
-    /// Start the waiting writes that fit now, oldest first; one that was failed
-    /// while it waited (a map change) is passed over.
+    fn forwards_fit(&self, op: OpId, peers: &[NodeId]) -> bool {
+        let bytes = self.ops.writes[&op].data.len() as u64;
+        self.forwards.fits(peers, bytes, &self.peer_windows)
+    }
+
+    /// Start the waiting writes that may go now, in arrival order per replica:
+    /// a write that does not fit holds back the later ones sharing a replica
+    /// with it, not the others.
     pub(super) fn start_waiting_forwards(&mut self) {
-        while let Some(&op) = self.forwards.waiting.front() {
-            if !self.ops.writes.contains_key(&op) {
-                self.forwards.waiting.pop_front();
+        let mut blocked: std::collections::BTreeSet<NodeId> = Default::default();
+        let mut i = 0;
+        while i < self.forwards.waiting.len() {
+            let op = self.forwards.waiting[i];
+            let peers = self.replicas_of(op);
+            if peers.iter().any(|p| blocked.contains(p)) || !self.forwards_fit(op, &peers) {
+                blocked.extend(peers);
+                i += 1;
                 continue;
             }
-            if !self.forwards_fit(op) {
-                break;
-            }
-            self.forwards.waiting.pop_front();
+            self.forwards.waiting.remove(i);
             let ready = self.start_client_write(op);
             self.run_ready(ready);
         }

@@ -64,6 +64,8 @@ impl Replicator {
         }
         self.rebuilds_after_map();
         self.reconcile_after_map();
+        // Writes failed meanwhile may have made room in a replica's window.
+        self.start_waiting_forwards();
     }
 
     /// Fail every operation of `extent` and forget its primary state.

@@ -146,7 +146,17 @@ impl Replicator {
             .expect("a write being started")
             .version = version;
         let forward = self.forward_to(&placement);
-        self.forwards.took(op, forward.clone(), data.len() as u64);
+        // Left out for the node of the front end holding it, if in sync: only
+        // an in-sync replica's ack holds the client's answer, and with it the
+        // front end's payload.
+        let elide = |to: NodeId| {
+            held_by == Some(crate::front_end::front_end_of(to)) && placement.in_sync.contains(&to)
+        };
+        let sent = forward
+            .iter()
+            .map(|&to| (to, if elide(to) { 0 } else { data.len() as u64 }))
+            .collect();
+        self.forwards.took(op, sent);
         self.expect_acks(op, extent, &placement, &forward);
         self.note_write(
             (client, req),
@@ -164,12 +174,8 @@ impl Replicator {
                 fua,
             },
         );
-        for to in forward {
-            // Left out for the node of the front end holding it, if in sync: only
-            // an in-sync replica's ack holds the client's answer, and with it the
-            // front end's payload.
-            let elide = held_by == Some(crate::front_end::front_end_of(to))
-                && placement.in_sync.contains(&to);
+        for &to in &forward {
+            let elide = elide(to);
             let msg = Message::ReplicaWrite {
                 op,
                 extent,

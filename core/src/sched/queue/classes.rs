@@ -10,15 +10,16 @@
 //!   it passes no earlier piece it conflicts with (an overlap where either
 //!   writes, a flush, a piece of its own request) and is no flush itself,
 //!   unless the background class's turn has come: each class's commands carry
-//!   finish tags 1/weight apart (start-time fair queuing's, the weight phase of
-//!   dmClock, Gulati et al., OSDI 2010), and background goes when its tag is
-//!   earlier than the foreground's (ties go to clients). At the default weights
+//!   start tags 1/weight apart (start-time fair queuing's, as in the weight
+//!   phase of dmClock, Gulati et al., OSDI 2010), and background goes when its
+//!   tag is earlier than the foreground's (ties go to clients). At the default weights
 //!   (clients 7, rebuild 1, scrub 1) background gets one command in eight while
 //!   both wait, and is never starved. A class that was idle comes back at the
 //!   current tag: one command at once, no credit for the time it was away.
 //! - **Reservation.** A background class with a reservation (commands per
-//!   second) goes whenever it is owed one, before any weight: the rebuild keeps
-//!   a floor of progress however busy clients keep the device.
+//!   second) at the head of the line goes whenever it is owed one and has a
+//!   slot, before any weight: the rebuild keeps a floor of progress however
+//!   busy clients keep the device.
 //!
 //! A merge joins pieces of one side only, so merging cannot carry background
 //! work past its bound (see `take_run`).
@@ -109,6 +110,15 @@ const WEIGHT_MAX: u32 = 1000;
 const RESERVATION_MAX: u32 = 1_000_000;
 /// One command's tag at weight 1 (fixed point).
 const TAG_ONE: u64 = 1 << 20;
+/// Past this the tags are brought down (see `dispatched`).
+const TAG_REBASE: u64 = 1 << 62;
+
+/// The tag step of a command at `weight`. Rounded down: at weight 7 seven
+/// steps fall 4 short of one at weight 1, so clients gain one command over
+/// background's in about 2^18 rounds.
+fn step(weight: u32) -> u64 {
+    TAG_ONE / u64::from(weight.max(1))
+}
 
 fn index(class: IoClass) -> usize {
     match class {
@@ -136,7 +146,7 @@ impl ClassClock {
         // `weight` times before a background class of weight 1.
         let mut start = [0; 3];
         for class in [IoClass::Foreground, IoClass::Rebuild, IoClass::Scrub] {
-            start[index(class)] = TAG_ONE / u64::from(shares.share(class).weight.max(1));
+            start[index(class)] = step(shares.share(class).weight);
         }
         ClassClock {
             shares,
@@ -181,7 +191,17 @@ impl ClassClock {
         }
         let start = self.tag(class);
         self.vtime = start;
-        self.start[i] = start + TAG_ONE / u64::from(share.weight.max(1));
+        self.start[i] = start + step(share.weight);
+        // Tags only grow: long before they could overflow (2^63 is about 2^23
+        // commands a second for 30 years), bring them all down together; a tag
+        // below the base was stale (its class idle) and becomes 0.
+        if self.vtime > TAG_REBASE {
+            let base = self.vtime;
+            for t in &mut self.start {
+                *t = t.saturating_sub(base);
+            }
+            self.vtime = 0;
+        }
     }
 }
 
