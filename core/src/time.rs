@@ -69,17 +69,23 @@ impl ClockBound {
 }
 
 /// One node's clock: the true cluster clock plus an offset, and a drift that
-/// accumulates from `since_ns` (true time). Real nodes run with no skew of their
-/// own (their clock is what NTP made it); the simulator gives each node one,
-/// drawn within a [`ClockBound`].
+/// accumulates from `since_ns` (true time), the offset held within
+/// `offset_max_ns` as an NTP-disciplined clock's is (it slews: past the bound
+/// it runs at the true rate). So two clocks never differ by more than twice the
+/// bound, which is what the lease margin assumes ([`ClockBound::lease_margin_ns`]);
+/// a drift left to accumulate for ever would carry them apart without limit.
+/// Real nodes run with no skew of their own (their clock is what NTP made it);
+/// the simulator gives each node one, drawn within a [`ClockBound`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Skew {
-    /// The clock's offset from the true time, ns.
+    /// The clock's offset from the true time at `since_ns`, ns.
     pub offset_ns: i64,
     /// The clock's rate error, parts per million (positive: fast).
     pub drift_ppm: i64,
     /// True time from which the drift accumulates, ns.
     pub since_ns: u64,
+    /// The offset never passes this either way, ns.
+    pub offset_max_ns: u64,
 }
 
 impl Skew {
@@ -87,13 +93,19 @@ impl Skew {
     pub fn within(&self, bound: &ClockBound) -> bool {
         self.offset_ns.unsigned_abs() <= bound.offset_max_ns
             && self.drift_ppm.unsigned_abs() <= bound.drift_max_ppm
+            && self.offset_max_ns <= bound.offset_max_ns
+    }
+
+    /// The offset, unheld, at true time `true_ns`.
+    fn drifted(&self, true_ns: i128) -> i128 {
+        let elapsed = (true_ns - self.since_ns as i128).max(0);
+        self.offset_ns as i128 + elapsed * self.drift_ppm as i128 / 1_000_000
     }
 
     /// This clock's reading at true time `true_ns`.
     pub fn read(&self, true_ns: u64) -> u64 {
-        let elapsed = true_ns.saturating_sub(self.since_ns) as i128;
-        let local =
-            true_ns as i128 + self.offset_ns as i128 + elapsed * self.drift_ppm as i128 / 1_000_000;
+        let max = self.offset_max_ns.min(i64::MAX as u64) as i128;
+        let local = true_ns as i128 + self.drifted(true_ns as i128).clamp(-max, max);
         local.clamp(0, u64::MAX as i128) as u64
     }
 
@@ -101,13 +113,22 @@ impl Skew {
     /// [`Skew::read`], to the nanosecond: for the simulator's checkers, which
     /// compare what different nodes did in one time).
     pub fn to_true(&self, local_ns: u64) -> u64 {
-        // local = t + o + (t - s) * d / 1e6, so t = (local - o + s * d / 1e6) / (1 + d / 1e6).
+        // Unheld: local = t + o + (t - s) * d / 1e6, so
+        // t = (local - o + s * d / 1e6) / (1 + d / 1e6).
         let (o, d, s) = (
             self.offset_ns as i128,
             self.drift_ppm as i128,
             self.since_ns as i128,
         );
-        let t = ((local_ns as i128 - o) * 1_000_000 + s * d) / (1_000_000 + d);
+        let max = self.offset_max_ns.min(i64::MAX as u64) as i128;
+        let local = local_ns as i128;
+        let t = ((local - o) * 1_000_000 + s * d) / (1_000_000 + d);
+        // Where the offset is held at the bound, the clock reads t + bound.
+        let t = match self.drifted(t) {
+            off if off > max => local - max,
+            off if off < -max => local + max,
+            _ => t,
+        };
         t.clamp(0, u64::MAX as i128) as u64
     }
 
@@ -129,11 +150,26 @@ mod tests {
                 offset_ns: 1_500_000,
                 drift_ppm: 15,
                 since_ns: 1_000,
+                offset_max_ns: u64::MAX,
             },
             Skew {
                 offset_ns: -2_000_000,
                 drift_ppm: -100,
                 since_ns: 7,
+                offset_max_ns: u64::MAX,
+            },
+            // Held at its bound from 100 s on.
+            Skew {
+                offset_ns: 0,
+                drift_ppm: 10,
+                since_ns: 0,
+                offset_max_ns: 1_000_000,
+            },
+            Skew {
+                offset_ns: 500_000,
+                drift_ppm: -15,
+                since_ns: 0,
+                offset_max_ns: 1_000_000,
             },
         ];
         for skew in skews {
@@ -150,16 +186,23 @@ mod tests {
             offset_ns: 0,
             drift_ppm: 10,
             since_ns: 0,
+            offset_max_ns: 20_000,
         };
         assert_eq!(
             fast.read(1_000_000_000),
             1_000_010_000,
             "10 ppm of 1 s is 10 us"
         );
+        assert_eq!(
+            fast.read(5_000_000_000),
+            5_000_020_000,
+            "held at the 20 us bound"
+        );
         let behind = Skew {
             offset_ns: -5,
             drift_ppm: 0,
             since_ns: 0,
+            offset_max_ns: 5,
         };
         assert_eq!(behind.read(100), 95);
     }
@@ -179,6 +222,7 @@ mod tests {
             offset_ns: -1_000_000,
             drift_ppm: 15,
             since_ns: 0,
+            offset_max_ns: 1_000_000,
         };
         assert!(skew.within(&ClockBound::DEFAULT));
         assert!(!Skew {

@@ -329,6 +329,7 @@ fn start_nodes(
             drift_ppm: thread_rng()
                 .gen_range(-(bound.drift_max_ppm as i64)..=bound.drift_max_ppm as i64),
             since_ns,
+            offset_max_ns: bound.offset_max_ns,
         };
         assert!(skew.within(&bound));
         skews.push((id, skew));
