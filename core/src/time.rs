@@ -96,6 +96,11 @@ impl Skew {
             && self.offset_max_ns <= bound.offset_max_ns
     }
 
+    /// The offset's bound, as a signed number.
+    fn held(&self) -> i128 {
+        self.offset_max_ns.min(i64::MAX as u64) as i128
+    }
+
     /// The offset, unheld, at true time `true_ns`.
     fn drifted(&self, true_ns: i128) -> i128 {
         let elapsed = (true_ns - self.since_ns as i128).max(0);
@@ -104,7 +109,7 @@ impl Skew {
 
     /// This clock's reading at true time `true_ns`.
     pub fn read(&self, true_ns: u64) -> u64 {
-        let max = self.offset_max_ns.min(i64::MAX as u64) as i128;
+        let max = self.held();
         let local = true_ns as i128 + self.drifted(true_ns as i128).clamp(-max, max);
         local.clamp(0, u64::MAX as i128) as u64
     }
@@ -120,7 +125,7 @@ impl Skew {
             self.drift_ppm as i128,
             self.since_ns as i128,
         );
-        let max = self.offset_max_ns.min(i64::MAX as u64) as i128;
+        let max = self.held();
         let local = local_ns as i128;
         let t = ((local - o) * 1_000_000 + s * d) / (1_000_000 + d);
         // Where the offset is held at the bound, the clock reads t + bound.

@@ -50,27 +50,29 @@ impl Forwards {
         };
         if let Some(at) = sent.iter().position(|(p, _)| *p == peer) {
             let (_, bytes) = sent.swap_remove(at);
-            if bytes == 0 {
-                return;
-            }
-            let out = self.out.get_mut(&peer).expect("counted when forwarded");
-            *out -= bytes;
-            if *out == 0 {
-                self.out.remove(&peer);
-            }
+            self.release(peer, bytes);
         }
     }
 
     /// Write `op` ended (or was failed while it waited): whatever it still held
     /// is free, and it leaves the line.
     pub(super) fn ended(&mut self, op: OpId) {
-        if let Some(sent) = self.by_op.get(&op).cloned() {
-            for (peer, _) in sent {
-                self.answered(op, peer);
-            }
-            self.by_op.remove(&op);
+        for (peer, bytes) in self.by_op.remove(&op).unwrap_or_default() {
+            self.release(peer, bytes);
         }
         self.waiting.retain(|w| *w != op);
+    }
+
+    /// `bytes` forwarded to `peer` are no longer out.
+    fn release(&mut self, peer: NodeId, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let out = self.out.get_mut(&peer).expect("counted when forwarded");
+        *out -= bytes;
+        if *out == 0 {
+            self.out.remove(&peer);
+        }
     }
 
     /// Writes hold what they took, and the counts are their sums.
