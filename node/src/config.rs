@@ -221,8 +221,8 @@ pub enum TransportKind {
     /// TCP (weir-transport-tcp).
     #[default]
     Tcp,
-    /// RDMA (weir-transport-rdma): checked at start; the daemon's transport
-    /// over verbs is not built yet, so `weir node` stops with the reason.
+    /// RDMA (weir-transport-rdma over verbs, `[rdma]`): the device is checked
+    /// at start, and a machine without one is refused with the reason.
     Rdma,
 }
 

@@ -13,6 +13,7 @@ use crate::backend::WeirBackend;
 use crate::config::Config;
 use crate::logfile::LogFile;
 use crate::metrics::Metrics;
+use crate::net::Net;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,8 +52,10 @@ pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    if config.transport.kind == crate::config::TransportKind::Rdma {
-        return Err(crate::rdma::refusal(&config.rdma));
+    let rdma = config.transport.kind == crate::config::TransportKind::Rdma;
+    if rdma {
+        let found = crate::rdma::check(&config.rdma)?;
+        tracing::info!(%found, "RDMA transport");
     }
     let me = NodeId(config.node.id);
     let dir = config.data_dir();
@@ -158,14 +161,20 @@ pub async fn run(
         .filter(|(n, _)| **n != me)
         .map(|(n, a)| (*n, *a))
         .collect();
-    let transport = TcpTransport::bind(me, Some(config.my_addr()), node_peers, tcp.clone())
-        .await
-        .with_context(|| format!("listening on {}", config.my_addr()))?;
-
     let client_id = weir_core::front_end::front_end_of(me);
-    let client = TcpTransport::bind(client_id, None, peers, tcp)
-        .await
-        .context("starting the NBD front end's client endpoint")?;
+    let (transport, client) = if rdma {
+        let (t, c) = crate::rdma::bind(&config, me, client_id, node_peers, peers).await?;
+        (Net::Rdma(t), Net::Rdma(c))
+    } else {
+        let t = TcpTransport::bind(me, Some(config.my_addr()), node_peers, tcp.clone())
+            .await
+            .with_context(|| format!("listening on {}", config.my_addr()))?;
+        let c = TcpTransport::bind(client_id, None, peers, tcp)
+            .await
+            .context("starting the NBD front end's client endpoint")?;
+        (Net::Tcp(t), Net::Tcp(c))
+    };
+    let (transport, client) = (Arc::new(transport), Arc::new(client));
     // The front end and its own node talk through a channel, not loopback TCP.
     let (node_side, client_side) =
         crate::splice::splice(me, Some(transport.clone()), client_id, Some(client.clone()));

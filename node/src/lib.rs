@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod logfile;
 pub mod metrics;
 pub mod nbd;
+pub mod net;
 pub mod rdma;
 pub mod splice;
 

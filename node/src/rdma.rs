@@ -1,27 +1,29 @@
-//! `[transport] kind = "rdma"` at start: the device and ports the config names
-//! are checked through weir-transport-rdma's verbs layer, and the node stops
-//! with the reason before it touches its data directory. The daemon's
-//! transport that runs the messenger over verbs is not built yet (the
-//! messenger carries traffic in the simulator only), so even a machine with a
-//! usable device is told to use `kind = "tcp"`, with what was found.
+//! `[transport] kind = "rdma"`: the node's and its front end's endpoints over
+//! weir-transport-rdma's verbs. The device and ports the config names are
+//! checked first, before the node touches its data directory, so a machine
+//! without a usable RDMA NIC is told so at once, with the way out.
 
-use crate::config::RdmaSection;
+use crate::config::{Config, RdmaSection};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use weir_core::NodeId;
+use weir_transport_rdma::net::verbs_nic::VerbsNic;
+use weir_transport_rdma::net::{RdmaConfig, RdmaTransport};
 use weir_transport_rdma::verbs::{Context, VerbsError};
 
 /// Why `weir node` cannot run with `kind = "rdma"` here, naming the way out.
-pub fn refusal(r: &RdmaSection) -> anyhow::Error {
-    match probe(r) {
-        Err(e) => anyhow::anyhow!(
-            "[transport] kind = \"rdma\": {e}; use kind = \"tcp\" on a machine \
-             without a usable RDMA NIC (or add a Soft-RoCE link: \
-             rdma link add rxe0 type rxe netdev IFACE)"
-        ),
-        Ok(found) => anyhow::anyhow!(
-            "[transport] kind = \"rdma\": {found} is usable, but this build's daemon \
-             has no RDMA transport yet (RDMA's messenger runs in the simulator: \
-             cargo xtask sim --rdma); use kind = \"tcp\""
-        ),
-    }
+fn refusal(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!(
+        "[transport] kind = \"rdma\": {e}; use kind = \"tcp\" on a machine \
+         without a usable RDMA NIC (or add a Soft-RoCE link: \
+         rdma link add rxe0 type rxe netdev IFACE)"
+    )
+}
+
+/// Check the device and ports of `r`: what was found, or why it cannot run.
+pub fn check(r: &RdmaSection) -> anyhow::Result<String> {
+    probe(r).map_err(refusal)
 }
 
 /// The device and ports of `r`, opened and checked: what was found.
@@ -40,6 +42,50 @@ fn probe(r: &RdmaSection) -> Result<String, VerbsError> {
     Ok(format!("device {} {}", ctx.name(), found.join(", ")))
 }
 
+/// The transport's settings from the config.
+pub fn settings(config: &Config) -> RdmaConfig {
+    RdmaConfig {
+        cluster_id: config.cluster.id,
+        pool_bytes: config.rdma.pool_bytes.0 as usize,
+        ..RdmaConfig::default()
+    }
+}
+
+/// Completion queue entries for an endpoint of `cfg`: every work request
+/// that the connections its pool holds can have outstanding.
+fn cq_entries(cfg: &RdmaConfig) -> i32 {
+    let p = cfg.proto.params;
+    let link = usize::from(p.recv_slots) * p.slot_bytes as usize
+        + usize::from(p.large_slots) * p.large_bytes as usize
+        + cfg.send_ring_bytes;
+    let links = (cfg.pool_bytes / link).max(1);
+    let per_link = usize::from(cfg.proto.send_queue) + usize::from(p.recv_slots);
+    (links * per_link).clamp(256, 1 << 22) as i32
+}
+
+/// The node's endpoint (listening on its member address) and its front end's
+/// (dialing only), each with its own completion queue and pool.
+pub async fn bind(
+    config: &Config,
+    me: NodeId,
+    client_id: NodeId,
+    node_peers: BTreeMap<NodeId, SocketAddr>,
+    peers: BTreeMap<NodeId, SocketAddr>,
+) -> anyhow::Result<(Arc<RdmaTransport>, Arc<RdmaTransport>)> {
+    let cfg = settings(config);
+    cfg.validate().map_err(|e| anyhow::anyhow!("[rdma]: {e}"))?;
+    let r = &config.rdma;
+    let nic = || {
+        VerbsNic::open(r.device.as_deref(), &r.ports, r.gid_index, cq_entries(&cfg))
+            .map_err(refusal)
+    };
+    let node = RdmaTransport::bind(me, Some(config.my_addr()), node_peers, cfg.clone(), nic()?)
+        .await
+        .map_err(|e| anyhow::anyhow!("listening on {}: {e}", config.my_addr()))?;
+    let client = RdmaTransport::bind(client_id, None, peers, cfg.clone(), nic()?).await?;
+    Ok((node, client))
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::{Config, TransportKind};
@@ -55,6 +101,10 @@ mod tests {
         );
         let config = Config::parse(&text, Path::new("weir.toml")).unwrap();
         assert_eq!(config.transport.kind, TransportKind::Rdma);
+        if weir_transport_rdma::verbs::devices().is_ok_and(|d| !d.is_empty()) {
+            // A machine with a device runs the node: nothing to check here.
+            return;
+        }
         let rt = tokio_real::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -63,18 +113,21 @@ mod tests {
             .block_on(crate::daemon::run(config, std::future::pending()))
             .unwrap_err()
             .to_string();
+        // This machine (no RDMA NIC): the cause and the way out are named.
         assert!(
-            e.contains("kind = \"rdma\"") && e.contains("use kind = \"tcp\""),
+            e.contains("kind = \"rdma\"")
+                && e.contains("use kind = \"tcp\"")
+                && e.contains("no RDMA device on this machine"),
             "{e}"
         );
-        match weir_transport_rdma::verbs::devices() {
-            // This machine (no RDMA NIC): the cause is named.
-            Err(_) => assert!(e.contains("no RDMA device on this machine"), "{e}"),
-            Ok(_) => assert!(
-                e.contains("no RDMA transport yet") || e.contains("port"),
-                "{e}"
-            ),
-        }
         assert!(!dir.exists(), "the data directory was touched");
+    }
+
+    #[test]
+    fn the_cq_holds_every_work_request_the_pool_allows() {
+        let cfg = weir_transport_rdma::net::RdmaConfig::default();
+        // 256 MiB holds 39 connections of 6.5 MiB, each up to 256 sends and
+        // 64 receives outstanding.
+        assert_eq!(super::cq_entries(&cfg), 39 * (256 + 64));
     }
 }

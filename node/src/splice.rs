@@ -2,15 +2,15 @@
 //! end's client endpoint and the node live in one process, so messages between
 //! them go through a channel instead of through the kernel's loopback TCP (two
 //! socket writes, two reads and two wake-ups less per request). Messages to every
-//! other node still go over TCP.
+//! other node still go over the node's transport (TCP or RDMA).
 
+use crate::net::Net;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio_real::sync::{mpsc, Mutex};
 use weir_core::transport::{CongestionSignals, SendError, Transport, TransportError};
 use weir_core::wire::Frame;
 use weir_core::NodeId;
-use weir_transport_tcp::TcpTransport;
 
 /// Frames in the channel towards the other side at most; past it `send` hands
 /// frames back, as a full TCP queue would.
@@ -18,7 +18,7 @@ pub const SPLICE_FRAMES_MAX: usize = 4096;
 
 /// One side of the splice: `inner` for everyone, a channel for `peer`.
 pub struct Spliced {
-    inner: Option<Arc<TcpTransport>>,
+    inner: Option<Arc<Net>>,
     me: NodeId,
     peer: NodeId,
     to_peer: mpsc::Sender<(NodeId, Frame)>,
@@ -27,13 +27,13 @@ pub struct Spliced {
     refused: AtomicBool,
 }
 
-/// Splice endpoint `a` (with its TCP transport) and endpoint `b` (with its own, if
-/// it has one): frames between them skip TCP.
+/// Splice endpoint `a` (with its transport) and endpoint `b` (with its own, if
+/// it has one): frames between them skip the transport.
 pub fn splice(
     a: NodeId,
-    a_tcp: Option<Arc<TcpTransport>>,
+    a_net: Option<Arc<Net>>,
     b: NodeId,
-    b_tcp: Option<Arc<TcpTransport>>,
+    b_net: Option<Arc<Net>>,
 ) -> (Arc<Spliced>, Arc<Spliced>) {
     let (to_b, from_a) = mpsc::channel(SPLICE_FRAMES_MAX);
     let (to_a, from_b) = mpsc::channel(SPLICE_FRAMES_MAX);
@@ -48,8 +48,8 @@ pub fn splice(
         })
     };
     (
-        side(a_tcp, a, b, to_b, from_b),
-        side(b_tcp, b, a, to_a, from_a),
+        side(a_net, a, b, to_b, from_b),
+        side(b_net, b, a, to_a, from_a),
     )
 }
 
@@ -72,7 +72,7 @@ impl Transport for Spliced {
             };
         }
         match &self.inner {
-            Some(tcp) => tcp.send(to, frame),
+            Some(net) => net.send(to, frame),
             None => Err(TransportError::UnknownPeer(to).into()),
         }
     }
@@ -85,11 +85,11 @@ impl Transport for Spliced {
         };
         let local = self.refused.load(Ordering::Acquire);
         match &self.inner {
-            Some(tcp) if tcp.refusing() && local => tokio_real::select! {
+            Some(net) if net.refusing() && local => tokio_real::select! {
                 () = channel => {}
-                () = tcp.writable() => {}
+                () = net.writable() => {}
             },
-            Some(tcp) if tcp.refusing() => tcp.writable().await,
+            Some(net) if net.refusing() => net.writable().await,
             _ if local => channel.await,
             _ => {}
         }
@@ -100,9 +100,9 @@ impl Transport for Spliced {
         match &self.inner {
             // Unbiased: a busy front end must not starve the node's TCP peers
             // (Raft, heartbeats, replica acks).
-            Some(tcp) => tokio_real::select! {
+            Some(net) => tokio_real::select! {
                 Some(m) = local.recv() => Ok(m),
-                r = tcp.recv() => r,
+                r = net.recv() => r,
             },
             None => local.recv().await.ok_or(TransportError::Closed),
         }
@@ -110,7 +110,7 @@ impl Transport for Spliced {
 
     fn signals(&self, peer: NodeId) -> CongestionSignals {
         match &self.inner {
-            Some(tcp) if peer != self.peer => tcp.signals(peer),
+            Some(net) if peer != self.peer => net.signals(peer),
             _ => CongestionSignals::default(),
         }
     }
@@ -119,6 +119,7 @@ impl Transport for Spliced {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_transport_tcp::TcpTransport;
 
     #[tokio_real::test(crate = "tokio_real")]
     async fn frames_between_the_spliced_ends_skip_tcp_and_others_use_it() {
@@ -130,7 +131,8 @@ mod tests {
         )
         .await
         .unwrap();
-        let (a, b) = splice(NodeId(1), Some(tcp_a.clone()), NodeId(900), None);
+        let net = Arc::new(Net::Tcp(tcp_a.clone()));
+        let (a, b) = splice(NodeId(1), Some(net), NodeId(900), None);
         b.send(NodeId(1), Frame::from(b"to the node".to_vec()))
             .unwrap();
         assert_eq!(

@@ -21,7 +21,14 @@
 //! (connection set-up over librdmacm, completions by hybrid polling). Until it
 //! is, `weir node` with `kind = "rdma"` checks for a device and stops.
 
+// The daemon's transport needs real sockets and the real tokio; the
+// simulator's build carries the messenger only.
+#[cfg(not(madsim))]
+extern crate tokio_real as tokio;
+
 pub mod messenger;
+#[cfg(not(madsim))]
+pub mod net;
 pub mod proto;
 #[cfg(test)]
 mod testing;

@@ -490,6 +490,23 @@ impl Cq {
         unsafe { self.channel.as_ref().fd }
     }
 
+    /// Make the channel's fd non-blocking, as tokio's `AsyncFd` needs; then
+    /// [`Cq::take_event`] fails with `EAGAIN` when no event is waiting.
+    pub fn set_nonblocking(&self) -> Result<(), VerbsError> {
+        let fd = self.fd();
+        // SAFETY: fcntl on an fd this queue's channel owns, open until drop.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(VerbsError::Call {
+                call: "fcntl(F_GETFL)",
+                errno: errno(),
+            });
+        }
+        // SAFETY: as above.
+        let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
+        check("fcntl(F_SETFL)", rc)
+    }
+
     /// Take the event the fd announced and acknowledge it.
     pub fn take_event(&self) -> Result<(), VerbsError> {
         let mut cq = ptr::null_mut();

@@ -29,16 +29,9 @@ impl Receiving for Init {}
 impl Receiving for Rtr {}
 impl Receiving for Rts {}
 
-/// The far end of a connection, as the connection manager learnt it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Remote {
-    /// Its queue pair number.
-    pub qpn: u32,
-    /// The first PSN it sends with (random per connection).
-    pub psn: u32,
-    /// Its port's GID.
-    pub gid: [u8; 16],
-}
+/// The far end of a connection, as the connection manager learnt it: the
+/// daemon transport's [`Endpoint`](crate::net::nic::Endpoint).
+pub use crate::net::nic::Endpoint as Remote;
 
 /// Queue pair sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,22 +58,8 @@ unsafe impl<S> Send for Qp<S> {}
 // SAFETY: see `Context`.
 unsafe impl<S> Sync for Qp<S> {}
 
-/// A send work request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SendOp {
-    /// SEND into the peer's next posted receive.
-    Send,
-    /// RDMA WRITE_WITH_IMM into the peer's region (consumes a posted receive
-    /// there, which completes with `imm`).
-    WriteImm {
-        /// Where in the peer's region.
-        remote_addr: u64,
-        /// The peer's region key.
-        rkey: u32,
-        /// The immediate, host byte order.
-        imm: u32,
-    },
-}
+/// A send work request's operation (the daemon transport's).
+pub use crate::net::nic::SendOp;
 
 impl<S> Qp<S> {
     /// Its number.

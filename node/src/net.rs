@@ -1,0 +1,72 @@
+//! What carries frames between nodes: TCP or RDMA, as `[transport] kind`
+//! says. One type for both, so the rest of the daemon is the same for each.
+
+use std::sync::Arc;
+use weir_core::transport::{CongestionSignals, SendError, Transport, TransportError};
+use weir_core::wire::Frame;
+use weir_core::NodeId;
+use weir_transport_rdma::net::RdmaTransport;
+use weir_transport_tcp::TcpTransport;
+
+/// A node's (or its front end's) endpoint.
+pub enum Net {
+    /// Over TCP.
+    Tcp(Arc<TcpTransport>),
+    /// Over RDMA.
+    Rdma(Arc<RdmaTransport>),
+}
+
+impl Net {
+    /// Whether a peer's queue refused a frame and has not had room since.
+    pub fn refusing(&self) -> bool {
+        match self {
+            Net::Tcp(t) => t.refusing(),
+            Net::Rdma(t) => t.refusing(),
+        }
+    }
+
+    /// Close every connection and end the endpoint's tasks.
+    pub fn close(&self) {
+        match self {
+            Net::Tcp(t) => t.close(),
+            Net::Rdma(t) => t.close(),
+        }
+    }
+}
+
+impl Transport for Net {
+    fn local_id(&self) -> NodeId {
+        match self {
+            Net::Tcp(t) => t.local_id(),
+            Net::Rdma(t) => t.local_id(),
+        }
+    }
+
+    fn send(&self, to: NodeId, frame: Frame) -> Result<(), SendError> {
+        match self {
+            Net::Tcp(t) => t.send(to, frame),
+            Net::Rdma(t) => t.send(to, frame),
+        }
+    }
+
+    async fn writable(&self) {
+        match self {
+            Net::Tcp(t) => t.writable().await,
+            Net::Rdma(t) => t.writable().await,
+        }
+    }
+
+    async fn recv(&self) -> Result<(NodeId, Frame), TransportError> {
+        match self {
+            Net::Tcp(t) => t.recv().await,
+            Net::Rdma(t) => t.recv().await,
+        }
+    }
+
+    fn signals(&self, peer: NodeId) -> CongestionSignals {
+        match self {
+            Net::Tcp(t) => t.signals(peer),
+            Net::Rdma(t) => t.signals(peer),
+        }
+    }
+}
