@@ -47,6 +47,8 @@ pub struct Admin {
     pub token: String,
     /// The front end's read window, if the congestion response is on.
     pub read_flow: Box<dyn Fn() -> Option<weir_core::flow::ReadFlowStats> + Send>,
+    /// The RDMA transport's counters, with `kind = "rdma"`.
+    pub rdma: Box<dyn Fn() -> Option<weir_transport_rdma::net::Counters> + Send>,
 }
 
 /// Bytes of randomness in a token (256 bits), written as hex.
@@ -171,6 +173,7 @@ impl Admin {
         match (request.method(), path) {
             (Method::Get, "/metrics") => {
                 self.metrics.set_read_window((self.read_flow)());
+                self.metrics.set_rdma((self.rdma)());
                 (200, self.metrics.render(self.me, &self.handle.report()))
             }
             (Method::Get, "/status") => (200, self.status()),

@@ -52,8 +52,19 @@ pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    run_on(config, shutdown, None).await
+}
+
+/// [`run`], on the node's and its front end's endpoints if given (bound
+/// already: tests run several nodes in one process on an in-process RDMA
+/// fabric); otherwise on those `[transport]` names.
+pub async fn run_on(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()>,
+    endpoints: Option<(Net, Net)>,
+) -> anyhow::Result<()> {
     let rdma = config.transport.kind == crate::config::TransportKind::Rdma;
-    if rdma {
+    if rdma && endpoints.is_none() {
         let found = crate::rdma::check(&config.rdma)?;
         tracing::info!(%found, "RDMA transport");
     }
@@ -162,7 +173,9 @@ pub async fn run(
         .map(|(n, a)| (*n, *a))
         .collect();
     let client_id = weir_core::front_end::front_end_of(me);
-    let (transport, client) = if rdma {
+    let (transport, client) = if let Some(given) = endpoints {
+        given
+    } else if rdma {
         let (t, c) = crate::rdma::bind(&config, me, client_id, node_peers, peers).await?;
         (Net::Rdma(t), Net::Rdma(c))
     } else {
@@ -271,6 +284,10 @@ pub async fn run(
         extent_bytes,
         token,
         read_flow,
+        rdma: {
+            let (t, c) = (transport.clone(), client.clone());
+            Box::new(move || crate::net::rdma_counters(&[&t, &c]))
+        },
     };
     let admin_server = server.clone();
     let admin_thread = std::thread::Builder::new()

@@ -92,6 +92,9 @@ pub struct Metrics {
     /// The front end's read window (`weir_core::flow::ReadWindow`), with the
     /// congestion response on.
     read_window: [(&'static str, &'static str, Gauge); 4],
+    /// The RDMA transport's connections (node and front end together), with
+    /// `[transport] kind = "rdma"`.
+    rdma: [(&'static str, &'static str, Gauge); 4],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -252,6 +255,19 @@ impl Metrics {
                 ),
             ]
             .map(|(name, help)| (name, help, Gauge::default())),
+            rdma: [
+                ("rdma_connects", "RDMA connections set up"),
+                (
+                    "rdma_refused",
+                    "RDMA connections refused (a bad hello, a broken protocol, a full pool)",
+                ),
+                ("rdma_resets", "RDMA connections that were up and closed"),
+                (
+                    "rdma_frames_lost",
+                    "Frames lost with an RDMA connection or sent where none could go",
+                ),
+            ]
+            .map(|(name, help)| (name, help, Gauge::default())),
         };
         {
             let mut r = m.registry.lock().expect("registry");
@@ -346,7 +362,7 @@ impl Metrics {
             for (name, help, family) in m.admission.iter().chain(&m.volume_sched) {
                 r.register(*name, *help, family.clone());
             }
-            for (name, help, gauge) in &m.read_window {
+            for (name, help, gauge) in m.read_window.iter().chain(&m.rdma) {
                 r.register(*name, *help, gauge.clone());
             }
         }
@@ -361,6 +377,17 @@ impl Metrics {
         };
         let values = [s.window_bytes, s.waited, s.window.cuts, s.window.marks];
         for ((.., gauge), v) in self.read_window.iter().zip(values) {
+            gauge.set(v.min(i64::MAX as u64) as i64);
+        }
+    }
+
+    /// Set the RDMA transport's gauges (left at 0 over TCP).
+    pub fn set_rdma(&self, counters: Option<weir_transport_rdma::net::Counters>) {
+        let Some(c) = counters else {
+            return;
+        };
+        let values = [c.connects, c.refused, c.resets, c.frames_lost];
+        for ((.., gauge), v) in self.rdma.iter().zip(values) {
             gauge.set(v.min(i64::MAX as u64) as i64);
         }
     }

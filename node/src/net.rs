@@ -5,7 +5,7 @@ use std::sync::Arc;
 use weir_core::transport::{CongestionSignals, SendError, Transport, TransportError};
 use weir_core::wire::Frame;
 use weir_core::NodeId;
-use weir_transport_rdma::net::RdmaTransport;
+use weir_transport_rdma::net::{Counters, RdmaTransport};
 use weir_transport_tcp::TcpTransport;
 
 /// A node's (or its front end's) endpoint.
@@ -32,6 +32,22 @@ impl Net {
             Net::Rdma(t) => t.close(),
         }
     }
+}
+
+/// The RDMA connection counters of `nets` together; none if none is RDMA.
+pub fn rdma_counters(nets: &[&Net]) -> Option<Counters> {
+    let mut all = None::<Counters>;
+    for net in nets {
+        if let Net::Rdma(t) = net {
+            let c = t.counters();
+            let sum = all.get_or_insert_with(Counters::default);
+            sum.connects += c.connects;
+            sum.refused += c.refused;
+            sum.resets += c.resets;
+            sum.frames_lost += c.frames_lost;
+        }
+    }
+    all
 }
 
 impl Transport for Net {

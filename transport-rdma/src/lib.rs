@@ -1,5 +1,5 @@
 //! weir-transport-rdma: weir's transport over RDMA (RoCE v2, reliable-connected
-//! queue pairs), in three parts (DESIGN.md section 2):
+//! queue pairs), in four parts (DESIGN.md section 2):
 //!
 //! - [`proto`]: the messenger, sans-IO. One [`proto::Conn`] per queue pair owns its
 //!   credits, receive slots, granted regions and send queue, takes completions and
@@ -10,16 +10,15 @@
 //!   the host's paths (NIC ports), set up, torn down, moved to the other path and
 //!   set up again by a small connection manager, sans-IO too; it speaks in images
 //!   for a wire that keeps order per pair of hosts and path. The simulator's
-//!   fabric (weir-transport-sim) carries those images on its RC queue pairs:
-//!   that is where the messenger carries weir's traffic today.
+//!   fabric (weir-transport-sim) carries those images on its RC queue pairs.
 //! - `verbs` (feature `verbs`): safe wrappers over rdma-core through rdma-sys,
-//!   the only `unsafe` code of the crate: devices, protection domains, memory
-//!   regions, completion queues with their channel, and RC queue pairs whose
-//!   states are types.
-//!
-//! Not built yet: the daemon's transport that runs the messenger over `verbs`
-//! (connection set-up over librdmacm, completions by hybrid polling). Until it
-//! is, `weir node` with `kind = "rdma"` checks for a device and stops.
+//!   the crate's `unsafe` code with the NIC trait's posts: devices, protection
+//!   domains, memory regions, completion queues with their channel, and RC
+//!   queue pairs whose states are types.
+//! - [`net`]: the daemon's transport, weir-core's `Transport` over verbs: one
+//!   driver task runs a [`proto::Conn`] per queue pair, set up over a TCP
+//!   side channel; its NIC is a trait, over real verbs or an in-process
+//!   loopback on which its tests (and the daemon's) run.
 
 // The daemon's transport needs real sockets and the real tokio; the
 // simulator's build carries the messenger only.

@@ -8,7 +8,7 @@
 //! on it, and a queue pair whose peer is gone fails at its next send, as when
 //! RC's retries run out. Work is done at once, at post time, in order.
 
-use super::nic::{Caps, Endpoint, Mem, Nic, NicError, SendOp, Wc};
+use super::nic::{Caps, Endpoint, Mem, Nic, NicError, PortCounters, SendOp, Wc};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -38,6 +38,8 @@ struct NicState {
     notify: Arc<Notify>,
     /// Paths (ports) that are down.
     down: BTreeSet<u8>,
+    /// Congestion counters by path, as a test sets them.
+    counters: BTreeMap<u8, PortCounters>,
 }
 
 #[derive(Debug)]
@@ -72,6 +74,7 @@ impl LoopFabric {
                 cq: VecDeque::new(),
                 notify: notify.clone(),
                 down: BTreeSet::new(),
+                counters: BTreeMap::new(),
             },
         );
         LoopNic {
@@ -105,6 +108,20 @@ impl LoopFabric {
             }
         }
         n.notify.notify_one();
+    }
+}
+
+impl LoopFabric {
+    /// Add `more` to the congestion counters of NIC `nic`'s port `path` (the
+    /// loopback wire marks nothing by itself).
+    pub fn add_counters(&self, nic: u32, path: u8, more: PortCounters) {
+        let mut f = lock(&self.inner);
+        if let Some(n) = f.nics.get_mut(&nic) {
+            let c = n.counters.entry(path).or_default();
+            c.cnps += more.cnps;
+            c.marked_in += more.marked_in;
+            c.retransmits += more.retransmits;
+        }
     }
 }
 
@@ -384,6 +401,12 @@ impl Nic for LoopNic {
             );
         }
         Ok(())
+    }
+
+    fn counters(&self, path: u8) -> Option<PortCounters> {
+        let f = lock(&self.fabric.inner);
+        let n = f.nics.get(&self.id)?;
+        Some(n.counters.get(&path).copied().unwrap_or_default())
     }
 
     fn poll(&mut self, out: &mut Vec<Wc>) -> Result<(), NicError> {

@@ -413,8 +413,10 @@ impl Transport for RdmaTransport {
         }
     }
 
-    /// `rtt_ns_last` is the round trip of the last hello to the peer; the
-    /// NIC's congestion counters are not read yet, so the rest stay 0.
+    /// `rtt_ns_last` is the round trip of the last hello to the peer; CNPs,
+    /// retransmissions and marked packets are the NIC's per-port counters,
+    /// shared among the peers by the bytes each sent or received over the
+    /// port (an estimate: the NIC does not count per queue pair).
     fn signals(&self, peer: NodeId) -> CongestionSignals {
         lock(&self.shared.signals)
             .get(&peer)

@@ -1,5 +1,5 @@
 //! [`Nic`]: the verbs the daemon's transport uses, as a trait with two
-//! implementations: real verbs ([`super::verbs_nic::VerbsNic`], feature
+//! implementations: real verbs (`verbs_nic::VerbsNic`, feature
 //! `verbs`) and an in-process loopback ([`super::loopback::LoopNic`]) on which
 //! the transport's own tests run, since these machines have no RDMA NIC.
 
@@ -55,6 +55,19 @@ pub struct Wc {
     pub byte_len: u32,
     /// The immediate of a WRITE_WITH_IMM that consumed the receive.
     pub imm: Option<u32>,
+}
+
+/// A port's congestion counters, cumulative since the NIC started (a RoCE
+/// NIC counts them per port, not per queue pair; mlx5's `hw_counters`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortCounters {
+    /// CNPs the port received and acted on (`rp_cnp_handled`).
+    pub cnps: u64,
+    /// RoCE packets that arrived ECN-marked (`np_ecn_marked_roce_packets`).
+    pub marked_in: u64,
+    /// Retransmission episodes: NAKs for a sequence error and ACK timeouts
+    /// (`packet_seq_err` + `local_ack_timeout_err`).
+    pub retransmits: u64,
 }
 
 /// A failure of the NIC itself (not of a connection's protocol).
@@ -130,6 +143,8 @@ pub trait Nic: Send + 'static {
         signaled: bool,
         inline: bool,
     ) -> Result<(), NicError>;
+    /// Path `path`'s congestion counters, if the NIC reports them.
+    fn counters(&self, path: u8) -> Option<PortCounters>;
     /// Append completions to `out`; never blocks.
     fn poll(&mut self, out: &mut Vec<Wc>) -> Result<(), NicError>;
     /// Ask to be woken at the next completion (then poll once more: one may

@@ -268,3 +268,54 @@ async fn connections_past_the_pool_are_refused_and_the_rest_carry_on() {
     let (from, f) = recv(&n).await;
     assert_eq!((from, f.payload[0]), (NodeId(1000), 3));
 }
+
+#[tokio::test]
+async fn the_ports_congestion_counters_are_shared_among_peers_by_their_bytes() {
+    let fabric = LoopFabric::new();
+    let b = node(&fabric, 2, 1, &BTreeMap::new()).await;
+    let c = node(&fabric, 3, 1, &BTreeMap::new()).await;
+    let peers: BTreeMap<_, _> = [
+        (NodeId(2), b.local_addr().unwrap()),
+        (NodeId(3), c.local_addr().unwrap()),
+    ]
+    .into();
+    let a_nic = fabric.nic(1);
+    let a_id = a_nic.id();
+    let a = RdmaTransport::bind(NodeId(1), None, peers, cfg(), a_nic)
+        .await
+        .unwrap();
+    // Three times the bytes to node 2 as to node 3.
+    for i in 0..40u8 {
+        let to = if i % 4 == 3 { NodeId(3) } else { NodeId(2) };
+        a.send(to, frame(i, 64 << 10)).unwrap();
+    }
+    for _ in 0..30 {
+        recv(&b).await;
+    }
+    for _ in 0..10 {
+        recv(&c).await;
+    }
+    let more = nic::PortCounters {
+        cnps: 40,
+        marked_in: 0,
+        retransmits: 8,
+    };
+    fabric.add_counters(a_id, 0, more);
+    let (s2, s3) = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            // Wake the driver, which reads the counters as it works.
+            a.send(NodeId(2), frame(0, 0)).unwrap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let (s2, s3) = (a.signals(NodeId(2)), a.signals(NodeId(3)));
+            if s2.cnps + s3.cnps == 40 {
+                return (s2, s3);
+            }
+        }
+    })
+    .await
+    .expect("the counters are read and shared");
+    assert!((28..=32).contains(&s2.cnps), "{s2:?} {s3:?}");
+    assert_eq!(s2.retransmits + s3.retransmits, 8);
+    assert!((5..=7).contains(&s2.retransmits), "{s2:?} {s3:?}");
+    assert_eq!(s2.marked_in + s3.marked_in, 0);
+}

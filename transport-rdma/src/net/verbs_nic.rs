@@ -6,7 +6,7 @@
 //! thin part of the transport; the driver above it is the one the loopback
 //! NIC's tests exercise.
 
-use super::nic::{Caps, Endpoint, Mem, Nic, NicError, SendOp, Wc};
+use super::nic::{Caps, Endpoint, Mem, Nic, NicError, PortCounters, SendOp, Wc};
 use crate::verbs::{self, state, Access, Context, Cq, MemoryRegion, Pd, Qp, QpCaps, VerbsError};
 use bytes::Bytes;
 use std::os::fd::{AsRawFd, RawFd};
@@ -40,7 +40,7 @@ pub struct VerbsNic {
     fd: AsyncFd<ChannelFd>,
     cq: Arc<Cq>,
     pd: Arc<Pd>,
-    _ctx: Arc<Context>,
+    ctx: Arc<Context>,
     ports: Vec<Port>,
     gid_index: u8,
     /// Seeds each queue pair's first PSN.
@@ -88,7 +88,7 @@ impl VerbsNic {
             fd,
             cq,
             pd,
-            _ctx: ctx,
+            ctx,
             ports,
             gid_index,
             psn_seed,
@@ -237,6 +237,32 @@ impl Nic for VerbsNic {
         let sge = sge(mem, offset, len)?;
         // SAFETY: the caller's promise (this trait method's # Safety).
         unsafe { q.post_send(wr_id, op, sge, signaled, inline) }.map_err(nic_err)
+    }
+
+    /// Read from sysfs, `/sys/class/infiniband/DEV/ports/N/hw_counters/`
+    /// (mlx5's names; a counter the driver lacks reads as 0, a port with no
+    /// `hw_counters` as none).
+    fn counters(&self, path: u8) -> Option<PortCounters> {
+        let port = self.ports.get(usize::from(path))?;
+        let dir = std::path::Path::new("/sys/class/infiniband")
+            .join(self.ctx.name())
+            .join("ports")
+            .join(port.num.to_string())
+            .join("hw_counters");
+        if !dir.is_dir() {
+            return None;
+        }
+        let read = |name: &str| {
+            std::fs::read_to_string(dir.join(name))
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Some(PortCounters {
+            cnps: read("rp_cnp_handled"),
+            marked_in: read("np_ecn_marked_roce_packets"),
+            retransmits: read("packet_seq_err") + read("local_ack_timeout_err"),
+        })
     }
 
     fn poll(&mut self, out: &mut Vec<Wc>) -> Result<(), NicError> {
