@@ -189,6 +189,10 @@ pub struct RdmaSection {
     /// The GID table entry of each port to send from: RoCE v2 over the port's
     /// IPv4 or IPv6 address (`show_gids` lists them).
     pub gid_index: u8,
+    /// The IP traffic class byte (DSCP << 2, ECN bits) RDMA packets carry:
+    /// 0, the default, leaves the port's own (the NIC's per-port
+    /// `traffic_class` setting, where the lossless class is usually chosen).
+    pub traffic_class: u8,
     /// Bytes of the registered pool that receive slots and granted regions
     /// come from (pinned memory).
     pub pool_bytes: Size,
@@ -200,6 +204,7 @@ impl Default for RdmaSection {
             device: None,
             ports: vec![1],
             gid_index: 1,
+            traffic_class: 0,
             pool_bytes: Size(256 << 20),
         }
     }

@@ -76,8 +76,8 @@ pub async fn bind(
     cfg.validate().map_err(|e| anyhow::anyhow!("[rdma]: {e}"))?;
     let r = &config.rdma;
     let nic = || {
-        VerbsNic::open(r.device.as_deref(), &r.ports, r.gid_index, cq_entries(&cfg))
-            .map_err(refusal)
+        let class = (r.gid_index, r.traffic_class);
+        VerbsNic::open(r.device.as_deref(), &r.ports, class, cq_entries(&cfg)).map_err(refusal)
     };
     let node = RdmaTransport::bind(me, Some(config.my_addr()), node_peers, cfg.clone(), nic()?)
         .await

@@ -221,6 +221,16 @@ impl Context {
         })
     }
 
+    /// The most entries a completion queue of the device may have.
+    pub fn max_cqe(&self) -> Result<i32, VerbsError> {
+        // SAFETY: plain data.
+        let mut attr: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open; `attr` is a valid out-pointer.
+        let rc = unsafe { sys::ibv_query_device(self.ctx.as_ptr(), &mut attr) };
+        check("ibv_query_device", rc)?;
+        Ok(attr.max_cqe)
+    }
+
     /// Port `port`, which must be active.
     pub fn active_port(&self, port: u8) -> Result<PortInfo, VerbsError> {
         let info = self.port(port)?;
@@ -303,8 +313,12 @@ pub enum Access {
 #[derive(Debug)]
 pub struct MemoryRegion {
     mr: NonNull<sys::ibv_mr>,
-    /// The memory: boxed so it never moves while registered.
-    buf: Box<[u8]>,
+    /// The memory, held by raw pointer, never by a Rust reference: the NIC
+    /// (for a remotely writable region, a peer) may write it at any time, so
+    /// it is only copied in and out through the pointer. Allocated as a boxed
+    /// slice of `len` bytes, freed in `drop` after deregistration.
+    buf: NonNull<u8>,
+    len: usize,
     _pd: Arc<Pd>,
 }
 
@@ -327,7 +341,8 @@ pub struct Sge {
 impl MemoryRegion {
     /// Register `len` zeroed bytes on `pd`.
     pub fn new(pd: &Arc<Pd>, len: usize, access: Access) -> Result<MemoryRegion, VerbsError> {
-        let mut buf = vec![0u8; len].into_boxed_slice();
+        let buf = NonNull::new(Box::into_raw(vec![0u8; len].into_boxed_slice()).cast::<u8>())
+            .expect("a boxed slice is never null");
         let flags = match access {
             Access::Local => sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE,
             Access::RemoteWrite => {
@@ -335,14 +350,25 @@ impl MemoryRegion {
                     | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
             }
         };
-        // SAFETY: `buf` is valid for `len` bytes and stays where it is (boxed,
-        // owned by the region) until the region is deregistered in `drop`.
+        // SAFETY: `buf` is valid for `len` bytes and stays where it is (owned
+        // by the region) until the region is deregistered in `drop`.
         let mr = non_null("ibv_reg_mr", unsafe {
-            sys::ibv_reg_mr(pd.pd.as_ptr(), buf.as_mut_ptr().cast(), len, flags.0 as i32)
-        })?;
+            sys::ibv_reg_mr(pd.pd.as_ptr(), buf.as_ptr().cast(), len, flags.0 as i32)
+        });
+        let mr = match mr {
+            Ok(mr) => mr,
+            Err(e) => {
+                // SAFETY: allocated above as a boxed slice of `len`, unregistered.
+                drop(unsafe {
+                    Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf.as_ptr(), len))
+                });
+                return Err(e);
+            }
+        };
         Ok(MemoryRegion {
             mr,
             buf,
+            len,
             _pd: pd.clone(),
         })
     }
@@ -356,7 +382,7 @@ impl MemoryRegion {
     /// `len` bytes at `offset`, for a work request; `None` past the end.
     pub fn sge(&self, offset: usize, len: u32) -> Option<Sge> {
         let end = offset.checked_add(len as usize)?;
-        (end <= self.buf.len()).then(|| Sge {
+        (end <= self.len).then(|| Sge {
             addr: self.buf.as_ptr() as u64 + offset as u64,
             len,
             // SAFETY: registered until drop.
@@ -364,22 +390,59 @@ impl MemoryRegion {
         })
     }
 
-    /// The memory (no work request may be writing it).
-    pub fn bytes(&self) -> &[u8] {
-        &self.buf
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.len
     }
 
-    /// The memory, to fill before a send.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.buf
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A copy of `len` bytes at `offset` (which no work request may be
+    /// writing). Panics past the end.
+    pub fn read(&self, offset: usize, len: usize) -> bytes::Bytes {
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.len),
+            "a read past the region"
+        );
+        let mut out = vec![0u8; len];
+        // SAFETY: in bounds (checked); the region's memory is valid until
+        // drop and never referenced, so copying through the pointer aliases
+        // nothing.
+        unsafe { ptr::copy_nonoverlapping(self.buf.as_ptr().add(offset), out.as_mut_ptr(), len) };
+        bytes::Bytes::from(out)
+    }
+
+    /// Copy `parts` one after another to `offset` (which no work request may
+    /// be reading). Panics past the end.
+    pub fn write(&mut self, offset: usize, parts: &[&[u8]]) {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        assert!(
+            offset.checked_add(total).is_some_and(|e| e <= self.len),
+            "a write past the region"
+        );
+        let mut at = offset;
+        for p in parts {
+            // SAFETY: in bounds (checked above); as in `read`.
+            unsafe { ptr::copy_nonoverlapping(p.as_ptr(), self.buf.as_ptr().add(at), p.len()) };
+            at += p.len();
+        }
     }
 }
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        // SAFETY: registered by `new`, deregistered once, before `buf` is freed
-        // (fields drop after this body).
-        unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+        // SAFETY: registered by `new`, deregistered once, then the memory
+        // (allocated in `new` as a boxed slice of `len`) is freed, once.
+        unsafe {
+            sys::ibv_dereg_mr(self.mr.as_ptr());
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(
+                self.buf.as_ptr(),
+                self.len,
+            )));
+        }
     }
 }
 

@@ -4,14 +4,20 @@
 //! report what they saw ([`Event`]). Everything else happens here, in order.
 
 use super::hello::{self, Hello};
-use super::nic::{Caps, Endpoint, Mem, Nic, PortCounters, SendOp, Wc};
+use super::nic::{Caps, Endpoint, Mem, Nic, PortCounters};
 use super::ring::Ring;
 use super::{Counters, RdmaConfig, Shared};
-use crate::proto::{Backoff, Completion, Conn, Incoming, Op, Post, SendWr};
+
+mod complete;
+mod post;
+mod side;
+mod signals;
+
+use crate::proto::{Backoff, Completion, Conn, SendWr};
+use signals::SAMPLE_EVERY;
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
@@ -67,6 +73,7 @@ struct Link<N: Nic> {
     qp: N::Qp,
     recv_mem: N::Mem,
     send_mem: N::Mem,
+    _pd: N::Pd,
     _task: Option<TaskGuard>,
     endpoint: Endpoint,
     peer: NodeId,
@@ -122,6 +129,8 @@ pub(super) struct Driver<N: Nic> {
     links: BTreeMap<u32, Link<N>>,
     next_key: u32,
     pool_used: usize,
+    /// Of it, the connections peers opened.
+    inbound_used: usize,
     events_tx: mpsc::Sender<Event>,
     inbox: mpsc::Sender<(NodeId, Frame)>,
     /// Frames delivered that the inbox had no room for, oldest first. While
@@ -138,47 +147,15 @@ pub(super) struct Driver<N: Nic> {
     sampled: Vec<Option<PortCounters>>,
 }
 
-/// How often the ports' congestion counters are read while the driver works
-/// (a few sysfs reads each time).
-const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
-
-/// `total` shared out by `weights`, largest remainders first, so the shares
-/// add up to `total` exactly (nothing when no weight).
-fn share(total: u64, weights: &BTreeMap<NodeId, u64>) -> Vec<(NodeId, u64)> {
-    let sum: u128 = weights.values().map(|&w| u128::from(w)).sum();
-    if total == 0 || sum == 0 {
-        return Vec::new();
-    }
-    let mut parts: Vec<(NodeId, u64, u128)> = weights
-        .iter()
-        .map(|(&id, &w)| {
-            let exact = u128::from(total) * u128::from(w);
-            (id, (exact / sum) as u64, exact % sum)
-        })
-        .collect();
-    let mut left = total - parts.iter().map(|p| p.1).sum::<u64>();
-    let mut order: Vec<usize> = (0..parts.len()).collect();
-    order.sort_by(|&a, &b| parts[b].2.cmp(&parts[a].2).then(a.cmp(&b)));
-    for i in order {
-        if left == 0 {
-            break;
-        }
-        parts[i].1 += 1;
-        left -= 1;
-    }
-    parts.into_iter().map(|(id, n, _)| (id, n)).collect()
-}
-
 fn recv_wr(key: u32, slot: u16) -> u64 {
     (u64::from(key) << KEY_SHIFT) | RECV_BIT | u64::from(slot)
 }
 
+/// A send's id carries its number's low bits only; the completion's full
+/// number is the live ring piece's with those bits ([`Ring::full_wr`]: at most
+/// `send_queue` sends are live, far fewer than 2^39).
 fn send_wr(key: u32, wr: u64) -> u64 {
-    assert!(
-        wr <= LOW_MASK,
-        "send work requests of one connection ran out"
-    );
-    (u64::from(key) << KEY_SHIFT) | wr
+    (u64::from(key) << KEY_SHIFT) | (wr & LOW_MASK)
 }
 
 impl<N: Nic> Driver<N> {
@@ -200,6 +177,7 @@ impl<N: Nic> Driver<N> {
             links: BTreeMap::new(),
             next_key: 0,
             pool_used: 0,
+            inbound_used: 0,
             events_tx,
             inbox,
             held: VecDeque::new(),
@@ -244,6 +222,22 @@ impl<N: Nic> Driver<N> {
     /// A new connection with `peer` on `path`: its queue pair (INIT) and memory.
     fn new_link(&mut self, peer: NodeId, side: Side, path: u8) -> Result<u32, String> {
         let bytes = Self::link_bytes(&self.cfg);
+        if side == Side::Accepted {
+            // Connections peers open may not take the room this side's own
+            // dials need (one per peer it knows, up to half the pool): a flood
+            // of hellos cannot cut a node off from its replicas.
+            let known = self.peers.values().filter(|p| p.addr.is_some()).count();
+            let reserve = (known * bytes).min(self.cfg.pool_bytes / 2);
+            if self.inbound_used + bytes > self.cfg.pool_bytes - reserve {
+                return Err(format!(
+                    "connections from peers fill their share of the registered pool \
+                     ({} of {} bytes; {reserve} kept for this node's own); \
+                     raise [rdma] pool_bytes",
+                    self.inbound_used,
+                    self.cfg.pool_bytes - reserve
+                ));
+            }
+        }
         if self.pool_used + bytes > self.cfg.pool_bytes {
             return Err(format!(
                 "the registered pool is full ({} of {} bytes in {} connections); \
@@ -256,17 +250,18 @@ impl<N: Nic> Driver<N> {
         let p = self.cfg.proto.params;
         let recv_len = usize::from(p.recv_slots) * p.slot_bytes as usize
             + usize::from(p.large_slots) * p.large_bytes as usize;
-        let recv_mem = self.nic.register(recv_len, true).map_err(|e| e.0)?;
+        let pd = self.nic.domain().map_err(|e| e.0)?;
+        let recv_mem = self.nic.register(&pd, recv_len, true).map_err(|e| e.0)?;
         let send_mem = self
             .nic
-            .register(self.cfg.send_ring_bytes, false)
+            .register(&pd, self.cfg.send_ring_bytes, false)
             .map_err(|e| e.0)?;
         let caps = Caps {
             send: u32::from(self.cfg.proto.send_queue),
             recv: u32::from(p.recv_slots),
             inline: self.cfg.proto.max_inline,
         };
-        let (qp, endpoint) = self.nic.create_qp(path, caps).map_err(|e| e.0)?;
+        let (qp, endpoint) = self.nic.create_qp(&pd, path, caps).map_err(|e| e.0)?;
         let key = loop {
             self.next_key = if self.next_key >= KEY_MAX {
                 1
@@ -278,12 +273,16 @@ impl<N: Nic> Driver<N> {
             }
         };
         self.pool_used += bytes;
+        if side == Side::Accepted {
+            self.inbound_used += bytes;
+        }
         self.links.insert(
             key,
             Link {
                 qp,
                 recv_mem,
                 send_mem,
+                _pd: pd,
                 _task: None,
                 endpoint,
                 peer,
@@ -347,24 +346,9 @@ impl<N: Nic> Driver<N> {
             self.nic.paths(),
             self.cfg.connect_timeout,
         );
+        let dialing = side::dial(addr, hello, (cluster, paths, timeout), id);
         let task = tokio::spawn(async move {
-            let started = Instant::now();
-            let result = tokio::time::timeout(timeout, async {
-                let mut s = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-                s.set_nodelay(true).ok();
-                s.write_all(&hello.encode())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut b = [0u8; hello::LEN];
-                s.read_exact(&mut b).await.map_err(|e| e.to_string())?;
-                let h = Hello::decode(&b, cluster, paths).map_err(|e| e.to_string())?;
-                if h.node != id || h.path != hello.path {
-                    return Err(hello::HelloError::Node(h.node).to_string());
-                }
-                Ok((s, h, started.elapsed().as_nanos() as u64))
-            })
-            .await
-            .unwrap_or_else(|_| Err("timed out".into()));
+            let result = dialing.await;
             let _ = events.send(Event::Dialed { key, result }).await;
         });
         self.links.get_mut(&key).expect("new")._task = Some(TaskGuard(task.abort_handle()));
@@ -413,14 +397,7 @@ impl<N: Nic> Driver<N> {
             self.close(key, false);
             return;
         }
-        let events = self.events_tx.clone();
-        let task = tokio::spawn(async move {
-            let mut s = stream;
-            if s.write_all(&[hello::READY]).await.is_ok() {
-                watch_end(&mut s).await;
-            }
-            let _ = events.send(Event::Closed { key }).await;
-        });
+        let task = tokio::spawn(side::dialer(stream, key, self.events_tx.clone()));
         let link = self.links.get_mut(&key).expect("started");
         link._task = Some(TaskGuard(task.abort_handle()));
         link.ready = true;
@@ -479,25 +456,14 @@ impl<N: Nic> Driver<N> {
             return;
         }
         let mine = self.my_hello(key).encode();
-        let events = self.events_tx.clone();
         let timeout = self.cfg.connect_timeout;
-        let task = tokio::spawn(async move {
-            let mut s = stream;
-            let ready = tokio::time::timeout(timeout, async {
-                s.write_all(&mine).await?;
-                let mut b = [0u8; 1];
-                s.read_exact(&mut b).await?;
-                Ok::<bool, std::io::Error>(b[0] == hello::READY)
-            })
-            .await;
-            if let Ok(Ok(true)) = ready {
-                if events.send(Event::Ready { key }).await.is_err() {
-                    return;
-                }
-                watch_end(&mut s).await;
-            }
-            let _ = events.send(Event::Closed { key }).await;
-        });
+        let task = tokio::spawn(side::acceptor(
+            stream,
+            mine,
+            key,
+            timeout,
+            self.events_tx.clone(),
+        ));
         self.links.get_mut(&key).expect("live")._task = Some(TaskGuard(task.abort_handle()));
         // A newer connection from the same peer replaces the older one.
         if let Some(old) = self.peer(id).accepted.replace(key) {
@@ -520,10 +486,13 @@ impl<N: Nic> Driver<N> {
             return;
         };
         self.pool_used -= link.bytes;
+        if link.side == Side::Accepted {
+            self.inbound_used -= link.bytes;
+        }
         let lost = link.conn.as_mut().map_or(0, |c| {
             c.fail();
             c.take_unfinished().len()
-        });
+        }) + link.parked.len();
         let was_up = link.ready;
         tracing::debug!(me = %self.me, peer = %link.peer, side = ?link.side, key, lost, refused, "RDMA connection closed");
         self.count(|c| {
@@ -544,6 +513,12 @@ impl<N: Nic> Driver<N> {
         let p = self.peer(id);
         if p.accepted == Some(key) {
             p.accepted = None;
+        }
+        // A client gone leaves nothing behind: the table stays as large as
+        // the peers with addresses and the connections alive.
+        let gone = p.addr.is_none() && p.accepted.is_none();
+        if gone && !super::lock(&self.shared.outboxes).has(id) {
+            self.peers.remove(&id);
         }
     }
 
@@ -595,20 +570,25 @@ impl<N: Nic> Driver<N> {
                         continue;
                     };
                     let mut o = super::lock(&self.shared.outboxes);
+                    let mut refused = 0;
                     while let Some(f) = o.pop(id) {
-                        moved = true;
                         match conn.send(f) {
-                            Ok(()) => {}
+                            Ok(()) => moved = true,
+                            // Not moved: the connection waits for credits, and
+                            // its completions wake the driver again.
                             Err(weir_core::SendError::Full(f)) => {
                                 o.push_front(id, f);
                                 break;
                             }
                             Err(weir_core::SendError::Refused(e)) => {
+                                moved = true;
+                                refused += 1;
                                 tracing::warn!(peer = %id, %e, "frame refused by its RDMA connection");
                             }
                         }
                     }
                     drop(o);
+                    self.count(|c| c.frames_lost += refused);
                     self.pump(key);
                 }
             }
@@ -617,298 +597,6 @@ impl<N: Nic> Driver<N> {
             self.shared.space.notify_waiters();
         }
         moved
-    }
-
-    /// Post what connection `key` hands out, as far as the ring allows.
-    fn pump(&mut self, key: u32) {
-        let ready = self
-            .links
-            .get(&key)
-            .is_some_and(|l| l.ready && l.conn.is_some());
-        if !ready {
-            return;
-        }
-        loop {
-            match self.pump_one(key) {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(why) => {
-                    tracing::warn!(key, %why, "RDMA post failed");
-                    self.close(key, false);
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Post one work request of connection `key`; whether there was one.
-    fn pump_one(&mut self, key: u32) -> Result<bool, String> {
-        let link = self.links.get_mut(&key).expect("live");
-        let conn = link.conn.as_mut().expect("started");
-        let swr = if let Some(w) = link.unposted.pop_front() {
-            w
-        } else {
-            match conn.poll_post() {
-                None => return Ok(false),
-                Some(Post::Recv) => {
-                    let slot = link
-                        .free_slots
-                        .pop()
-                        .ok_or_else(|| "no free receive slot".to_string())?;
-                    let slot_bytes = self.cfg.proto.params.slot_bytes;
-                    let off = usize::from(slot) * slot_bytes as usize;
-                    // SAFETY: the slot lies in the link's receive memory, which
-                    // outlives its queue pair (field order), and is not read
-                    // until the receive completes.
-                    unsafe {
-                        self.nic.post_recv(
-                            &link.qp,
-                            recv_wr(key, slot),
-                            &link.recv_mem,
-                            off,
-                            slot_bytes,
-                        )
-                    }
-                    .map_err(|e| e.0)?;
-                    return Ok(true);
-                }
-                Some(Post::Send(w)) => w,
-            }
-        };
-        let (op, parts): (SendOp, Vec<&[u8]>) = match &swr.op {
-            Op::Send { header, frame, .. } => {
-                let mut parts = vec![&header[..]];
-                if let Some(f) = frame {
-                    parts.extend([&f.head[..], &f.payload[..]]);
-                }
-                (SendOp::Send, parts)
-            }
-            Op::WriteImm { slot, frame } => {
-                let (base, rkey, size) = link.remote;
-                let op = SendOp::WriteImm {
-                    remote_addr: base + u64::from(*slot) * u64::from(size),
-                    rkey,
-                    imm: u32::from(*slot),
-                };
-                (op, vec![&frame.head[..], &frame.payload[..]])
-            }
-        };
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let Some(off) = link.ring.alloc(swr.wr, len) else {
-            if link.ring.used() == 0 {
-                return Err(format!("a {len}-byte send does not fit the send ring"));
-            }
-            link.unposted.push_front(swr);
-            return Ok(false);
-        };
-        link.send_mem.write(off, &parts);
-        let inline = matches!(swr.op, Op::Send { inline: true, .. });
-        // Signalled as the connection asks, and whenever the largest send
-        // would not fit after this one: a send the ring refuses then always
-        // has a completion coming that makes room.
-        let signaled = swr.signaled || !link.ring.fits(link.max_post);
-        // SAFETY: the piece of the ring stays unchanged until this send (or a
-        // later signalled one) completes: the ring hands it out again only
-        // after `release_through` passes it, and the memory outlives the queue
-        // pair (field order).
-        unsafe {
-            self.nic.post_send(
-                &link.qp,
-                send_wr(key, swr.wr),
-                op,
-                &link.send_mem,
-                off,
-                len as u32,
-                signaled,
-                inline,
-            )
-        }
-        .map_err(|e| e.0)?;
-        link.tx_bytes = link.tx_bytes.saturating_add(len as u64);
-        Ok(true)
-    }
-
-    /// One completion.
-    fn completion(&mut self, wc: Wc) {
-        let key = (wc.wr_id >> KEY_SHIFT) as u32;
-        let Some(link) = self.links.get_mut(&key) else {
-            // A connection closed since: its flushes.
-            return;
-        };
-        let Some(conn) = link.conn.as_mut() else {
-            return;
-        };
-        let low = wc.wr_id & LOW_MASK;
-        let is_recv = wc.wr_id & RECV_BIT != 0;
-        if !wc.ok {
-            let _ = conn.complete(Completion::Error {
-                wr: if is_recv { 0 } else { low },
-            });
-            self.close(key, false);
-            return;
-        }
-        if !is_recv {
-            link.ring.release_through(low);
-            if conn.complete(Completion::Sent { wr: low }).is_err() {
-                self.close(key, false);
-            } else {
-                self.pump(key);
-            }
-            return;
-        }
-        let slot = low as u16;
-        let p = self.cfg.proto.params;
-        let c = match wc.imm {
-            None => {
-                let off = usize::from(slot) * p.slot_bytes as usize;
-                let len = (wc.byte_len as usize).min(p.slot_bytes as usize);
-                Completion::Recv {
-                    data: link.recv_mem.read(off, len),
-                }
-            }
-            Some(imm) => Completion::RecvImm {
-                imm,
-                len: wc.byte_len,
-            },
-        };
-        link.free_slots.push(slot);
-        link.rx_bytes = link.rx_bytes.saturating_add(u64::from(wc.byte_len));
-        let carries_frame = match &c {
-            Completion::Recv { data } => {
-                crate::proto::header::Header::decode(data).is_ok_and(|(h, _)| h.frame)
-            }
-            _ => true,
-        };
-        if carries_frame && (!self.held.is_empty() || !link.parked.is_empty()) {
-            link.parked.push_back(c);
-            return;
-        }
-        self.received(key, c);
-    }
-
-    /// Feed a receive completion of connection `key` to its [`Conn`].
-    fn received(&mut self, key: u32, c: Completion) {
-        let p = self.cfg.proto.params;
-        let link = self.links.get_mut(&key).expect("live");
-        let conn = link.conn.as_mut().expect("started");
-        let peer = link.peer;
-        let frame = match conn.complete(c) {
-            Ok(Some(Incoming::Frame(f))) => Some(Ok(f)),
-            Ok(Some(Incoming::Large { slot, len })) => {
-                let off = usize::from(p.recv_slots) * p.slot_bytes as usize
-                    + usize::from(slot) * p.large_bytes as usize;
-                let data = link.recv_mem.read(off, len as usize);
-                let f = conn.take_large(slot, data);
-                if f.is_ok() {
-                    conn.release(slot);
-                }
-                Some(f)
-            }
-            Ok(None) => None,
-            Err(e) => Some(Err(e)),
-        };
-        match frame {
-            Some(Ok(f)) => self.deliver(peer, f),
-            Some(Err(e)) => {
-                tracing::warn!(peer = %peer, %e, "RDMA peer broke the protocol");
-                self.close(key, true);
-                return;
-            }
-            None => {}
-        }
-        self.pump(key);
-    }
-
-    /// Hand a frame to the application, or hold it while the inbox is full.
-    fn deliver(&mut self, from: NodeId, f: Frame) {
-        if !self.held.is_empty() {
-            self.held.push_back((from, f));
-            return;
-        }
-        match self.inbox.try_send((from, f)) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(d)) => self.held.push_back(d),
-            Err(mpsc::error::TrySendError::Closed(_)) => self.inbox_closed = true,
-        }
-    }
-
-    /// Move held frames into the inbox as it has room, then feed parked
-    /// receives while it still has; whether anything moved.
-    fn unhold(&mut self) -> bool {
-        let mut moved = false;
-        while let Some(d) = self.held.pop_front() {
-            match self.inbox.try_send(d) {
-                Ok(()) => moved = true,
-                Err(mpsc::error::TrySendError::Full(d)) => {
-                    self.held.push_front(d);
-                    return moved;
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    self.inbox_closed = true;
-                    return moved;
-                }
-            }
-        }
-        let parked: Vec<u32> = self
-            .links
-            .iter()
-            .filter(|(_, l)| !l.parked.is_empty())
-            .map(|(k, _)| *k)
-            .collect();
-        for key in parked {
-            while self.held.is_empty() {
-                let Some(c) = self.links.get_mut(&key).and_then(|l| l.parked.pop_front()) else {
-                    break;
-                };
-                moved = true;
-                self.received(key, c);
-            }
-        }
-        moved
-    }
-
-    /// Read each port's congestion counters and share what they gained since
-    /// the last read among the peers, as signals: CNPs and retransmissions by
-    /// the bytes sent to each over the port since the last such gain, marked
-    /// packets by the bytes received from each. A NIC counts these per port,
-    /// not per queue pair, so the shares are an estimate.
-    fn sample(&mut self) {
-        let paths = self.nic.paths();
-        self.sampled.resize(usize::from(paths), None);
-        for path in 0..paths {
-            let Some(now) = self.nic.counters(path) else {
-                continue;
-            };
-            let Some(before) = self.sampled[usize::from(path)].replace(now) else {
-                continue;
-            };
-            let gained = |a: u64, b: u64| a.saturating_sub(b);
-            let (cnps, retransmits, marked) = (
-                gained(now.cnps, before.cnps),
-                gained(now.retransmits, before.retransmits),
-                gained(now.marked_in, before.marked_in),
-            );
-            let mut tx = BTreeMap::new();
-            let mut rx = BTreeMap::new();
-            for l in self.links.values_mut().filter(|l| l.path == path) {
-                if cnps + retransmits > 0 {
-                    *tx.entry(l.peer).or_insert(0) += std::mem::take(&mut l.tx_bytes);
-                }
-                if marked > 0 {
-                    *rx.entry(l.peer).or_insert(0) += std::mem::take(&mut l.rx_bytes);
-                }
-            }
-            let mut signals = super::lock(&self.shared.signals);
-            for (id, n) in share(cnps, &tx) {
-                signals.entry(id).or_default().cnps += n;
-            }
-            for (id, n) in share(retransmits, &tx) {
-                signals.entry(id).or_default().retransmits += n;
-            }
-            for (id, n) in share(marked, &rx) {
-                signals.entry(id).or_default().marked_in += n;
-            }
-        }
     }
 
     fn event(&mut self, ev: Event) {
@@ -934,7 +622,18 @@ impl<N: Nic> Driver<N> {
 
     /// Run until `shutdown`: completions by hybrid polling (spin for
     /// `cfg.spin`, then arm and wait).
-    pub(super) async fn run(
+    pub(super) async fn run(self, events: mpsc::Receiver<Event>, shutdown: watch::Receiver<bool>) {
+        let shared = self.shared.clone();
+        self.run_loop(events, shutdown).await;
+        // Whatever ended it (shutdown, the application gone, a NIC failure),
+        // the endpoint is closed: sends are refused, waiters woken.
+        shared
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        shared.space.notify_waiters();
+    }
+
+    async fn run_loop(
         mut self,
         mut events: mpsc::Receiver<Event>,
         mut shutdown: watch::Receiver<bool>,
@@ -1027,32 +726,4 @@ enum Route {
     Wait,
     Dial,
     Drop,
-}
-
-/// Read the side channel until it ends (the peer closed it, or it failed).
-async fn watch_end(s: &mut TcpStream) {
-    let mut b = [0u8; 64];
-    while let Ok(n) = s.read(&mut b).await {
-        if n == 0 {
-            return;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shares_add_up_and_follow_the_weights() {
-        let w: BTreeMap<NodeId, u64> = [(NodeId(1), 300), (NodeId(2), 100)].into();
-        assert_eq!(share(40, &w), vec![(NodeId(1), 30), (NodeId(2), 10)]);
-        // 1 among two equal weights: the first by id, never lost.
-        let even: BTreeMap<NodeId, u64> = [(NodeId(1), 5), (NodeId(2), 5)].into();
-        assert_eq!(share(1, &even), vec![(NodeId(1), 1), (NodeId(2), 0)]);
-        let three: BTreeMap<NodeId, u64> = [(NodeId(1), 1), (NodeId(2), 1), (NodeId(3), 1)].into();
-        assert_eq!(share(100, &three).iter().map(|p| p.1).sum::<u64>(), 100);
-        assert!(share(7, &BTreeMap::new()).is_empty());
-        assert!(share(7, &[(NodeId(1), 0)].into()).is_empty());
-    }
 }

@@ -4,11 +4,11 @@
 //! ```text
 //! magic "WRDM" u32, version u16, cluster id u64, node id u32, path u8,
 //! params: recv_slots u16, slot_bytes u32, large_slots u16, large_bytes u32,
-//! endpoint: qpn u32, psn u32, gid [u8; 16],
+//! endpoint: qpn u32, psn u32, gid [u8; 16], MTU u32,
 //! regions: base address u64, rkey u32 (region k at base + k * large_bytes)
 //! ```
 //!
-//! Little-endian, 67 bytes, fixed. The dialer sends its hello, the acceptor
+//! Little-endian, 71 bytes, fixed. The dialer sends its hello, the acceptor
 //! answers with its own, the dialer sends [`READY`] once its queue pair can
 //! receive; from then on the side channel carries nothing, and its end (EOF or
 //! an error on either side) ends the connection.
@@ -22,7 +22,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"WRDM");
 /// The version of this exchange.
 pub const VERSION: u16 = 1;
 /// A hello's length.
-pub const LEN: usize = 67;
+pub const LEN: usize = 71;
 /// The dialer's byte after the exchange: its queue pair is ready to receive,
 /// so the acceptor may send.
 pub const READY: u8 = 0x52;
@@ -96,6 +96,7 @@ impl Hello {
         b.extend_from_slice(&self.endpoint.qpn.to_le_bytes());
         b.extend_from_slice(&self.endpoint.psn.to_le_bytes());
         b.extend_from_slice(&self.endpoint.gid);
+        b.extend_from_slice(&self.endpoint.mtu.to_le_bytes());
         b.extend_from_slice(&self.regions_addr.to_le_bytes());
         b.extend_from_slice(&self.regions_rkey.to_le_bytes());
         b.try_into().expect("a hello is LEN bytes")
@@ -144,6 +145,7 @@ impl Hello {
             qpn: u32_(take(4)),
             psn: u32_(take(4)),
             gid: take(16).try_into().expect("16 bytes"),
+            mtu: u32_(take(4)),
         };
         Ok(Hello {
             cluster_id,
@@ -172,6 +174,7 @@ mod tests {
                 qpn: 0x12_3456,
                 psn: 0xab_cdef,
                 gid: [9; 16],
+                mtu: 4096,
             },
             regions_addr: 0x7f00_0000_1000,
             regions_rkey: 0xdead,

@@ -25,8 +25,11 @@ struct Fabric {
     next_nic: u32,
     next_qpn: u32,
     next_rkey: u32,
+    next_pd: u32,
     nics: BTreeMap<u32, NicState>,
     qps: BTreeMap<u32, QpState>,
+    /// By key: the region's protection domain, whether peers may write it,
+    /// its bytes.
     mems: BTreeMap<u32, (u32, bool, Buf)>,
 }
 
@@ -45,6 +48,7 @@ struct NicState {
 #[derive(Debug)]
 struct QpState {
     nic: u32,
+    pd: u32,
     path: u8,
     remote: Option<u32>,
     /// Posted receives: work request, region key, offset, length.
@@ -166,8 +170,8 @@ impl Fabric {
                 imm,
             } => {
                 r.recvs.front().ok_or(())?;
-                let (owner, remote_write, buf) = self.mems.get(&rkey).ok_or(())?;
-                if *owner != rnic || !remote_write {
+                let (pd, remote_write, buf) = self.mems.get(&rkey).ok_or(())?;
+                if *pd != r.pd || !remote_write {
                     return Err(());
                 }
                 let base = base_addr(rkey);
@@ -254,6 +258,10 @@ impl Mem for LoopMem {
     }
 }
 
+/// A protection domain of a [`LoopFabric`].
+#[derive(Debug)]
+pub struct LoopPd(u32);
+
 /// A queue pair of a [`LoopNic`]; dropping it destroys it.
 #[derive(Debug)]
 pub struct LoopQp {
@@ -270,17 +278,29 @@ impl Drop for LoopQp {
 impl Nic for LoopNic {
     type Mem = LoopMem;
     type Qp = LoopQp;
+    type Pd = LoopPd;
 
     fn paths(&self) -> u8 {
         self.paths
     }
 
-    fn register(&mut self, len: usize, remote_write: bool) -> Result<LoopMem, NicError> {
+    fn domain(&mut self) -> Result<LoopPd, NicError> {
+        let mut f = lock(&self.fabric.inner);
+        f.next_pd += 1;
+        Ok(LoopPd(f.next_pd))
+    }
+
+    fn register(
+        &mut self,
+        pd: &LoopPd,
+        len: usize,
+        remote_write: bool,
+    ) -> Result<LoopMem, NicError> {
         let mut f = lock(&self.fabric.inner);
         f.next_rkey += 1;
         let rkey = f.next_rkey;
         let buf: Buf = Arc::new(Mutex::new(vec![0u8; len].into_boxed_slice()));
-        f.mems.insert(rkey, (self.id, remote_write, buf.clone()));
+        f.mems.insert(rkey, (pd.0, remote_write, buf.clone()));
         Ok(LoopMem {
             rkey,
             buf,
@@ -289,7 +309,12 @@ impl Nic for LoopNic {
         })
     }
 
-    fn create_qp(&mut self, path: u8, _caps: Caps) -> Result<(LoopQp, Endpoint), NicError> {
+    fn create_qp(
+        &mut self,
+        pd: &LoopPd,
+        path: u8,
+        _caps: Caps,
+    ) -> Result<(LoopQp, Endpoint), NicError> {
         if path >= self.paths {
             return Err(NicError(format!("no path {path}")));
         }
@@ -300,6 +325,7 @@ impl Nic for LoopNic {
             qpn,
             QpState {
                 nic: self.id,
+                pd: pd.0,
                 path,
                 remote: None,
                 recvs: VecDeque::new(),
@@ -309,7 +335,12 @@ impl Nic for LoopNic {
         let mut gid = [0; 16];
         gid[..4].copy_from_slice(&self.id.to_le_bytes());
         gid[4] = path;
-        let ep = Endpoint { qpn, psn: 0, gid };
+        let ep = Endpoint {
+            qpn,
+            psn: 0,
+            gid,
+            mtu: 4096,
+        };
         Ok((
             LoopQp {
                 qpn,
@@ -342,8 +373,11 @@ impl Nic for LoopNic {
             "a receive past its region"
         );
         let mut f = lock(&self.fabric.inner);
+        let mem_pd = f.mems.get(&mem.rkey).map(|m| m.0);
         let q = f.qps.get_mut(&qp.qpn).expect("a live queue pair");
-        if q.error {
+        // A receive into memory of another domain fails, as on a NIC (a
+        // local protection error).
+        if q.error || mem_pd != Some(q.pd) {
             f.complete(
                 self.id,
                 Wc {

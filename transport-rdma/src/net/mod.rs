@@ -202,8 +202,10 @@ struct Shared {
     signals: Mutex<BTreeMap<NodeId, CongestionSignals>>,
     /// The driver has frames to move.
     work: Notify,
-    /// The driver moved frames out of the outboxes.
+    /// The driver moved frames out of the outboxes, or ended.
     space: Notify,
+    /// The driver ended: nothing is sent any more.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// weir's [`Transport`] over RDMA: one endpoint (a node, or a client that
@@ -237,6 +239,7 @@ impl RdmaTransport {
             signals: Mutex::default(),
             work: Notify::new(),
             space: Notify::new(),
+            closed: std::sync::atomic::AtomicBool::new(false),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (events_tx, events_rx) = mpsc::channel(EVENTS_MAX);
@@ -357,6 +360,9 @@ impl Transport for RdmaTransport {
         if to == self.me {
             return Err(TransportError::UnknownPeer(to).into());
         }
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(TransportError::Closed.into());
+        }
         let max = self.cfg.proto.params.large_bytes as usize;
         if frame.len() > max {
             return Err(TransportError::FrameTooLarge {
@@ -383,6 +389,9 @@ impl Transport for RdmaTransport {
             let notified = self.shared.space.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            if self.shared.closed.load(Ordering::Acquire) {
+                return;
+            }
             {
                 let mut o = lock(&self.shared.outboxes);
                 let Outboxes { queues, refused } = &mut *o;

@@ -14,6 +14,8 @@ pub struct Endpoint {
     pub psn: u32,
     /// Its port's GID.
     pub gid: [u8; 16],
+    /// Its port's active MTU, bytes (the connection uses the smaller side's).
+    pub mtu: u32,
 }
 
 /// Queue pair sizes.
@@ -100,13 +102,31 @@ pub trait Nic: Send + 'static {
     type Mem: Mem;
     /// A reliable-connected queue pair.
     type Qp: Send + 'static;
+    /// A protection domain: a queue pair reaches only memory of its own, so a
+    /// peer that names another connection's region and key is refused by
+    /// the NIC.
+    type Pd: Send + 'static;
 
     /// How many paths (ports) it has.
     fn paths(&self) -> u8;
-    /// Register `len` zeroed bytes; `remote_write` lets peers write into them.
-    fn register(&mut self, len: usize, remote_write: bool) -> Result<Self::Mem, NicError>;
-    /// A queue pair on `path`, ready for receives (INIT), and its endpoint.
-    fn create_qp(&mut self, path: u8, caps: Caps) -> Result<(Self::Qp, Endpoint), NicError>;
+    /// A new protection domain (one per connection).
+    fn domain(&mut self) -> Result<Self::Pd, NicError>;
+    /// Register `len` zeroed bytes in `pd`; `remote_write` lets the peer of
+    /// `pd`'s queue pair write into them.
+    fn register(
+        &mut self,
+        pd: &Self::Pd,
+        len: usize,
+        remote_write: bool,
+    ) -> Result<Self::Mem, NicError>;
+    /// A queue pair in `pd` on `path`, ready for receives (INIT), and its
+    /// endpoint.
+    fn create_qp(
+        &mut self,
+        pd: &Self::Pd,
+        path: u8,
+        caps: Caps,
+    ) -> Result<(Self::Qp, Endpoint), NicError>;
     /// Connect `qp` to `remote` (RTR, then RTS).
     fn connect(&mut self, qp: &mut Self::Qp, path: u8, remote: &Endpoint) -> Result<(), NicError>;
     /// Post a receive of `len` bytes at `offset` of `mem`.

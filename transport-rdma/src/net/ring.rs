@@ -66,6 +66,11 @@ impl Ring {
         }
     }
 
+    /// The number of the live piece whose number's `mask` bits are `low`.
+    pub(super) fn full_wr(&self, low: u64, mask: u64) -> Option<u64> {
+        self.live.iter().map(|&(w, ..)| w).find(|w| w & mask == low)
+    }
+
     /// Bytes in use (pieces live, with any gap left at the end by a wrap).
     pub(super) fn used(&self) -> usize {
         match (self.live.front(), self.live.back()) {

@@ -141,6 +141,7 @@ async fn a_bad_hello_is_refused_and_a_good_peer_is_untouched() {
             qpn: 1,
             psn: 0,
             gid: [0; 16],
+            mtu: 4096,
         },
         regions_addr: 0,
         regions_rkey: 0,
@@ -318,4 +319,70 @@ async fn the_ports_congestion_counters_are_shared_among_peers_by_their_bytes() {
     assert_eq!(s2.retransmits + s3.retransmits, 8);
     assert!((5..=7).contains(&s2.retransmits), "{s2:?} {s3:?}");
     assert_eq!(s2.marked_in + s3.marked_in, 0);
+}
+
+#[tokio::test]
+async fn a_peer_whose_side_channel_falls_silent_loses_its_connection() {
+    use nic::{Mem as _, Nic as _};
+    let fabric = LoopFabric::new();
+    let n = node(&fabric, 1, 1, &BTreeMap::new()).await;
+    // A peer by hand: a queue pair on the fabric with receives posted, and a
+    // side channel that says hello and READY, then nothing.
+    let mut peer = fabric.nic(1);
+    let pd = peer.domain().unwrap();
+    let params = cfg().proto.params;
+    let mem = peer
+        .register(&pd, 64 * params.slot_bytes as usize, true)
+        .unwrap();
+    let caps = nic::Caps {
+        send: 16,
+        recv: 64,
+        inline: 0,
+    };
+    let (mut qp, endpoint) = peer.create_qp(&pd, 0, caps).unwrap();
+    for i in 0..64u64 {
+        let off = i as usize * params.slot_bytes as usize;
+        // SAFETY: `mem` outlives `qp` (dropped after it, at the end).
+        unsafe { peer.post_recv(&qp, i, &mem, off, params.slot_bytes) }.unwrap();
+    }
+    let mut s = tokio::net::TcpStream::connect(n.local_addr().unwrap())
+        .await
+        .unwrap();
+    let mine = hello::Hello {
+        cluster_id: 9,
+        node: NodeId(5),
+        path: 0,
+        params,
+        endpoint,
+        regions_addr: mem.addr(0),
+        regions_rkey: mem.rkey(),
+    };
+    s.write_all(&mine.encode()).await.unwrap();
+    let mut theirs = [0u8; hello::LEN];
+    s.read_exact(&mut theirs).await.unwrap();
+    let theirs = hello::Hello::decode(&theirs, 9, 1).unwrap();
+    peer.connect(&mut qp, 0, &theirs.endpoint).unwrap();
+    s.write_all(&[hello::READY]).await.unwrap();
+    // Up, then nothing: no heartbeat from this side. The node gives the
+    // connection up after SILENT_MAX (5 s) and closes the side channel.
+    let started = std::time::Instant::now();
+    let mut b = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match s.read(&mut b).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {} // its heartbeats
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the silent connection is closed");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let c = n.counters();
+    assert_eq!((c.connects, c.resets), (1, 1), "{c:?}");
+    drop(qp);
 }

@@ -1,6 +1,6 @@
 //! [`Nic`] over real verbs (rdma-core through [`crate::verbs`]): one device,
-//! one protection domain, one completion queue with its channel for all the
-//! endpoint's queue pairs, one or two ports.
+//! a protection domain per connection, one completion queue with its channel
+//! for all the endpoint's queue pairs, one or two ports.
 //!
 //! Never run: these machines have no RDMA device. It builds in CI and is the
 //! thin part of the transport; the driver above it is the one the loopback
@@ -39,10 +39,10 @@ pub struct VerbsNic {
     // Field order is drop order: the fd's registration, then the queue.
     fd: AsyncFd<ChannelFd>,
     cq: Arc<Cq>,
-    pd: Arc<Pd>,
     ctx: Arc<Context>,
     ports: Vec<Port>,
     gid_index: u8,
+    traffic_class: u8,
     /// Seeds each queue pair's first PSN.
     psn_seed: u32,
 }
@@ -50,12 +50,15 @@ pub struct VerbsNic {
 impl VerbsNic {
     /// Open `device` (or the first), check `ports` (active, with GID
     /// `gid_index`), and make a completion queue of `cq_entries` (at least
-    /// every work request the endpoint's queue pairs can have outstanding).
-    /// Needs a tokio runtime (the channel's fd is registered with it).
+    /// every work request the endpoint's queue pairs can have outstanding;
+    /// more than the device takes is refused). Packets carry `traffic_class`
+    /// (the IP header's DSCP and ECN byte; 0 leaves the port's default, as
+    /// set in the NIC's per-port `traffic_class`). Needs a tokio runtime (the
+    /// channel's fd is registered with it).
     pub fn open(
         device: Option<&str>,
         ports: &[u8],
-        gid_index: u8,
+        (gid_index, traffic_class): (u8, u8),
         cq_entries: i32,
     ) -> Result<VerbsNic, NicError> {
         if ports.is_empty() || ports.len() > usize::from(crate::messenger::PATHS_MAX) {
@@ -74,7 +77,14 @@ impl VerbsNic {
             })
             .collect::<Result<Vec<_>, VerbsError>>()
             .map_err(nic_err)?;
-        let pd = Pd::new(&ctx).map_err(nic_err)?;
+        let max_cqe = ctx.max_cqe().map_err(nic_err)?;
+        if cq_entries > max_cqe {
+            return Err(NicError(format!(
+                "the pool's connections can have {cq_entries} work requests outstanding, \
+                 past the {max_cqe} completions {} can queue; lower [rdma] pool_bytes",
+                ctx.name()
+            )));
+        }
         let cq = Cq::new(&ctx, cq_entries).map_err(nic_err)?;
         cq.set_nonblocking().map_err(nic_err)?;
         // SAFETY: the fd is the channel's, open until the queue is dropped,
@@ -87,10 +97,10 @@ impl VerbsNic {
         Ok(VerbsNic {
             fd,
             cq,
-            pd,
             ctx,
             ports,
             gid_index,
+            traffic_class,
             psn_seed,
         })
     }
@@ -101,7 +111,7 @@ pub struct VerbsMem(MemoryRegion);
 
 impl Mem for VerbsMem {
     fn len(&self) -> usize {
-        self.0.bytes().len()
+        self.0.len()
     }
     fn addr(&self, offset: usize) -> u64 {
         self.0.sge(offset, 0).map_or(0, |s| s.addr)
@@ -110,14 +120,10 @@ impl Mem for VerbsMem {
         self.0.rkey()
     }
     fn read(&self, offset: usize, len: usize) -> Bytes {
-        Bytes::copy_from_slice(&self.0.bytes()[offset..offset + len])
+        self.0.read(offset, len)
     }
-    fn write(&mut self, mut offset: usize, parts: &[&[u8]]) {
-        let b = self.0.bytes_mut();
-        for p in parts {
-            b[offset..offset + p.len()].copy_from_slice(p);
-            offset += p.len();
-        }
+    fn write(&mut self, offset: usize, parts: &[&[u8]]) {
+        self.0.write(offset, parts)
     }
 }
 
@@ -140,29 +146,44 @@ fn sge(mem: &VerbsMem, offset: usize, len: u32) -> Result<verbs::Sge, NicError> 
 impl Nic for VerbsNic {
     type Mem = VerbsMem;
     type Qp = VerbsQp;
+    type Pd = Arc<Pd>;
 
     fn paths(&self) -> u8 {
         self.ports.len() as u8
     }
 
-    fn register(&mut self, len: usize, remote_write: bool) -> Result<VerbsMem, NicError> {
+    fn domain(&mut self) -> Result<Arc<Pd>, NicError> {
+        Pd::new(&self.ctx).map_err(nic_err)
+    }
+
+    fn register(
+        &mut self,
+        pd: &Arc<Pd>,
+        len: usize,
+        remote_write: bool,
+    ) -> Result<VerbsMem, NicError> {
         let access = if remote_write {
             Access::RemoteWrite
         } else {
             Access::Local
         };
-        MemoryRegion::new(&self.pd, len, access)
+        MemoryRegion::new(pd, len, access)
             .map(VerbsMem)
             .map_err(nic_err)
     }
 
-    fn create_qp(&mut self, path: u8, caps: Caps) -> Result<(VerbsQp, Endpoint), NicError> {
+    fn create_qp(
+        &mut self,
+        pd: &Arc<Pd>,
+        path: u8,
+        caps: Caps,
+    ) -> Result<(VerbsQp, Endpoint), NicError> {
         let port = *self
             .ports
             .get(usize::from(path))
             .ok_or_else(|| NicError(format!("no path {path}")))?;
         let qp = Qp::new(
-            &self.pd,
+            pd,
             &self.cq,
             QpCaps {
                 send: caps.send,
@@ -183,6 +204,7 @@ impl Nic for VerbsNic {
             qpn: qp.qpn(),
             psn,
             gid: port.gid,
+            mtu: port.mtu_bytes,
         };
         Ok((VerbsQp::Init(qp, psn), ep))
     }
@@ -193,7 +215,12 @@ impl Nic for VerbsNic {
             return Err(NicError("connect on a queue pair not in INIT".into()));
         };
         let rts = q
-            .ready_to_receive(remote, port.num, self.gid_index, port.mtu_bytes)
+            .ready_to_receive(
+                remote,
+                port.num,
+                (self.gid_index, self.traffic_class),
+                remote.mtu.min(port.mtu_bytes),
+            )
             .and_then(|q| q.ready_to_send(psn))
             .map_err(nic_err)?;
         *qp = VerbsQp::Rts(rts);

@@ -142,12 +142,13 @@ impl Qp<Reset> {
 
 impl Qp<Init> {
     /// INIT → RTR towards `remote` over RoCE v2 (a global route from local GID
-    /// `gid_index`), path MTU `mtu_bytes`.
+    /// `gid_index`, IP traffic class `traffic_class`: 0 leaves the port's
+    /// default), path MTU `mtu_bytes` (the smaller of the two ports').
     pub fn ready_to_receive(
         self,
         remote: &Remote,
         port: u8,
-        gid_index: u8,
+        (gid_index, traffic_class): (u8, u8),
         mtu_bytes: u32,
     ) -> Result<Qp<Rtr>, VerbsError> {
         use sys::ibv_qp_attr_mask as m;
@@ -164,6 +165,7 @@ impl Qp<Init> {
         attr.ah_attr.grh.dgid = sys::ibv_gid { raw: remote.gid };
         attr.ah_attr.grh.sgid_index = gid_index;
         attr.ah_attr.grh.hop_limit = 64;
+        attr.ah_attr.grh.traffic_class = traffic_class;
         let mask = m::IBV_QP_STATE
             | m::IBV_QP_AV
             | m::IBV_QP_PATH_MTU

@@ -80,7 +80,7 @@ fn a_loopback_queue_pair_sends_and_writes_with_immediate() {
     let pd = Pd::new(&ctx).unwrap();
     let cq = Cq::new(&ctx, 64).unwrap();
     let mut mr = MemoryRegion::new(&pd, 1 << 16, Access::RemoteWrite).unwrap();
-    mr.bytes_mut()[..5].copy_from_slice(b"hello");
+    mr.write(0, &[b"hello"]);
     let qp = Qp::new(
         &pd,
         &cq,
@@ -97,9 +97,10 @@ fn a_loopback_queue_pair_sends_and_writes_with_immediate() {
         qpn: qp.qpn(),
         psn: 0x1234,
         gid: ctx.gid(1, gid_index).unwrap(),
+        mtu: port.mtu_bytes,
     };
     let qp = qp
-        .ready_to_receive(&me, 1, gid_index, port.mtu_bytes.min(4096))
+        .ready_to_receive(&me, 1, (gid_index, 0), port.mtu_bytes.min(4096))
         .unwrap()
         .ready_to_send(0x1234)
         .unwrap();
@@ -133,6 +134,6 @@ fn a_loopback_queue_pair_sends_and_writes_with_immediate() {
         .find(|w| w.wr_id == 2)
         .expect("the write's receive");
     assert_eq!(imm.imm, Some(42));
-    assert_eq!(&mr.bytes()[4096..4101], b"hello");
-    assert_eq!(&mr.bytes()[8192..8197], b"hello");
+    assert_eq!(&mr.read(4096, 5)[..], b"hello");
+    assert_eq!(&mr.read(8192, 5)[..], b"hello");
 }
