@@ -311,6 +311,25 @@ pub struct DeviceSection {
     /// device.
     #[serde(default)]
     pub rebuild_reservation: u32,
+    /// How the device's queues find completions: `"interrupt"` (the default),
+    /// `"sqpoll"` (a kernel thread per queue polls submissions) or
+    /// `"iopoll"` (completions polled: a block device with polled queues
+    /// only; refused at start elsewhere, with the reason).
+    #[serde(default)]
+    pub mode: DeviceMode,
+}
+
+/// `[device] mode`: weir-nvme-uring's `PollMode`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceMode {
+    /// Interrupts.
+    #[default]
+    Interrupt,
+    /// A polled submission queue.
+    Sqpoll,
+    /// Polled completions.
+    Iopoll,
 }
 
 fn default_checkpoint_ms() -> u64 {
@@ -454,6 +473,7 @@ impl Default for DeviceSection {
             sched_depth: 0,
             classes: true,
             rebuild_reservation: 0,
+            mode: DeviceMode::Interrupt,
         }
     }
 }
@@ -791,6 +811,20 @@ mod tests {
         assert!(e.contains("clock_offset_max_us"), "{e}");
         let ok = parse(&format!("{GOOD}\n[timeouts]\nclock_offset_max_us = 100"));
         assert_eq!(ok.unwrap().timeouts.lease_margin_ns(), 200_000 + 45_000);
+    }
+
+    #[test]
+    fn the_device_mode_is_one_of_three() {
+        assert_eq!(parse(GOOD).unwrap().device.mode, DeviceMode::Interrupt);
+        for (text, mode) in [
+            ("sqpoll", DeviceMode::Sqpoll),
+            ("iopoll", DeviceMode::Iopoll),
+        ] {
+            let c = parse(&format!("{GOOD}\n[device]\nmode = \"{text}\"")).unwrap();
+            assert_eq!(c.device.mode, mode);
+        }
+        let e = parse(&format!("{GOOD}\n[device]\nmode = \"polled\"")).unwrap_err();
+        assert!(e.to_string().contains("mode"), "{e}");
     }
 
     #[test]

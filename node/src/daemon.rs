@@ -25,7 +25,7 @@ use weir_core::node::{EventLog, Events, Node};
 use weir_core::replication::ReplicationConfig;
 use weir_core::sched::SchedConfig;
 use weir_core::{BlockDevice, BufPool, ClusterMap, DevCommand, NodeId, VolumeId};
-use weir_nvme_uring::{UringDevice, UringOptions};
+use weir_nvme_uring::{PollMode, UringDevice, UringOptions};
 use weir_transport_tcp::{TcpConfig, TcpTransport};
 
 /// Bytes of aligned buffers a node holds for device reads at once.
@@ -85,15 +85,24 @@ pub async fn run_on(
     std::fs::write(dir.join("weir.pid"), format!("{}\n", std::process::id()))?;
 
     let device_path = config.device_path();
-    let device = UringDevice::open(
+    // The node's buffer pool: device reads land in it, and its regions are
+    // registered with the device's rings.
+    let bufs = BufPool::new(POOL_BYTES);
+    let device = UringDevice::open_with_pool(
         &device_path,
         UringOptions {
             capacity_bytes: Some(config.cluster.pool_size.0),
             queues: config.device.queues,
             queue_depth: config.device.queue_depth,
             create: true,
+            mode: match config.device.mode {
+                crate::config::DeviceMode::Interrupt => PollMode::Interrupt,
+                crate::config::DeviceMode::Sqpoll => PollMode::Sqpoll,
+                crate::config::DeviceMode::Iopoll => PollMode::Iopoll,
+            },
             ..UringOptions::default()
         },
+        Some(bufs.clone()),
     )
     .with_context(|| format!("opening device {}", device_path.display()))?;
     let device = Arc::new(device);
@@ -210,7 +219,7 @@ pub async fn run_on(
             front_end_payloads: true,
             ..ReplicationConfig::default()
         },
-        BufPool::new(POOL_BYTES),
+        bufs,
     )?
     .with_control(plane, Duration::from_millis(t.tick_ms), events.clone())
     .with_device_timeout(Duration::from_millis(t.device_ms))

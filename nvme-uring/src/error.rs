@@ -62,6 +62,16 @@ pub enum OpenError {
         #[source]
         source: io::Error,
     },
+    /// The kernel or the device cannot run the asked [`crate::PollMode`].
+    #[error("{path}: [device] mode = \"{mode}\" is not possible here: {why}")]
+    ModeUnsupported {
+        /// The path given to `open`.
+        path: PathBuf,
+        /// The mode's name.
+        mode: &'static str,
+        /// Why, and what to do instead.
+        why: String,
+    },
     /// The namespace size is not a whole number of blocks.
     #[error("{path}: size {size_bytes} bytes is not a multiple of the block size {block_size}")]
     NotBlockMultiple {

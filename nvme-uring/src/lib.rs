@@ -54,15 +54,23 @@
 //!   get `Gone`), waits for the commands in the rings to complete, then joins the
 //!   threads. Drop therefore blocks for as long as the outstanding I/O takes.
 //!
-//! Not done: registered buffers and files, SQPOLL, `IORING_SETUP_SINGLE_ISSUER` and
-//! friends. Each would save a little per command; the defaults run on every kernel
-//! from 5.6 on, and the `Buf` pool is not registered with the ring.
+//! - **Polling** ([`PollMode`]): `interrupt` (the above), `sqpoll` (a kernel
+//!   thread per ring polls the submission queue: no system call to submit) or
+//!   `iopoll` (reads and writes on a second ring that polls the device for
+//!   completions: no interrupt; only a block device with polled queues can,
+//!   and any other is refused at open by a probe read).
+//! - **Fixed files and buffers.** The file is registered with every ring and
+//!   named by index; with [`UringDevice::open_with_pool`] the node's buffer
+//!   pool's regions are registered as the ring's buffers as they appear, so a
+//!   read into or a write from a pool buffer skips the kernel's per-command
+//!   page pinning (Linux 5.19 or later; plain reads and writes otherwise).
 //!
 //! The simulator build (`--cfg madsim`) compiles this crate empty: it does real I/O
 //! from OS threads, which has no place in a deterministic simulation.
 #![cfg(not(madsim))]
 
 mod error;
+mod fixed;
 mod op;
 mod open;
 mod queue;
@@ -80,13 +88,49 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use weir_core::buf::BUF_ALIGN;
+use weir_core::buf::{BufPool, BUF_ALIGN};
 use weir_core::device::{BlockDevice, DevCommand, DevCompletion, DevError, Geometry};
 use weir_core::ids::Lba;
+
+/// How a queue learns that its commands completed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PollMode {
+    /// The device interrupts; the queue's thread sleeps in `io_uring_enter`
+    /// until a completion (or a new command) wakes it. Runs everywhere.
+    #[default]
+    Interrupt,
+    /// A kernel thread per queue polls the submission queue
+    /// (`IORING_SETUP_SQPOLL`), so submitting costs no system call; it sleeps
+    /// after [`SQPOLL_IDLE_MS`] without work. Completions still interrupt.
+    Sqpoll,
+    /// Reads and writes complete by polling the device's completion queue
+    /// (`IORING_SETUP_IOPOLL`): no interrupt. Needs a block device whose
+    /// driver has polled queues (NVMe with the `nvme` module's `poll_queues`
+    /// above 0); refused at open elsewhere. Flushes, zeroing and the wake-up
+    /// go through a second, ordinary ring of the same queue.
+    Iopoll,
+}
+
+impl PollMode {
+    /// Its name in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            PollMode::Interrupt => "interrupt",
+            PollMode::Sqpoll => "sqpoll",
+            PollMode::Iopoll => "iopoll",
+        }
+    }
+}
+
+/// How long an idle SQPOLL thread polls before it sleeps (then the next
+/// submission wakes it with one system call).
+pub const SQPOLL_IDLE_MS: u32 = 100;
 
 /// How to open a [`UringDevice`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UringOptions {
+    /// How completions are found. Default [`PollMode::Interrupt`].
+    pub mode: PollMode,
     /// Namespace size. A regular file shorter than this is extended to it (sparse);
     /// nothing is ever truncated, and only the first `capacity_bytes` are used. A
     /// block device must be at least this large. `None`: the whole file or device.
@@ -118,6 +162,7 @@ impl Default for UringOptions {
             max_transfer_bytes: 1 << 20,
             create: false,
             use_fallocate: true,
+            mode: PollMode::Interrupt,
         }
     }
 }
@@ -133,6 +178,8 @@ pub struct UringStats {
     pub short_transfer_resubmits: u64,
     /// WriteZeroes or Deallocate commands done by writing zeroes.
     pub zero_write_fallbacks: u64,
+    /// Reads and writes that went through a registered buffer of the pool.
+    pub fixed_buffer_ops: u64,
 }
 
 /// A [`BlockDevice`] over io_uring with O_DIRECT. See the crate docs for the design.
@@ -152,10 +199,24 @@ impl UringDevice {
     /// Open `path` (a regular file or a block device) with O_DIRECT, set up one ring
     /// and one thread per queue.
     pub fn open(path: &Path, opts: UringOptions) -> Result<Self, OpenError> {
+        Self::open_with_pool(path, opts, None)
+    }
+
+    /// [`UringDevice::open`], with `pool`'s regions registered with every
+    /// ring as its buffers (where the kernel allows): reads into and writes
+    /// from the pool's buffers then skip the per-command pinning of pages.
+    pub fn open_with_pool(
+        path: &Path,
+        opts: UringOptions,
+        pool: Option<BufPool>,
+    ) -> Result<Self, OpenError> {
         open::validate(&opts)?;
         let backing = open::open_backing(path, &opts)?;
+        if opts.mode == PollMode::Iopoll {
+            open::check_iopoll(&backing.file, path, backing.kind)?;
+        }
         let rings = (0..opts.queues)
-            .map(|_| open::new_ring(opts.queue_depth))
+            .map(|_| open::new_rings(path, &backing.file, opts.queue_depth, opts.mode))
             .collect::<Result<Vec<_>, _>>()?;
         let geometry = Geometry {
             block_size: opts.block_size,
@@ -188,6 +249,7 @@ impl UringDevice {
                     })?;
             let mut worker = Worker::new(
                 ring,
+                pool.clone(),
                 file.clone(),
                 rx,
                 shared.clone(),
@@ -221,6 +283,7 @@ impl UringDevice {
             gather_copies: c.gather_copies.load(Ordering::Relaxed),
             short_transfer_resubmits: c.short_transfer_resubmits.load(Ordering::Relaxed),
             zero_write_fallbacks: c.zero_write_fallbacks.load(Ordering::Relaxed),
+            fixed_buffer_ops: c.fixed_buffer_ops.load(Ordering::Relaxed),
         }
     }
 

@@ -78,6 +78,20 @@ impl Op {
         }
     }
 
+    /// The memory a read or write moves, whole: none for the others.
+    pub(crate) fn memory(&self) -> Option<(*const u8, usize)> {
+        match &self.kind {
+            OpKind::Read { buf } => Some((buf.as_ref().as_ptr(), buf.len())),
+            OpKind::Write { data, .. } => Some((data.as_ptr(), data.len())),
+            _ => None,
+        }
+    }
+
+    /// Whether it is a read or a write (what a polled ring takes).
+    pub(crate) fn is_transfer(&self) -> bool {
+        matches!(self.kind, OpKind::Read { .. } | OpKind::Write { .. })
+    }
+
     /// Total bytes a read or write moves (0 for the others).
     fn transfer_len(&self) -> usize {
         match &self.kind {
@@ -96,23 +110,36 @@ impl Op {
     /// The SQE for what is left of this op. The pointers in it point into memory the
     /// op owns; the caller must keep the op alive, and not touch that memory, until
     /// the entry's CQE is reaped.
-    pub(crate) fn entry(&mut self, fd: types::Fd) -> squeue::Entry {
+    /// `buf_index`: the registered buffer the op's memory lies in, if any
+    /// (see [`Op::memory`]).
+    pub(crate) fn entry(&mut self, fd: types::Fixed, buf_index: Option<u16>) -> squeue::Entry {
         let offset = self.offset + self.done as u64;
         let done = self.done;
         match &mut self.kind {
             OpKind::Read { buf } => {
                 let rest = &mut buf.as_mut()[done..];
-                opcode::Read::new(fd, rest.as_mut_ptr(), len_u32(rest.len()))
-                    .offset(offset)
-                    .build()
+                let (ptr, len) = (rest.as_mut_ptr(), len_u32(rest.len()));
+                match buf_index {
+                    Some(i) => opcode::ReadFixed::new(fd, ptr, len, i)
+                        .offset(offset)
+                        .build(),
+                    None => opcode::Read::new(fd, ptr, len).offset(offset).build(),
+                }
             }
             OpKind::Write { data, fua } => {
                 let rest = &data[done..];
                 let rw_flags = if *fua { libc::RWF_DSYNC } else { 0 };
-                opcode::Write::new(fd, rest.as_ptr(), len_u32(rest.len()))
-                    .offset(offset)
-                    .rw_flags(rw_flags)
-                    .build()
+                let (ptr, len) = (rest.as_ptr(), len_u32(rest.len()));
+                match buf_index {
+                    Some(i) => opcode::WriteFixed::new(fd, ptr, len, i)
+                        .offset(offset)
+                        .rw_flags(rw_flags)
+                        .build(),
+                    None => opcode::Write::new(fd, ptr, len)
+                        .offset(offset)
+                        .rw_flags(rw_flags)
+                        .build(),
+                }
             }
             OpKind::Gather { .. } => {
                 unreachable!("a gathered write is made one buffer at admission")

@@ -3,10 +3,11 @@
 //! before any thread is started.
 
 use crate::error::OpenError;
-use crate::UringOptions;
+use crate::{PollMode, UringOptions, SQPOLL_IDLE_MS};
 use io_uring::{opcode, IoUring, Probe};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use weir_core::buf::BufPool;
@@ -188,15 +189,72 @@ fn probe_direct_read(file: &File, path: &Path, block_size: u32) -> Result<(), Op
     Ok(())
 }
 
-/// One ring for one queue: room for `queue_depth` commands plus the wake-up read.
-pub(crate) fn new_ring(queue_depth: u16) -> Result<IoUring, OpenError> {
+/// One queue's rings: `main` for everything (or, in [`PollMode::Iopoll`],
+/// for what cannot be polled: flushes, zeroing, the wake-up read), `poll`
+/// for reads and writes in [`PollMode::Iopoll`]. Each has the device's file
+/// registered at index 0 (fixed files).
+pub(crate) struct Rings {
+    pub(crate) main: IoUring,
+    pub(crate) poll: Option<IoUring>,
+}
+
+/// The rings of one queue in `mode`, each with room for `queue_depth`
+/// commands plus the wake-up read, and `file` registered.
+pub(crate) fn new_rings(
+    path: &Path,
+    file: &File,
+    queue_depth: u16,
+    mode: PollMode,
+) -> Result<Rings, OpenError> {
     let entries = (u32::from(queue_depth) + 1).next_power_of_two();
-    let ring = IoUring::new(entries).map_err(|e| match e.raw_os_error() {
+    let refused = |why: String| OpenError::ModeUnsupported {
+        path: path.to_path_buf(),
+        mode: mode.name(),
+        why,
+    };
+    let main = match mode {
+        PollMode::Sqpoll => IoUring::builder()
+            .setup_sqpoll(SQPOLL_IDLE_MS)
+            .build(entries)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EPERM | libc::EINVAL) => refused(format!(
+                    "the kernel refused a polled submission queue ({e}); Linux 5.11 or \
+                     newer lets an unprivileged process have one; use mode = \"interrupt\""
+                )),
+                _ => setup_error(e),
+            })?,
+        _ => IoUring::new(entries).map_err(setup_error)?,
+    };
+    check_ops(&main)?;
+    let poll = match mode {
+        PollMode::Iopoll => Some(
+            IoUring::builder()
+                .setup_iopoll()
+                .build(entries)
+                .map_err(|e| refused(format!("the kernel refused a polled ring ({e})")))?,
+        ),
+        _ => None,
+    };
+    let fd = file.as_raw_fd();
+    for ring in std::iter::once(&main).chain(poll.as_ref()) {
+        ring.submitter()
+            .register_files(&[fd])
+            .map_err(|e| io_err(path, "register the file with io_uring", e))?;
+    }
+    Ok(Rings { main, poll })
+}
+
+fn setup_error(e: io::Error) -> OpenError {
+    match e.raw_os_error() {
         Some(libc::ENOSYS | libc::EPERM | libc::EACCES) => {
             OpenError::UringUnavailable { source: e }
         }
         _ => OpenError::UringSetup { source: e },
-    })?;
+    }
+}
+
+/// The ring's kernel has every operation this adapter issues.
+fn check_ops(ring: &IoUring) -> Result<(), OpenError> {
     let mut probe = Probe::new();
     // register_probe itself arrived in 5.6, with IORING_OP_READ/WRITE/FALLOCATE.
     ring.submitter()
@@ -211,7 +269,56 @@ pub(crate) fn new_ring(queue_depth: u16) -> Result<IoUring, OpenError> {
     if !needed.iter().all(|&code| probe.is_supported(code)) {
         return Err(OpenError::KernelTooOld);
     }
-    Ok(ring)
+    Ok(())
+}
+
+/// Whether the block device under `file` polls: its queue's `io_poll` in
+/// sysfs (1 when the driver has polled queues: NVMe with the nvme module's
+/// `poll_queues` above 0). A file on a file system polls if its block device
+/// does; one on no block device (tmpfs, overlayfs) cannot. Anything else is
+/// refused here, at open, rather than failing every read later (a probe read
+/// would not do: a hole in a sparse file reads without touching the device).
+pub(crate) fn check_iopoll(file: &File, path: &Path, kind: BackingKind) -> Result<(), OpenError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata().map_err(|e| io_err(path, "stat", e))?;
+    let dev = match kind {
+        BackingKind::BlockDevice => meta.rdev(),
+        BackingKind::File => meta.dev(),
+    };
+    let (major, minor) = (
+        ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff),
+        (dev & 0xff) | ((dev >> 12) & !0xff),
+    );
+    let refuse = |why: String| OpenError::ModeUnsupported {
+        path: path.to_path_buf(),
+        mode: PollMode::Iopoll.name(),
+        why: format!("{why}; use mode = \"interrupt\" or \"sqpoll\""),
+    };
+    // The device's directory; a partition's queue is its disk's.
+    let dir = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let dir = std::fs::canonicalize(&dir).map_err(|_| {
+        refuse(format!(
+            "it lies on no block device (device {major}:{minor}: a memory or overlay \
+             file system), and only a block device's driver can poll"
+        ))
+    })?;
+    let flag = [dir.join("queue/io_poll"), dir.join("../queue/io_poll")]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok());
+    let name = dir
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    match flag.as_deref().map(str::trim) {
+        Some("1") => Ok(()),
+        Some(_) => Err(refuse(format!(
+            "polled completions need a block device whose driver has polled queues, \
+             and {name} has none (queue/io_poll is 0; for NVMe, set the nvme module's \
+             poll_queues above 0)"
+        ))),
+        None => Err(refuse(format!(
+            "{name} does not say whether it polls (no queue/io_poll)"
+        ))),
+    }
 }
 
 fn io_err(path: &Path, op: &'static str, source: io::Error) -> OpenError {

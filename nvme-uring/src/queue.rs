@@ -20,6 +20,7 @@ pub(crate) struct Counters {
     pub(crate) gather_copies: AtomicU64,
     pub(crate) short_transfer_resubmits: AtomicU64,
     pub(crate) zero_write_fallbacks: AtomicU64,
+    pub(crate) fixed_buffer_ops: AtomicU64,
 }
 
 /// State one queue's submitters and its thread share.

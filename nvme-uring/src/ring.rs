@@ -6,7 +6,9 @@
 //! Each pass: take new commands from the channel, push as many SQEs as fit, submit
 //! and wait for at least one completion, reap all completions.
 
+use crate::fixed::FixedBufs;
 use crate::op::{Next, Op, OpKind};
+use crate::open::Rings;
 use crate::queue::{Counters, QueueShared};
 use crate::UringOptions;
 use bytes::Bytes;
@@ -25,7 +27,14 @@ const WAKE: u64 = u64::MAX;
 /// Everything one queue thread owns.
 pub(crate) struct Worker {
     ring: IoUring,
-    fd: types::Fd,
+    /// [`PollMode::Iopoll`](crate::PollMode::Iopoll): the polled ring that
+    /// reads and writes go to, and how many of its entries are in the kernel.
+    poll: Option<IoUring>,
+    poll_inflight: usize,
+    /// Registered buffers of the ring that reads and writes go to.
+    fixed: FixedBufs,
+    /// The device's file, registered at index 0 of every ring.
+    fd: types::Fixed,
     /// Keeps `fd` open as long as the ring may use it.
     _file: Arc<File>,
     rx: mpsc::Receiver<Op>,
@@ -43,7 +52,8 @@ pub(crate) struct Worker {
 
 impl Worker {
     pub(crate) fn new(
-        ring: IoUring,
+        rings: Rings,
+        pool: Option<BufPool>,
         file: Arc<File>,
         rx: mpsc::Receiver<Op>,
         shared: Arc<QueueShared>,
@@ -51,9 +61,13 @@ impl Worker {
         opts: &UringOptions,
     ) -> Worker {
         let depth = usize::from(opts.queue_depth);
+        let fixed = FixedBufs::new(rings.poll.as_ref().unwrap_or(&rings.main), pool);
         Worker {
-            ring,
-            fd: types::Fd(file.as_raw_fd()),
+            ring: rings.main,
+            poll: rings.poll,
+            poll_inflight: 0,
+            fixed,
+            fd: types::Fixed(0),
             _file: file,
             rx,
             shared,
@@ -88,7 +102,17 @@ impl Worker {
             if closing && self.table.is_empty() && !self.wake.armed {
                 return;
             }
-            match self.ring.submit_and_wait(1) {
+            let entered = match self.poll.as_mut() {
+                // Reads and writes in the polled ring: the kernel polls the
+                // device for one of them (new commands wait that long, a
+                // device's latency); the other ring's entries go in first,
+                // without waiting.
+                Some(poll) if self.poll_inflight > 0 => {
+                    self.ring.submit().and_then(|_| poll.submit_and_wait(1))
+                }
+                _ => self.ring.submit_and_wait(1),
+            };
+            match entered {
                 Ok(_) => {}
                 // Interrupted, or short of memory or completion-queue room for a
                 // moment: reap what is there and go round again.
@@ -123,8 +147,70 @@ impl Worker {
     }
 
     /// Put the eventfd read (unless closing) and as many waiting ops as fit into the
-    /// submission queue.
+    /// submission queues.
     fn push(&mut self, closing: bool) {
+        self.push_wake(closing);
+        while let Some(mut op) = self.waiting.pop_front() {
+            if let OpKind::Fallocate { mode, .. } = op.kind {
+                if self.zero.unsupported_modes.contains(&mode) {
+                    self.counters
+                        .zero_write_fallbacks
+                        .fetch_add(1, Ordering::Relaxed);
+                    op.become_zero_write(self.zero.zeroes());
+                }
+            }
+            // Reads and writes go to the polled ring if there is one, which is
+            // also the ring whose buffers are registered.
+            let polled = self.poll.is_some() && op.is_transfer();
+            let full = match &mut self.poll {
+                Some(p) if polled => p.submission().is_full(),
+                _ => self.ring.submission().is_full(),
+            };
+            if full {
+                self.waiting.push_front(op);
+                break;
+            }
+            let fixed_ring = polled || self.poll.is_none();
+            let buf_index = op.memory().filter(|_| fixed_ring).and_then(|(ptr, len)| {
+                let ring = self.poll.as_ref().unwrap_or(&self.ring);
+                self.fixed.index(ring, ptr, len)
+            });
+            if buf_index.is_some() {
+                self.counters
+                    .fixed_buffer_ops
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            let key = match self.table.insert(op) {
+                Ok(key) => key,
+                Err(op) => {
+                    self.waiting.push_front(op);
+                    break;
+                }
+            };
+            let entry = self
+                .table
+                .get_mut(key)
+                .entry(self.fd, buf_index)
+                .user_data(key as u64);
+            let mut sq = match &mut self.poll {
+                Some(p) if polled => {
+                    self.poll_inflight += 1;
+                    p.submission()
+                }
+                _ => self.ring.submission(),
+            };
+            // SAFETY: the entry points into memory owned by the op at `key` in the
+            // in-flight table. The op stays there, untouched, until this entry's CQE
+            // is reaped; the table never frees an op it still holds (on drop it leaks
+            // them), and `self._file` keeps the file (registered at index 0) open
+            // for the ring's lifetime; a registered buffer is pool memory that
+            // `self.fixed` keeps alive.
+            unsafe { sq.push(&entry) }.expect("checked the submission queue has room");
+        }
+    }
+
+    /// Put the eventfd read into the main ring, unless closing or already there.
+    fn push_wake(&mut self, closing: bool) {
         let mut sq = self.ring.submission();
         if !closing && !self.wake.armed {
             let buf = self
@@ -146,32 +232,6 @@ impl Worker {
                 self.wake.armed = true;
             }
         }
-        while !sq.is_full() {
-            let Some(mut op) = self.waiting.pop_front() else {
-                break;
-            };
-            if let OpKind::Fallocate { mode, .. } = op.kind {
-                if self.zero.unsupported_modes.contains(&mode) {
-                    self.counters
-                        .zero_write_fallbacks
-                        .fetch_add(1, Ordering::Relaxed);
-                    op.become_zero_write(self.zero.zeroes());
-                }
-            }
-            let key = match self.table.insert(op) {
-                Ok(key) => key,
-                Err(op) => {
-                    self.waiting.push_front(op);
-                    break;
-                }
-            };
-            let entry = self.table.get_mut(key).entry(self.fd).user_data(key as u64);
-            // SAFETY: the entry points into memory owned by the op at `key` in the
-            // in-flight table. The op stays there, untouched, until this entry's CQE
-            // is reaped; the table never frees an op it still holds (on drop it leaks
-            // them), and `self._file` keeps the fd open for the ring's lifetime.
-            unsafe { sq.push(&entry) }.expect("checked the submission queue has room");
-        }
     }
 
     fn reap(&mut self) {
@@ -181,6 +241,12 @@ impl Worker {
                 .completion()
                 .map(|cqe| (cqe.user_data(), cqe.result())),
         );
+        if let Some(poll) = self.poll.as_mut() {
+            let before = self.reaped.len();
+            self.reaped
+                .extend(poll.completion().map(|cqe| (cqe.user_data(), cqe.result())));
+            self.poll_inflight -= self.reaped.len() - before;
+        }
         for i in 0..self.reaped.len() {
             let (user_data, res) = self.reaped[i];
             if user_data == WAKE {

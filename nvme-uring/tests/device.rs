@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use weir_core::buf::{BufPool, BUF_ALIGN};
 use weir_core::device::{BlockDevice, DevCommand, DevCompletion, DevError};
 use weir_core::ids::Lba;
-use weir_nvme_uring::{BackingKind, OpenError, UringDevice, UringOptions};
+use weir_nvme_uring::{BackingKind, OpenError, PollMode, UringDevice, UringOptions};
 
 const BS: usize = 4096;
 
@@ -600,4 +600,84 @@ async fn gathered_writes_land_in_order() {
         dev.submit(0, too_long).await.err(),
         Some(DevError::TooLarge)
     );
+}
+
+/// Writes and reads on 2 queues with 32 commands in flight, then read back:
+/// the data path of one poll mode.
+async fn round_trip(dev: &UringDevice, pool: &BufPool) {
+    let writes = (0..32u64).map(|i| {
+        let data = aligned(pool, &pattern(i, 16 * BS));
+        write(dev, (i % 2) as u16, i * 16, data, false)
+    });
+    futures_join(writes).await;
+    dev.submit(0, DevCommand::Flush).await.unwrap();
+    for i in 0..32u64 {
+        assert_eq!(
+            read(dev, pool, (i % 2) as u16, i * 16, 16 * BS).await,
+            pattern(i, 16 * BS),
+            "extent {i}"
+        );
+    }
+}
+
+async fn futures_join<F: std::future::Future<Output = ()>>(fs: impl Iterator<Item = F>) {
+    let handles: Vec<_> = fs.collect();
+    for f in handles {
+        f.await;
+    }
+}
+
+/// 10. Each poll mode: SQPOLL runs on this kernel; IOPOLL runs where the
+///     device has polled queues and is refused, naming why, where not (a
+///     file on a file system, a virtio disk without poll queues).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_modes_run_where_they_can_and_are_refused_clearly_elsewhere() {
+    let pool = BufPool::new(64 << 20);
+    for mode in [PollMode::Interrupt, PollMode::Sqpoll, PollMode::Iopoll] {
+        let path = test_path(&format!("mode-{}.img", mode.name()));
+        let opts = UringOptions {
+            mode,
+            ..create_opts(64 << 20)
+        };
+        match UringDevice::open_with_pool(&path, opts, Some(pool.clone())) {
+            Ok(dev) => {
+                println!("{mode:?} opened");
+                round_trip(&dev, &pool).await;
+                assert!(
+                    dev.stats().fixed_buffer_ops > 0,
+                    "{mode:?}: {:?}",
+                    dev.stats()
+                );
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(
+                    matches!(e, OpenError::ModeUnsupported { .. }),
+                    "{mode:?}: {msg}"
+                );
+                assert_eq!(
+                    mode,
+                    PollMode::Iopoll,
+                    "only iopoll may be refused here: {msg}"
+                );
+                assert!(
+                    msg.contains("mode = \"iopoll\"") && msg.contains("polled queues"),
+                    "{msg}"
+                );
+                println!("refused as expected: {msg}");
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// 11. Without the pool registered, the same data path goes by plain reads
+///     and writes.
+#[tokio::test]
+async fn without_a_pool_no_buffer_is_registered() {
+    let pool = BufPool::new(64 << 20);
+    let path = test_path("no-pool.img");
+    let dev = UringDevice::open(&path, create_opts(64 << 20)).unwrap();
+    round_trip(&dev, &pool).await;
+    assert_eq!(dev.stats().fixed_buffer_ops, 0);
 }

@@ -184,7 +184,12 @@ fn bench(root: &Path, args: &[String]) -> Result<(), String> {
             "bench_memory",
             "memory benchmark (a node's RSS as 6 GiB are written and rewritten)",
         ),
-        _ => Err("bench: say which one (available: fabric, rdma, nbd, memory)".into()),
+        Some("device") => release_example(
+            root,
+            "bench_device",
+            "device benchmark (weir's io_uring device vs fio's io_uring engine, each poll mode)",
+        ),
+        _ => Err("bench: say which one (available: fabric, rdma, nbd, memory, device)".into()),
     }
 }
 

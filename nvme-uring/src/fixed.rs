@@ -1,0 +1,86 @@
+//! Registered (fixed) buffers: the node's buffer pool, its regions registered
+//! with a ring as they appear, so reads and writes into pool memory skip the
+//! kernel's page pinning per command (`IORING_OP_READ_FIXED`/`WRITE_FIXED`).
+//!
+//! The ring's table is sparse, [`FIXED_BUFFERS_MAX`] entries, entry `k` the
+//! pool's region `k`: regions are reserved lazily, so each is registered the
+//! first time a command touches it. Memory outside the pool (a bounce buffer,
+//! another pool's) goes by plain read and write.
+
+use io_uring::IoUring;
+use weir_core::buf::BufPool;
+
+/// Entries of a ring's buffer table: pool regions past it are not registered
+/// (64 regions of at most 64 MiB: a 4 GiB pool).
+pub(crate) const FIXED_BUFFERS_MAX: u32 = 64;
+
+/// One ring's registered buffers.
+pub(crate) struct FixedBufs {
+    pool: Option<BufPool>,
+    /// Registered: the region's address, length and table index.
+    ranges: Vec<(usize, usize, u16)>,
+    /// Regions of the pool seen so far (registered or not).
+    seen: usize,
+}
+
+impl FixedBufs {
+    /// Buffers of `pool`, if the ring's kernel takes a sparse table (5.19 and
+    /// later); none otherwise (plain reads and writes).
+    pub(crate) fn new(ring: &IoUring, pool: Option<BufPool>) -> FixedBufs {
+        let pool = pool.filter(|_| {
+            match ring.submitter().register_buffers_sparse(FIXED_BUFFERS_MAX) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::info!(error = %e, "no registered buffers (a sparse table needs Linux 5.19)");
+                    false
+                }
+            }
+        });
+        FixedBufs {
+            pool,
+            ranges: Vec::new(),
+            seen: 0,
+        }
+    }
+
+    /// The table index of the registered region holding `[ptr, ptr + len)`,
+    /// registering the pool's new regions first if it is in none known.
+    pub(crate) fn index(&mut self, ring: &IoUring, ptr: *const u8, len: usize) -> Option<u16> {
+        let find = |ranges: &[(usize, usize, u16)]| {
+            let (start, end) = (ptr as usize, ptr as usize + len);
+            ranges
+                .iter()
+                .find(|&&(addr, rlen, _)| start >= addr && end <= addr + rlen)
+                .map(|r| r.2)
+        };
+        if let Some(i) = find(&self.ranges) {
+            return Some(i);
+        }
+        let pool = self.pool.as_ref()?;
+        let regions = pool.regions();
+        if regions.len() == self.seen {
+            return None;
+        }
+        self.seen = regions.len();
+        for r in regions {
+            if r.id >= FIXED_BUFFERS_MAX || self.ranges.iter().any(|x| x.2 == r.id as u16) {
+                continue;
+            }
+            let iov = libc::iovec {
+                iov_base: r.addr as *mut libc::c_void,
+                iov_len: r.len,
+            };
+            // SAFETY: the region is the pool's memory, which lives as long as the
+            // pool (this struct holds a clone) and so as long as the ring's
+            // registration of it; the ring only reads or writes it for commands
+            // whose buffers lie in it.
+            match unsafe { ring.submitter().register_buffers_update(r.id, &[iov], None) } {
+                Ok(_) => self.ranges.push((r.addr, r.len, r.id as u16)),
+                Err(e) => {
+                    tracing::warn!(region = r.id, error = %e, "registering a pool region failed");
+                }
+            }
+        }
+        find(&self.ranges)
+    }
+}
