@@ -317,6 +317,12 @@ pub struct DeviceSection {
     /// only; refused at start elsewhere, with the reason).
     #[serde(default)]
     pub mode: DeviceMode,
+    /// Register the node's buffer pool with the device's rings (io_uring
+    /// fixed buffers): reads and writes skip the kernel's per-command page
+    /// pinning, but the whole pool (512 MiB) is reserved and pinned in memory
+    /// at start. Off by default.
+    #[serde(default)]
+    pub register_buffers: bool,
 }
 
 /// `[device] mode`: weir-nvme-uring's `PollMode`.
@@ -474,6 +480,7 @@ impl Default for DeviceSection {
             classes: true,
             rebuild_reservation: 0,
             mode: DeviceMode::Interrupt,
+            register_buffers: false,
         }
     }
 }

@@ -85,9 +85,17 @@ pub async fn run_on(
     std::fs::write(dir.join("weir.pid"), format!("{}\n", std::process::id()))?;
 
     let device_path = config.device_path();
-    // The node's buffer pool: device reads land in it, and its regions are
-    // registered with the device's rings.
+    // The node's buffer pool: device reads land in it. With `register_buffers`
+    // its regions are all reserved now and registered with the device's rings
+    // as they are set up (registering pins a region; done in the I/O path it
+    // would hold up the first command to touch each region).
     let bufs = BufPool::new(POOL_BYTES);
+    let registered = config.device.register_buffers.then(|| {
+        let all: Vec<_> =
+            std::iter::from_fn(|| bufs.alloc(weir_core::buf::REGION_BYTES_MAX).ok()).collect();
+        drop(all);
+        bufs.clone()
+    });
     let device = UringDevice::open_with_pool(
         &device_path,
         UringOptions {
@@ -102,7 +110,7 @@ pub async fn run_on(
             },
             ..UringOptions::default()
         },
-        Some(bufs.clone()),
+        registered,
     )
     .with_context(|| format!("opening device {}", device_path.display()))?;
     let device = Arc::new(device);

@@ -3,9 +3,12 @@
 //! kernel's page pinning per command (`IORING_OP_READ_FIXED`/`WRITE_FIXED`).
 //!
 //! The ring's table is sparse, [`FIXED_BUFFERS_MAX`] entries, entry `k` the
-//! pool's region `k`: regions are reserved lazily, so each is registered the
-//! first time a command touches it. Memory outside the pool (a bounce buffer,
-//! another pool's) goes by plain read and write.
+//! pool's region `k`. The regions the pool holds when the ring is set up are
+//! registered then; one reserved later is registered the first time a command
+//! touches it (registering pins the whole region, which takes a while for
+//! 64 MiB: a node reserves its pool's regions before it opens the device).
+//! Memory outside the pool (a bounce buffer, another pool's) goes by plain
+//! read and write.
 
 use io_uring::IoUring;
 use weir_core::buf::BufPool;
@@ -36,11 +39,13 @@ impl FixedBufs {
                 }
             }
         });
-        FixedBufs {
+        let mut fixed = FixedBufs {
             pool,
             ranges: Vec::new(),
             seen: 0,
-        }
+        };
+        fixed.refresh(ring);
+        fixed
     }
 
     /// The table index of the registered region holding `[ptr, ptr + len)`,
@@ -56,10 +61,20 @@ impl FixedBufs {
         if let Some(i) = find(&self.ranges) {
             return Some(i);
         }
-        let pool = self.pool.as_ref()?;
+        if !self.refresh(ring) {
+            return None;
+        }
+        find(&self.ranges)
+    }
+
+    /// Register the pool's regions not registered yet; whether there were any.
+    fn refresh(&mut self, ring: &IoUring) -> bool {
+        let Some(pool) = self.pool.as_ref() else {
+            return false;
+        };
         let regions = pool.regions();
         if regions.len() == self.seen {
-            return None;
+            return false;
         }
         self.seen = regions.len();
         for r in regions {
@@ -81,6 +96,6 @@ impl FixedBufs {
                 }
             }
         }
-        find(&self.ranges)
+        true
     }
 }
