@@ -50,13 +50,15 @@ fn main() -> ExitCode {
         Some("bench") => bench(&root, &args[1..]),
         Some("experiment") => experiment(&root, &args[1..]),
         Some("campaign") => campaign::run_cli(&root, &args[1..]),
+        Some("fuzz") => fuzz(&root, &args[1..], true),
         _ => {
             eprintln!("usage: cargo xtask sim [--seed N] [--scenario FILE] [--check-determinism]");
             eprintln!("       cargo xtask campaign --seeds A..B [--jobs N] [weir-sim args]");
             eprintln!("       cargo xtask experiment list|NAME [--seed N] [--json FILE] [--quick]");
             eprintln!("       cargo xtask test");
             eprintln!("       cargo xtask test-rdma");
-            eprintln!("       cargo xtask bench fabric|rdma|nbd|memory");
+            eprintln!("       cargo xtask bench fabric|rdma|nbd|memory|device");
+            eprintln!("       cargo xtask fuzz [--cases N] [--seed S]");
             return ExitCode::from(2);
         }
     };
@@ -191,6 +193,22 @@ fn bench(root: &Path, args: &[String]) -> Result<(), String> {
         ),
         _ => Err("bench: say which one (available: fabric, rdma, nbd, memory, device)".into()),
     }
+}
+
+/// Every decoder and parser fed mutated and random input (`weir`'s example
+/// `fuzz`; `args` are its own: `--cases N`, `--seed S`), in release mode
+/// unless `release` is false (the short form in `cargo xtask test`).
+fn fuzz(root: &Path, args: &[String], release: bool) -> Result<(), String> {
+    let mut cargo_args = vec!["run", "-p", "weir", "--example", "fuzz"];
+    if release {
+        cargo_args.insert(1, "--release");
+    }
+    cargo_args.push("--");
+    cargo_args.extend(args.iter().map(String::as_str));
+    run(
+        "fuzz (every decoder and parser)",
+        cargo(root, false, &cargo_args),
+    )
 }
 
 /// Run weir-transport-sim's bench target `name` in release mode on one core.
@@ -366,6 +384,8 @@ fn test(root: &Path) -> Result<(), String> {
         "cargo test --workspace",
         cargo(root, false, &["test", "--workspace"]),
     )?;
+    // The short form of `cargo xtask fuzz`, on the debug build just tested.
+    fuzz(root, &["--cases".into(), "5000".into()], false)?;
     let mut sim_tests = vec!["test", "--workspace", "--exclude", "xtask"];
     sim_tests.extend(REAL_IO_ONLY.iter().flat_map(|p| ["--exclude", p]));
     run(
