@@ -395,9 +395,103 @@ fn nbd() -> Target {
     }
 }
 
+/// Run `t` for `cases` cases from `seed`; the failures, each reported and
+/// its input saved under `out`.
+fn run_target(t: &mut Target, cases: u64, seed: u64, out: &Path, start: Instant) -> u32 {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let t0 = Instant::now();
+    let mut worst_alloc = 0usize;
+    let mut failures = 0;
+    for case in 0..cases {
+        let input = mutate(&mut rng, &t.seeds);
+        if case % 1000 == 0 {
+            std::fs::write(out.join("last-input.bin"), &input).unwrap();
+        }
+        let live = LIVE.load(Ordering::Relaxed);
+        PEAK.store(live, Ordering::Relaxed);
+        CASE_STARTED.store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let run = &mut t.run;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&input)));
+        CASE_STARTED.store(0, Ordering::Relaxed);
+        let grew = PEAK.load(Ordering::Relaxed).saturating_sub(live);
+        worst_alloc = worst_alloc.max(grew);
+        let why = match result {
+            Err(e) => Some(format!(
+                "panic: {}",
+                e.downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| e.downcast_ref::<&str>().copied())
+                    .unwrap_or("?")
+            )),
+            Ok(()) if grew > CASE_ALLOC_MAX => Some(format!("allocated {grew} bytes")),
+            Ok(()) => None,
+        };
+        if let Some(why) = why {
+            failures += 1;
+            let file = out.join(format!("{}-{case}.bin", t.name.replace(' ', "_")));
+            std::fs::write(&file, &input).unwrap();
+            if failures <= 3 {
+                println!(
+                    "  {}: case {case}: {why} (input: {})",
+                    t.name,
+                    file.display()
+                );
+            }
+        }
+    }
+    println!(
+        "  {:<44} {cases} cases in {:>6.1} s, most allocated by one case {} KiB, {failures} failures",
+        t.name,
+        t0.elapsed().as_secs_f64(),
+        worst_alloc >> 10
+    );
+    failures
+}
+
+/// The harness checked against targets that fail on purpose: a panic and an
+/// allocation past the bound are each caught, and a hang ends the process
+/// (run as a child, `--self-test-hang`).
+fn self_test(out: &Path, start: Instant) {
+    let mut panics = Target {
+        name: "self-test panic",
+        seeds: vec![vec![1, 2, 3]],
+        run: Box::new(|b| assert!(b.len() % 7 != 3, "a planted panic")),
+    };
+    let mut hog = Target {
+        name: "self-test allocation",
+        seeds: vec![vec![1, 2, 3]],
+        run: Box::new(|b| {
+            if b.first() == Some(&0) {
+                let v = vec![1u8; CASE_ALLOC_MAX + (1 << 20)];
+                std::hint::black_box(&v);
+            }
+        }),
+    };
+    assert!(
+        run_target(&mut panics, 2000, 1, out, start) > 0,
+        "a planted panic was missed"
+    );
+    assert!(
+        run_target(&mut hog, 300, 1, out, start) > 0,
+        "a planted allocation was missed"
+    );
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--self-test-hang")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&child.stderr);
+    assert!(
+        child.status.code() == Some(1) && text.contains("a hang"),
+        "a planted hang was missed: {:?} {text}",
+        child.status
+    );
+    println!("fuzz self-test: a planted panic, allocation and hang are each caught");
+}
+
 fn main() {
     let mut cases: u64 = 100_000;
     let mut seed: u64 = 1;
+    let mut mode = "";
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -405,12 +499,14 @@ fn main() {
         match (args[i].as_str(), value) {
             ("--cases", Some(v)) => cases = v,
             ("--seed", Some(v)) => seed = v,
+            ("--self-test", _) => mode = "self-test",
+            ("--self-test-hang", _) => mode = "hang",
             _ => {
-                eprintln!("usage: fuzz [--cases N] [--seed S]");
+                eprintln!("usage: fuzz [--cases N] [--seed S] | --self-test");
                 std::process::exit(2);
             }
         }
-        i += 2;
+        i += if mode.is_empty() { 2 } else { 1 };
     }
     let start = Instant::now();
     std::thread::spawn(move || loop {
@@ -427,7 +523,21 @@ fn main() {
     std::panic::set_hook(Box::new(|_| {}));
     let out = Path::new("target/fuzz");
     std::fs::create_dir_all(out).unwrap();
-    let mut failures = 0;
+    match mode {
+        "self-test" => return self_test(out, start),
+        "hang" => {
+            let mut stuck = Target {
+                name: "self-test hang",
+                seeds: Vec::new(),
+                run: Box::new(|_| loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }),
+            };
+            run_target(&mut stuck, 1, 1, out, start);
+            return;
+        }
+        _ => {}
+    }
     let targets = [
         frames(),
         raft_messages(),
@@ -439,52 +549,9 @@ fn main() {
         nbd(),
     ];
     println!("fuzz: {cases} cases a target, seed {seed}");
+    let mut failures = 0;
     for mut t in targets {
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let t0 = Instant::now();
-        let mut worst_alloc = 0usize;
-        for case in 0..cases {
-            let input = mutate(&mut rng, &t.seeds);
-            let last = out.join("last-input.bin");
-            if case % 1000 == 0 {
-                std::fs::write(&last, &input).unwrap();
-            }
-            let live = LIVE.load(Ordering::Relaxed);
-            PEAK.store(live, Ordering::Relaxed);
-            CASE_STARTED.store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            let run = &mut t.run;
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&input)));
-            CASE_STARTED.store(0, Ordering::Relaxed);
-            let grew = PEAK.load(Ordering::Relaxed).saturating_sub(live);
-            worst_alloc = worst_alloc.max(grew);
-            let why = match result {
-                Err(e) => Some(format!(
-                    "panic: {}",
-                    e.downcast_ref::<String>()
-                        .map(String::as_str)
-                        .or_else(|| e.downcast_ref::<&str>().copied())
-                        .unwrap_or("?")
-                )),
-                Ok(()) if grew > CASE_ALLOC_MAX => Some(format!("allocated {grew} bytes")),
-                Ok(()) => None,
-            };
-            if let Some(why) = why {
-                failures += 1;
-                let file = out.join(format!("{}-{case}.bin", t.name.replace(' ', "_")));
-                std::fs::write(&file, &input).unwrap();
-                println!(
-                    "  {}: case {case}: {why} (input: {})",
-                    t.name,
-                    file.display()
-                );
-            }
-        }
-        println!(
-            "  {:<44} {cases} cases in {:>6.1} s, most allocated by one case {} KiB",
-            t.name,
-            t0.elapsed().as_secs_f64(),
-            worst_alloc >> 10
-        );
+        failures += run_target(&mut t, cases, seed, out, start);
     }
     if failures > 0 {
         println!("fuzz: {failures} failures");

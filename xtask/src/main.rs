@@ -384,7 +384,9 @@ fn test(root: &Path) -> Result<(), String> {
         "cargo test --workspace",
         cargo(root, false, &["test", "--workspace"]),
     )?;
-    // The short form of `cargo xtask fuzz`, on the debug build just tested.
+    // The short form of `cargo xtask fuzz`, on the debug build just tested,
+    // after the harness shows it catches what it looks for.
+    fuzz(root, &["--self-test".into()], false)?;
     fuzz(root, &["--cases".into(), "5000".into()], false)?;
     let mut sim_tests = vec!["test", "--workspace", "--exclude", "xtask"];
     sim_tests.extend(REAL_IO_ONLY.iter().flat_map(|p| ["--exclude", p]));
