@@ -320,7 +320,8 @@ pub struct DeviceSection {
     /// Register the node's buffer pool with the device's rings (io_uring
     /// fixed buffers): reads and writes skip the kernel's per-command page
     /// pinning, but the whole pool (512 MiB) is reserved and pinned in memory
-    /// at start. Off by default.
+    /// at start (without CAP_IPC_LOCK, RLIMIT_MEMLOCK must allow it once per
+    /// queue, or the node stops at start saying so). Off by default.
     #[serde(default)]
     pub register_buffers: bool,
 }

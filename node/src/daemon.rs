@@ -30,6 +30,8 @@ use weir_transport_tcp::{TcpConfig, TcpTransport};
 
 /// Bytes of aligned buffers a node holds for device reads at once.
 const POOL_BYTES: usize = 512 << 20;
+// `register_buffers` reserves the pool by allocating whole regions.
+const _: () = assert!(POOL_BYTES >= weir_core::buf::REGION_BYTES_MAX);
 /// The pool's block size.
 pub const BLOCK_SIZE: u32 = 4096;
 /// The largest request to one primary (a wire frame carries it whole).

@@ -24,28 +24,33 @@ pub(crate) struct FixedBufs {
     ranges: Vec<(usize, usize, u16)>,
     /// Regions of the pool seen so far (registered or not).
     seen: usize,
+    /// Commands in memory of no registered region since the pool was last
+    /// asked for new regions (asking locks the pool).
+    misses: u32,
 }
 
+/// Misses between two looks at the pool for new regions: memory outside the
+/// pool (a transport's receive buffers) is common, and each look locks it.
+const MISSES_PER_REFRESH: u32 = 4096;
+
 impl FixedBufs {
-    /// Buffers of `pool`, if the ring's kernel takes a sparse table (5.19 and
-    /// later); none otherwise (plain reads and writes).
-    pub(crate) fn new(ring: &IoUring, pool: Option<BufPool>) -> FixedBufs {
-        let pool = pool.filter(|_| {
-            match ring.submitter().register_buffers_sparse(FIXED_BUFFERS_MAX) {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::info!(error = %e, "no registered buffers (a sparse table needs Linux 5.19)");
-                    false
-                }
-            }
-        });
+    /// Buffers of `pool`, the regions it holds now registered at once. A
+    /// kernel without a sparse table (before 5.19) or a registration that
+    /// fails (past `RLIMIT_MEMLOCK` without CAP_IPC_LOCK: each ring counts
+    /// the whole pool) is an error: asked for, registered buffers are there.
+    pub(crate) fn new(ring: &IoUring, pool: Option<BufPool>) -> std::io::Result<FixedBufs> {
+        if pool.is_some() {
+            ring.submitter()
+                .register_buffers_sparse(FIXED_BUFFERS_MAX)?;
+        }
         let mut fixed = FixedBufs {
             pool,
             ranges: Vec::new(),
             seen: 0,
+            misses: 0,
         };
-        fixed.refresh(ring);
-        fixed
+        fixed.refresh(ring)?;
+        Ok(fixed)
     }
 
     /// The table index of the registered region holding `[ptr, ptr + len)`,
@@ -61,20 +66,29 @@ impl FixedBufs {
         if let Some(i) = find(&self.ranges) {
             return Some(i);
         }
-        if !self.refresh(ring) {
+        self.misses += 1;
+        if self.misses < MISSES_PER_REFRESH && self.seen > 0 {
             return None;
         }
-        find(&self.ranges)
+        self.misses = 0;
+        match self.refresh(ring) {
+            Ok(true) => find(&self.ranges),
+            Ok(false) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "registering a new pool region failed; its commands go plain");
+                None
+            }
+        }
     }
 
     /// Register the pool's regions not registered yet; whether there were any.
-    fn refresh(&mut self, ring: &IoUring) -> bool {
+    fn refresh(&mut self, ring: &IoUring) -> std::io::Result<bool> {
         let Some(pool) = self.pool.as_ref() else {
-            return false;
+            return Ok(false);
         };
         let regions = pool.regions();
         if regions.len() == self.seen {
-            return false;
+            return Ok(false);
         }
         self.seen = regions.len();
         for r in regions {
@@ -86,16 +100,13 @@ impl FixedBufs {
                 iov_len: r.len,
             };
             // SAFETY: the region is the pool's memory, which lives as long as the
-            // pool (this struct holds a clone) and so as long as the ring's
-            // registration of it; the ring only reads or writes it for commands
-            // whose buffers lie in it.
-            match unsafe { ring.submitter().register_buffers_update(r.id, &[iov], None) } {
-                Ok(_) => self.ranges.push((r.addr, r.len, r.id as u16)),
-                Err(e) => {
-                    tracing::warn!(region = r.id, error = %e, "registering a pool region failed");
-                }
-            }
+            // pool (this struct holds a clone, and the worker declares its
+            // rings before this struct, so they are dropped first) and so as
+            // long as the ring's registration of it; the ring only reads or
+            // writes it for commands whose buffers lie in it.
+            unsafe { ring.submitter().register_buffers_update(r.id, &[iov], None) }?;
+            self.ranges.push((r.addr, r.len, r.id as u16));
         }
-        true
+        Ok(true)
     }
 }

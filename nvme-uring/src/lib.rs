@@ -58,7 +58,7 @@
 //!   thread per ring polls the submission queue: no system call to submit) or
 //!   `iopoll` (reads and writes on a second ring that polls the device for
 //!   completions: no interrupt; only a block device with polled queues can,
-//!   and any other is refused at open by a probe read).
+//!   and any other is refused at open, as its sysfs `queue/io_poll` says).
 //! - **Fixed files and buffers.** The file is registered with every ring and
 //!   named by index; with [`UringDevice::open_with_pool`] the node's buffer
 //!   pool's regions are registered as the ring's buffers as they appear, so a
@@ -255,7 +255,13 @@ impl UringDevice {
                 shared.clone(),
                 counters.clone(),
                 &opts,
-            );
+            )
+            .map_err(|source| OpenError::Io {
+                path: path.to_path_buf(),
+                op: "register the buffer pool with io_uring (Linux 5.19 or later; without \
+                     CAP_IPC_LOCK, RLIMIT_MEMLOCK must allow the pool once per queue)",
+                source,
+            })?;
             if !opts.use_fallocate {
                 worker.write_zeroes_for(&[ZERO_RANGE_MODE, PUNCH_HOLE_MODE]);
             }

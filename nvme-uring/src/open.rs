@@ -225,14 +225,25 @@ pub(crate) fn new_rings(
             })?,
         _ => IoUring::new(entries).map_err(setup_error)?,
     };
+    if mode == PollMode::Sqpoll && !main.params().is_feature_sqpoll_nonfixed() {
+        // Before 5.11 a polled submission queue takes registered files only,
+        // and the wake-up read's eventfd is not one.
+        return Err(refused(
+            "this kernel's polled submission queue takes registered files only \
+             (before Linux 5.11); use mode = \"interrupt\""
+                .into(),
+        ));
+    }
     check_ops(&main)?;
     let poll = match mode {
-        PollMode::Iopoll => Some(
-            IoUring::builder()
-                .setup_iopoll()
-                .build(entries)
-                .map_err(|e| refused(format!("the kernel refused a polled ring ({e})")))?,
-        ),
+        PollMode::Iopoll => Some(IoUring::builder().setup_iopoll().build(entries).map_err(
+            |e| match e.raw_os_error() {
+                Some(libc::EINVAL | libc::EOPNOTSUPP) => {
+                    refused(format!("the kernel refused a polled ring ({e})"))
+                }
+                _ => setup_error(e),
+            },
+        )?),
         _ => None,
     };
     let fd = file.as_raw_fd();
@@ -298,8 +309,9 @@ pub(crate) fn check_iopoll(file: &File, path: &Path, kind: BackingKind) -> Resul
     let dir = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
     let dir = std::fs::canonicalize(&dir).map_err(|_| {
         refuse(format!(
-            "it lies on no block device (device {major}:{minor}: a memory or overlay \
-             file system), and only a block device's driver can poll"
+            "its file system names no block device (device {major}:{minor}: a memory, \
+             overlay or multi-device file system such as btrfs), and only a block \
+             device's driver can poll"
         ))
     })?;
     let flag = [dir.join("queue/io_poll"), dir.join("../queue/io_poll")]

@@ -59,10 +59,10 @@ impl Worker {
         shared: Arc<QueueShared>,
         counters: Arc<Counters>,
         opts: &UringOptions,
-    ) -> Worker {
+    ) -> std::io::Result<Worker> {
         let depth = usize::from(opts.queue_depth);
-        let fixed = FixedBufs::new(rings.poll.as_ref().unwrap_or(&rings.main), pool);
-        Worker {
+        let fixed = FixedBufs::new(rings.poll.as_ref().unwrap_or(&rings.main), pool)?;
+        Ok(Worker {
             ring: rings.main,
             poll: rings.poll,
             poll_inflight: 0,
@@ -85,7 +85,7 @@ impl Worker {
                 max_transfer_bytes: opts.max_transfer_bytes as usize,
             },
             block_size: opts.block_size,
-        }
+        })
     }
 
     /// Write zeroes, without trying fallocate, for these fallocate modes.
@@ -103,12 +103,12 @@ impl Worker {
                 return;
             }
             let entered = match self.poll.as_mut() {
-                // Reads and writes in the polled ring: the kernel polls the
-                // device for one of them (new commands wait that long, a
-                // device's latency); the other ring's entries go in first,
-                // without waiting.
+                // Reads and writes in the polled ring: poll the device once and
+                // go round again, never blocking on either ring, so new
+                // commands and the other ring's completions (a flush) are seen
+                // between polls whatever a polled command waits for.
                 Some(poll) if self.poll_inflight > 0 => {
-                    self.ring.submit().and_then(|_| poll.submit_and_wait(1))
+                    self.ring.submit().and_then(|_| poll.submit_and_wait(0))
                 }
                 _ => self.ring.submit_and_wait(1),
             };
@@ -175,11 +175,6 @@ impl Worker {
                 let ring = self.poll.as_ref().unwrap_or(&self.ring);
                 self.fixed.index(ring, ptr, len)
             });
-            if buf_index.is_some() {
-                self.counters
-                    .fixed_buffer_ops
-                    .fetch_add(1, Ordering::Relaxed);
-            }
             let key = match self.table.insert(op) {
                 Ok(key) => key,
                 Err(op) => {
@@ -187,6 +182,11 @@ impl Worker {
                     break;
                 }
             };
+            if buf_index.is_some() {
+                self.counters
+                    .fixed_buffer_ops
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             let entry = self
                 .table
                 .get_mut(key)
