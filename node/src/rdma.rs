@@ -55,10 +55,7 @@ pub fn settings(config: &Config) -> RdmaConfig {
 /// that the connections its pool holds can have outstanding.
 fn cq_entries(cfg: &RdmaConfig) -> i32 {
     let p = cfg.proto.params;
-    let link = usize::from(p.recv_slots) * p.slot_bytes as usize
-        + usize::from(p.large_slots) * p.large_bytes as usize
-        + cfg.send_ring_bytes;
-    let links = (cfg.pool_bytes / link).max(1);
+    let links = (cfg.pool_bytes / cfg.link_bytes()).max(1);
     let per_link = usize::from(cfg.proto.send_queue) + usize::from(p.recv_slots);
     (links * per_link).clamp(256, 1 << 22) as i32
 }

@@ -78,18 +78,14 @@ impl Op {
         }
     }
 
-    /// The memory a read or write moves, whole: none for the others.
+    /// The memory a read or write moves, whole: none for the others (so
+    /// `Some` for exactly the commands a polled ring takes).
     pub(crate) fn memory(&self) -> Option<(*const u8, usize)> {
         match &self.kind {
             OpKind::Read { buf } => Some((buf.as_ref().as_ptr(), buf.len())),
             OpKind::Write { data, .. } => Some((data.as_ptr(), data.len())),
             _ => None,
         }
-    }
-
-    /// Whether it is a read or a write (what a polled ring takes).
-    pub(crate) fn is_transfer(&self) -> bool {
-        matches!(self.kind, OpKind::Read { .. } | OpKind::Write { .. })
     }
 
     /// Total bytes a read or write moves (0 for the others).

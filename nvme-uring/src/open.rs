@@ -296,10 +296,7 @@ pub(crate) fn check_iopoll(file: &File, path: &Path, kind: BackingKind) -> Resul
         BackingKind::BlockDevice => meta.rdev(),
         BackingKind::File => meta.dev(),
     };
-    let (major, minor) = (
-        ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff),
-        (dev & 0xff) | ((dev >> 12) & !0xff),
-    );
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
     let refuse = |why: String| OpenError::ModeUnsupported {
         path: path.to_path_buf(),
         mode: PollMode::Iopoll.name(),

@@ -161,12 +161,8 @@ impl Worker {
             }
             // Reads and writes go to the polled ring if there is one, which is
             // also the ring whose buffers are registered.
-            let polled = self.poll.is_some() && op.is_transfer();
-            let full = match &mut self.poll {
-                Some(p) if polled => p.submission().is_full(),
-                _ => self.ring.submission().is_full(),
-            };
-            if full {
+            let polled = self.poll.is_some() && op.memory().is_some();
+            if self.ring_for(polled).submission().is_full() {
                 self.waiting.push_front(op);
                 break;
             }
@@ -192,13 +188,10 @@ impl Worker {
                 .get_mut(key)
                 .entry(self.fd, buf_index)
                 .user_data(key as u64);
-            let mut sq = match &mut self.poll {
-                Some(p) if polled => {
-                    self.poll_inflight += 1;
-                    p.submission()
-                }
-                _ => self.ring.submission(),
-            };
+            if polled {
+                self.poll_inflight += 1;
+            }
+            let mut sq = self.ring_for(polled).submission();
             // SAFETY: the entry points into memory owned by the op at `key` in the
             // in-flight table. The op stays there, untouched, until this entry's CQE
             // is reaped; the table never frees an op it still holds (on drop it leaks
@@ -206,6 +199,14 @@ impl Worker {
             // for the ring's lifetime; a registered buffer is pool memory that
             // `self.fixed` keeps alive.
             unsafe { sq.push(&entry) }.expect("checked the submission queue has room");
+        }
+    }
+
+    /// The ring an op goes to: the polled one if `polled` (and there is one).
+    fn ring_for(&mut self, polled: bool) -> &mut IoUring {
+        match &mut self.poll {
+            Some(p) if polled => p,
+            _ => &mut self.ring,
         }
     }
 

@@ -89,8 +89,9 @@ struct Link<N: Nic> {
     ready: bool,
     free_slots: Vec<u16>,
     ring: Ring,
-    /// Sends handed out by the connection that wait for room in the ring.
-    unposted: VecDeque<SendWr>,
+    /// The send handed out by the connection that waits for room in the
+    /// ring (the connection hands out nothing more until it is posted).
+    unposted: Option<SendWr>,
     /// Receives that carry a frame, not yet fed to the connection because the
     /// inbox is full (at most its receive slots).
     parked: VecDeque<Completion>,
@@ -211,17 +212,9 @@ impl<N: Nic> Driver<N> {
         f(&mut super::lock(&self.shared.counters));
     }
 
-    /// Bytes of one connection's registered memory.
-    pub(super) fn link_bytes(cfg: &RdmaConfig) -> usize {
-        let p = cfg.proto.params;
-        usize::from(p.recv_slots) * p.slot_bytes as usize
-            + usize::from(p.large_slots) * p.large_bytes as usize
-            + cfg.send_ring_bytes
-    }
-
     /// A new connection with `peer` on `path`: its queue pair (INIT) and memory.
     fn new_link(&mut self, peer: NodeId, side: Side, path: u8) -> Result<u32, String> {
-        let bytes = Self::link_bytes(&self.cfg);
+        let bytes = self.cfg.link_bytes();
         if side == Side::Accepted {
             // Connections peers open may not take the room this side's own
             // dials need (one per peer it knows, up to half the pool): a flood
@@ -248,10 +241,11 @@ impl<N: Nic> Driver<N> {
             ));
         }
         let p = self.cfg.proto.params;
-        let recv_len = usize::from(p.recv_slots) * p.slot_bytes as usize
-            + usize::from(p.large_slots) * p.large_bytes as usize;
         let pd = self.nic.domain().map_err(|e| e.0)?;
-        let recv_mem = self.nic.register(&pd, recv_len, true).map_err(|e| e.0)?;
+        let recv_mem = self
+            .nic
+            .register(&pd, self.cfg.recv_bytes(), true)
+            .map_err(|e| e.0)?;
         let send_mem = self
             .nic
             .register(&pd, self.cfg.send_ring_bytes, false)
@@ -294,7 +288,7 @@ impl<N: Nic> Driver<N> {
                 ready: false,
                 free_slots: (0..p.recv_slots).rev().collect(),
                 ring: Ring::new(self.cfg.send_ring_bytes),
-                unposted: VecDeque::new(),
+                unposted: None,
                 parked: VecDeque::new(),
                 bytes,
                 tx_bytes: 0,
@@ -313,15 +307,9 @@ impl<N: Nic> Driver<N> {
             path: link.path,
             params: self.cfg.proto.params,
             endpoint,
-            regions_addr: link.recv_mem.addr(self.large_base()),
+            regions_addr: link.recv_mem.addr(self.cfg.slots_bytes()),
             regions_rkey: link.recv_mem.rkey(),
         }
-    }
-
-    /// Where the granted regions start in a connection's receive memory.
-    fn large_base(&self) -> usize {
-        let p = self.cfg.proto.params;
-        usize::from(p.recv_slots) * p.slot_bytes as usize
     }
 
     /// Start dialing `peer`.

@@ -118,6 +118,25 @@ impl Default for RdmaConfig {
 }
 
 impl RdmaConfig {
+    /// Bytes of a connection's receive slots: where its granted regions start
+    /// in its receive memory.
+    pub fn slots_bytes(&self) -> usize {
+        let p = self.proto.params;
+        usize::from(p.recv_slots) * p.slot_bytes as usize
+    }
+
+    /// Bytes of a connection's receive memory: its slots, then its regions.
+    pub fn recv_bytes(&self) -> usize {
+        let p = self.proto.params;
+        self.slots_bytes() + usize::from(p.large_slots) * p.large_bytes as usize
+    }
+
+    /// Bytes of one connection's registered memory: receive memory and send
+    /// ring.
+    pub fn link_bytes(&self) -> usize {
+        self.recv_bytes() + self.send_ring_bytes
+    }
+
     /// Check the settings.
     pub fn validate(&self) -> Result<(), String> {
         self.proto.validate().map_err(|e| e.to_string())?;
@@ -128,7 +147,7 @@ impl RdmaConfig {
                 self.send_ring_bytes
             ));
         }
-        let link = Driver::<loopback::LoopNic>::link_bytes(self);
+        let link = self.link_bytes();
         if self.pool_bytes < link {
             return Err(format!(
                 "pool_bytes ({}) holds no connection ({link} bytes each)",

@@ -234,7 +234,7 @@ async fn a_port_that_goes_down_moves_the_connection_to_the_other() {
 #[tokio::test]
 async fn connections_past_the_pool_are_refused_and_the_rest_carry_on() {
     let fabric = LoopFabric::new();
-    let one = Driver::<loopback::LoopNic>::link_bytes(&cfg());
+    let one = cfg().link_bytes();
     let small = RdmaConfig {
         pool_bytes: one,
         ..cfg()

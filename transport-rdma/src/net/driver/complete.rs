@@ -83,8 +83,7 @@ impl<N: Nic> Driver<N> {
         let frame = match conn.complete(c) {
             Ok(Some(Incoming::Frame(f))) => Some(Ok(f)),
             Ok(Some(Incoming::Large { slot, len })) => {
-                let off = usize::from(p.recv_slots) * p.slot_bytes as usize
-                    + usize::from(slot) * p.large_bytes as usize;
+                let off = self.cfg.slots_bytes() + usize::from(slot) * p.large_bytes as usize;
                 let data = link.recv_mem.read(off, len as usize);
                 let f = conn.take_large(slot, data);
                 if f.is_ok() {

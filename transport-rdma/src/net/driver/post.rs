@@ -32,7 +32,7 @@ impl<N: Nic> Driver<N> {
     pub(super) fn pump_one(&mut self, key: u32) -> Result<bool, String> {
         let link = self.links.get_mut(&key).expect("live");
         let conn = link.conn.as_mut().expect("started");
-        let swr = if let Some(w) = link.unposted.pop_front() {
+        let swr = if let Some(w) = link.unposted.take() {
             w
         } else {
             match conn.poll_post() {
@@ -87,7 +87,7 @@ impl<N: Nic> Driver<N> {
             if link.ring.used() == 0 {
                 return Err(format!("a {len}-byte send does not fit the send ring"));
             }
-            link.unposted.push_front(swr);
+            link.unposted = Some(swr);
             return Ok(false);
         };
         link.send_mem.write(off, &parts);
