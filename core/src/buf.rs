@@ -58,6 +58,23 @@ pub struct RegionInfo {
     pub len: usize,
 }
 
+/// Where a pool's regions come from when the system allocator will not do:
+/// memory a device can reach by DMA (SPDK's hugepage memory, say), so that a
+/// read lands in a pool buffer the SSD wrote itself.
+pub trait RegionSource: Send + Sync + 'static {
+    /// `bytes` bytes (a whole number of [`BUF_ALIGN`] pages) aligned to at
+    /// least [`BUF_ALIGN`], or `None` when the source has no more.
+    fn alloc(&self, bytes: usize) -> Option<NonNull<u8>>;
+
+    /// Give back a region.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from [`RegionSource::alloc`] of this source with the same
+    /// `bytes`, was not freed before, and nothing uses its memory any more.
+    unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize);
+}
+
 /// One slab: memory allocated once, aligned to [`BUF_ALIGN`]. It is not zeroed
 /// as a whole: an aligned `alloc_zeroed` writes every byte (making the whole
 /// region resident at once), while a large plain allocation is mapped lazily by
@@ -66,6 +83,8 @@ struct Region {
     ptr: NonNull<u8>,
     layout: Layout,
     id: u32,
+    /// Where it came from: the system allocator when `None`.
+    source: Option<Arc<dyn RegionSource>>,
 }
 
 // SAFETY: a region is plain memory. Its bytes are reached only through `Buf`s,
@@ -77,13 +96,32 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
-    fn new(id: u32, bytes: usize) -> Region {
+    /// A region of `bytes`, or `None` when `source` has no more memory.
+    fn new(id: u32, bytes: usize, source: Option<&Arc<dyn RegionSource>>) -> Option<Region> {
         let layout = Layout::from_size_align(bytes, BUF_ALIGN).expect("region layout");
-        // SAFETY: `layout` has a non-zero size (at least one page). Its bytes are
-        // uninitialised until a `Buf` over them is zeroed in `BufPool::alloc`.
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Region { ptr, layout, id }
+        let ptr = match source {
+            Some(source) => {
+                let ptr = source.alloc(bytes)?;
+                assert!(
+                    (ptr.as_ptr() as usize).is_multiple_of(BUF_ALIGN),
+                    "a region source hands out BUF_ALIGN-aligned memory"
+                );
+                ptr
+            }
+            None => {
+                // SAFETY: `layout` has a non-zero size (at least one page). Its
+                // bytes are uninitialised until a `Buf` over them is zeroed in
+                // `BufPool::alloc`.
+                let ptr = unsafe { std::alloc::alloc(layout) };
+                NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
+            }
+        };
+        Some(Region {
+            ptr,
+            layout,
+            id,
+            source: source.cloned(),
+        })
     }
 
     fn info(&self) -> RegionInfo {
@@ -97,9 +135,15 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        // SAFETY: allocated in `Region::new` with this layout; every `Buf` holds an
-        // `Arc` of its region, so none is left when this runs.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        // SAFETY: allocated in `Region::new` with this layout, by `source` when
+        // there is one; every `Buf` holds an `Arc` of its region, so none is
+        // left when this runs.
+        unsafe {
+            match &self.source {
+                Some(source) => source.free(self.ptr, self.layout.size()),
+                None => std::alloc::dealloc(self.ptr.as_ptr(), self.layout),
+            }
+        }
     }
 }
 
@@ -212,6 +256,8 @@ struct PoolInner {
     /// Regions reserved so far, each with its free blocks. Locked briefly, for an
     /// allocation or a release, never across an await.
     regions: Mutex<Vec<(Arc<Region>, Buddy)>>,
+    /// Where regions come from: the system allocator when `None`.
+    source: Option<Arc<dyn RegionSource>>,
 }
 
 impl std::fmt::Debug for BufPool {
@@ -233,6 +279,17 @@ impl BufPool {
     /// [`REGION_BYTES_MAX`] rounded up to a power of two pages), in regions of at
     /// most [`REGION_BYTES_MAX`] reserved as it needs them.
     pub fn new(budget_bytes: usize) -> Self {
+        Self::build(budget_bytes, None)
+    }
+
+    /// As [`BufPool::new`], with every region taken from `source` (DMA memory,
+    /// say). A region the source cannot give refuses the allocation that
+    /// needed it, as the budget does.
+    pub fn with_source(budget_bytes: usize, source: Arc<dyn RegionSource>) -> Self {
+        Self::build(budget_bytes, Some(source))
+    }
+
+    fn build(budget_bytes: usize, source: Option<Arc<dyn RegionSource>>) -> Self {
         let pages = budget_bytes
             .div_ceil(BUF_ALIGN)
             .clamp(1, REGION_BYTES_MAX / BUF_ALIGN)
@@ -245,6 +302,7 @@ impl BufPool {
                 used_bytes: AtomicUsize::new(0),
                 region_pages: pages as u32,
                 regions: Mutex::new(Vec::new()),
+                source,
             }),
         }
     }
@@ -286,7 +344,12 @@ impl BufPool {
             None => {
                 // The others are full or too fragmented for this size class.
                 let id = regions.len() as u32;
-                let region = Arc::new(Region::new(id, region_bytes));
+                let Some(region) = Region::new(id, region_bytes, inner.source.as_ref()) else {
+                    drop(regions);
+                    inner.used_bytes.fetch_sub(bytes, Ordering::AcqRel);
+                    return Err(refuse(self.used_bytes()));
+                };
+                let region = Arc::new(region);
                 let mut buddy = Buddy::new(inner.region_pages.trailing_zeros());
                 let page = buddy.take(order).expect("a fresh region holds any class");
                 regions.push((region.clone(), buddy));
@@ -531,6 +594,75 @@ impl Drop for Buf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A source of at most `limit` regions, counting what it hands out.
+    struct Counted {
+        limit: usize,
+        live: Mutex<Vec<(usize, usize)>>,
+        freed: AtomicUsize,
+    }
+
+    impl RegionSource for Counted {
+        fn alloc(&self, bytes: usize) -> Option<NonNull<u8>> {
+            let mut live = self.live.lock().unwrap();
+            if live.len() == self.limit {
+                return None;
+            }
+            let layout = Layout::from_size_align(bytes, BUF_ALIGN).unwrap();
+            // SAFETY: non-zero size.
+            let ptr = NonNull::new(unsafe { std::alloc::alloc(layout) })?;
+            live.push((ptr.as_ptr() as usize, bytes));
+            Some(ptr)
+        }
+
+        unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize) {
+            let mut live = self.live.lock().unwrap();
+            let at = live
+                .iter()
+                .position(|&(p, b)| p == ptr.as_ptr() as usize && b == bytes)
+                .expect("freed what was handed out, with its size");
+            live.remove(at);
+            self.freed.fetch_add(1, Ordering::Relaxed);
+            let layout = Layout::from_size_align(bytes, BUF_ALIGN).unwrap();
+            // SAFETY: allocated above with this layout.
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) }
+        }
+    }
+
+    #[test]
+    fn regions_come_from_the_source_and_go_back_to_it_and_a_dry_source_refuses() {
+        let source = Arc::new(Counted {
+            limit: 1,
+            live: Mutex::new(Vec::new()),
+            freed: AtomicUsize::new(0),
+        });
+        // Two regions' budget, but a source of one.
+        let pool = BufPool::with_source(2 * REGION_BYTES_MAX, source.clone());
+        let a = pool.alloc(REGION_BYTES_MAX).unwrap();
+        let (addr, bytes) = source.live.lock().unwrap()[0];
+        assert_eq!(bytes, REGION_BYTES_MAX);
+        assert_eq!(a.as_ref().as_ptr() as usize, addr, "the buffer is in it");
+        assert_eq!(pool.regions()[0].addr, addr);
+        let refused = pool.alloc(BUF_ALIGN).unwrap_err();
+        assert_eq!(refused.requested, BUF_ALIGN);
+        assert_eq!(
+            pool.used_bytes(),
+            REGION_BYTES_MAX,
+            "the refusal took nothing"
+        );
+        pool.self_check();
+        drop(a);
+        let b = pool.alloc(BUF_ALIGN).expect("room again in the one region");
+        drop(b);
+        assert_eq!(
+            source.freed.load(Ordering::Relaxed),
+            0,
+            "kept while the pool lives"
+        );
+        drop(pool);
+        assert_eq!(source.freed.load(Ordering::Relaxed), 1);
+        assert!(source.live.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn a_split_buffer_owns_disjoint_pieces_and_its_block_returns_with_the_last() {

@@ -26,7 +26,7 @@ pub mod time;
 pub mod transport;
 pub mod wire;
 
-pub use buf::{Buf, BufPool};
+pub use buf::{Buf, BufPool, RegionSource};
 pub use device::{BlockDevice, DevCommand, DevCompletion, DevError, Geometry};
 pub use error::WeirError;
 pub use events::Event;

@@ -22,8 +22,14 @@
 //! [device]
 //! path = "device.img"         # file or block device, relative to data_dir; a file
 //!                             # is created sparse at pool_size (default device.img)
-//! queues = 2                  # io_uring submission queues
-//! queue_depth = 128           # entries per queue
+//! queues = 2                  # queues (io_uring rings, or SPDK queue pairs)
+//! queue_depth = 128           # commands in flight per queue
+//! driver = "uring"            # or "spdk": SPDK's polled NVMe driver (a build
+//!                             # with --features spdk) on the SSD at
+//! # pci_addr = "0000:01:00.0" # (bound to vfio-pci by SPDK's scripts/setup.sh),
+//! # poll_cores = [2, 3]       # each queue's polling thread pinned to a core,
+//! # spdk_mem_mb = 2048        # hugepage memory for SPDK (0: SPDK's default)
+//! mode = "interrupt"          # io_uring: "sqpoll" or "iopoll" poll instead
 //! scrub_rate = "16M"          # bytes/s the background scrubber reads (0: off)
 //! checkpoint_ms = 1000        # block-version checkpoints (0: off; a restarted
 //!                             # node is then sent every block again)
@@ -57,6 +63,7 @@
 //!                             # lease ends
 //! ```
 
+pub use device::{DeviceDriver, DeviceMode, DeviceSection};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -271,82 +278,6 @@ pub struct Member {
     pub addr: SocketAddr,
 }
 
-/// `[device]`
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeviceSection {
-    /// File or block device; relative paths are under `data_dir`.
-    #[serde(default = "default_device")]
-    pub path: PathBuf,
-    /// io_uring submission queues.
-    #[serde(default = "two")]
-    pub queues: u16,
-    /// Entries per queue.
-    #[serde(default = "default_depth")]
-    pub queue_depth: u16,
-    /// Bytes per second the background scrubber reads to find media errors in
-    /// blocks nobody reads (0: off).
-    #[serde(default = "default_scrub_rate")]
-    pub scrub_rate: Size,
-    /// How often the node checkpoints which block versions its device holds
-    /// (after a device flush), so that, restarted, it is sent only the blocks
-    /// written since. 0: never.
-    #[serde(default = "default_checkpoint_ms")]
-    pub checkpoint_ms: u64,
-    /// Merge queued requests that continue one another into one command (the
-    /// I/O scheduler, `weir_core::sched`).
-    #[serde(default)]
-    pub merge: bool,
-    /// Commands in flight per queue at most (0: `queue_depth`); past it
-    /// requests wait in the scheduler, where they can merge.
-    #[serde(default)]
-    pub sched_depth: u32,
-    /// Background work (rebuild copies, the scrubber) waits behind
-    /// clients' requests in the scheduler, at most two commands of it on the
-    /// device, keeping one command in eight while both wait.
-    #[serde(default = "yes")]
-    pub classes: bool,
-    /// With classes: the rebuild's commands per second owed before any weight
-    /// (0: none), a floor under its progress however busy clients keep the
-    /// device.
-    #[serde(default)]
-    pub rebuild_reservation: u32,
-    /// How the device's queues find completions: `"interrupt"` (the default),
-    /// `"sqpoll"` (a kernel thread per queue polls submissions) or
-    /// `"iopoll"` (completions polled: a block device with polled queues
-    /// only; refused at start elsewhere, with the reason).
-    #[serde(default)]
-    pub mode: DeviceMode,
-    /// Register the node's buffer pool with the device's rings (io_uring
-    /// fixed buffers): reads and writes skip the kernel's per-command page
-    /// pinning, but the whole pool (512 MiB) is reserved and pinned in memory
-    /// at start (without CAP_IPC_LOCK, RLIMIT_MEMLOCK must allow it once per
-    /// queue, or the node stops at start saying so). Off by default.
-    #[serde(default)]
-    pub register_buffers: bool,
-}
-
-/// `[device] mode`: weir-nvme-uring's `PollMode`.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum DeviceMode {
-    /// Interrupts.
-    #[default]
-    Interrupt,
-    /// A polled submission queue.
-    Sqpoll,
-    /// Polled completions.
-    Iopoll,
-}
-
-fn default_checkpoint_ms() -> u64 {
-    1000
-}
-
-fn default_scrub_rate() -> Size {
-    Size(16 << 20)
-}
-
 /// `[nbd]`
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -452,12 +383,6 @@ fn default_pool() -> Size {
 fn default_extent() -> Size {
     Size(64 << 20)
 }
-fn default_device() -> PathBuf {
-    PathBuf::from("device.img")
-}
-fn default_depth() -> u16 {
-    128
-}
 fn default_nbd() -> SocketAddr {
     "127.0.0.1:10809".parse().expect("a valid address")
 }
@@ -466,24 +391,6 @@ fn default_lease() -> u64 {
 }
 fn default_detect() -> u64 {
     1000
-}
-
-impl Default for DeviceSection {
-    fn default() -> Self {
-        DeviceSection {
-            path: default_device(),
-            queues: two(),
-            queue_depth: default_depth(),
-            scrub_rate: default_scrub_rate(),
-            checkpoint_ms: default_checkpoint_ms(),
-            merge: false,
-            sched_depth: 0,
-            classes: true,
-            rebuild_reservation: 0,
-            mode: DeviceMode::Interrupt,
-            register_buffers: false,
-        }
-    }
 }
 
 impl Default for NbdSection {
@@ -662,32 +569,8 @@ impl Config {
                 ),
             );
         }
-        if self.device.queues == 0 || self.device.queue_depth == 0 {
-            return bad(
-                "device.queues",
-                "queues and queue_depth must be above 0".into(),
-            );
-        }
-        if self.device.rebuild_reservation > 1_000_000 {
-            return bad(
-                "device.rebuild_reservation",
-                format!(
-                    "{}: must be at most 1000000 commands per second",
-                    self.device.rebuild_reservation
-                ),
-            );
-        }
-        if self.device.sched_depth > u32::from(self.device.queue_depth) {
-            return bad(
-                "device.sched_depth",
-                "at most device.queue_depth (0: all of it)".into(),
-            );
-        }
-        if self.device.checkpoint_ms > 3_600_000 {
-            return bad(
-                "device.checkpoint_ms",
-                "at most an hour (3600000), or 0 for never".into(),
-            );
+        if let Err((key, why)) = self.device.check() {
+            return bad(key, why);
         }
         let t = &self.timeouts;
         if t.tick_ms == 0 || t.detect_ms < 4 * t.tick_ms || t.lease_ms <= t.detect_ms {
@@ -763,5 +646,6 @@ impl Config {
     }
 }
 
+mod device;
 #[cfg(test)]
 mod tests;

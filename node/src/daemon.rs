@@ -1,8 +1,8 @@
 //! `weir node`: one storage node, from its config to a clean shutdown.
 //!
 //! Start-up, in order: lock the data directory; open the device (io_uring,
-//! O_DIRECT; a file is created sparse at the pool's size); replay the Raft log; bind
-//! the replication transport; start weir-core's `Node` (data path + control plane);
+//! O_DIRECT, a file created sparse at the pool's size; or SPDK on an NVMe SSD);
+//! replay the Raft log; bind the replication transport; start weir-core's `Node` (data path + control plane);
 //! open the NBD front end's client endpoint; serve NBD and the admin endpoint.
 //! On SIGINT or SIGTERM: stop taking NBD clients, flush the device, exit. Every
 //! acknowledged write is on every in-sync replica's device already, and every Raft
@@ -24,8 +24,7 @@ use weir_core::map::VolumeSpec;
 use weir_core::node::{EventLog, Events, Node};
 use weir_core::replication::ReplicationConfig;
 use weir_core::sched::SchedConfig;
-use weir_core::{BlockDevice, BufPool, ClusterMap, DevCommand, NodeId, VolumeId};
-use weir_nvme_uring::{PollMode, UringDevice, UringOptions};
+use weir_core::{BlockDevice, ClusterMap, DevCommand, NodeId, VolumeId};
 use weir_transport_tcp::{TcpConfig, TcpTransport};
 
 /// Bytes of aligned buffers a node holds for device reads at once.
@@ -86,36 +85,10 @@ pub async fn run_on(
     })?;
     std::fs::write(dir.join("weir.pid"), format!("{}\n", std::process::id()))?;
 
-    let device_path = config.device_path();
-    // The node's buffer pool: device reads land in it. With `register_buffers`
-    // its regions are all reserved now and registered with the device's rings
-    // as they are set up (registering pins a region; done in the I/O path it
-    // would hold up the first command to touch each region).
-    let bufs = BufPool::new(POOL_BYTES);
-    let registered = config.device.register_buffers.then(|| {
-        let all: Vec<_> =
-            std::iter::from_fn(|| bufs.alloc(weir_core::buf::REGION_BYTES_MAX).ok()).collect();
-        drop(all);
-        bufs.clone()
-    });
-    let device = UringDevice::open_with_pool(
-        &device_path,
-        UringOptions {
-            capacity_bytes: Some(config.cluster.pool_size.0),
-            queues: config.device.queues,
-            queue_depth: config.device.queue_depth,
-            create: true,
-            mode: match config.device.mode {
-                crate::config::DeviceMode::Interrupt => PollMode::Interrupt,
-                crate::config::DeviceMode::Sqpoll => PollMode::Sqpoll,
-                crate::config::DeviceMode::Iopoll => PollMode::Iopoll,
-            },
-            ..UringOptions::default()
-        },
-        registered,
-    )
-    .with_context(|| format!("opening device {}", device_path.display()))?;
-    let device = Arc::new(device);
+    // The device, and the node's buffer pool that device reads land in.
+    let opened = crate::device::open(&config, POOL_BYTES)?;
+    let (bufs, identity, device_name) = (opened.pool, opened.identity, opened.name);
+    let device = Arc::new(opened.device);
 
     // In id order on every node, whatever order each config lists them in: the
     // first 3 or 5 vote, and every node must agree which.
@@ -149,8 +122,6 @@ pub async fn run_on(
     let versions_path = dir.join("versions.ckpt");
     let (mut versions_file, bytes) = LogFile::open(&versions_path)
         .with_context(|| format!("opening {}", versions_path.display()))?;
-    let identity = crate::logfile::device_identity(&device_path, config.cluster.pool_size.0)
-        .with_context(|| format!("naming device {}", device_path.display()))?;
     let pool = pool_spec(&config);
     // The daemon keeps the default version grain (every node must use the same).
     let grain_blocks = ReplicationConfig::default().grain_blocks(&pool);
@@ -235,9 +206,9 @@ pub async fn run_on(
     .with_device_timeout(Duration::from_millis(t.device_ms))
     .with_sched(SchedConfig {
         merge: config.device.merge,
-        // A file or block device through io_uring names no optimal I/O
-        // boundary, so there is nothing to split at.
-        split: false,
+        // Split at the device's optimal I/O boundary where it names one (an
+        // NVMe namespace's NOIOB, through SPDK); io_uring names none.
+        split: device.geometry().optimal_io_blocks > 0,
         depth_per_queue: config.device.sched_depth,
         classes: config.device.classes,
         shares: weir_core::sched::ClassShares {
@@ -317,7 +288,7 @@ pub async fn run_on(
         replication = %config.my_addr(),
         nbd = %config.nbd.listen,
         admin = %admin_addr,
-        device = %device_path.display(),
+        device = %device_name,
         "weir node up"
     );
 

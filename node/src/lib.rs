@@ -12,6 +12,7 @@ pub mod backend;
 pub mod cluster;
 pub mod config;
 pub mod daemon;
+pub mod device;
 pub mod logfile;
 pub mod metrics;
 pub mod nbd;

@@ -38,7 +38,12 @@ use std::process::{Command, ExitCode};
 
 const MADSIM_TARGET_DIR: &str = "target/madsim";
 /// Crates of real sockets, files and processes: never built for the simulator.
-const REAL_IO_ONLY: [&str; 3] = ["weir", "weir-transport-tcp", "weir-nvme-uring"];
+const REAL_IO_ONLY: [&str; 4] = [
+    "weir",
+    "weir-transport-tcp",
+    "weir-nvme-uring",
+    "weir-nvme-spdk",
+];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -361,6 +366,34 @@ fn test_rdma(root: &Path) -> Result<(), String> {
     run("the RDMA device tests", cargo(root, false, &args))
 }
 
+/// weir's SPDK glue with the feature on: the build that links SPDK checks
+/// where SPDK is not installed (it then cannot open a device, and says so),
+/// and the glue's tests and lints run against the C stand-in of csrc/mock.
+fn spdk_glue(root: &Path) -> Result<(), String> {
+    let spdk = ["-p", "weir-nvme-spdk", "--features"];
+    let with = |cmd: &'static str, feature: &'static str, rest: &[&'static str]| {
+        let mut args = vec![cmd];
+        args.extend(spdk);
+        args.push(feature);
+        args.extend(rest);
+        args
+    };
+    run(
+        "cargo check nvme-spdk --features spdk",
+        cargo(root, false, &with("check", "spdk", &["--all-targets"])),
+    )?;
+    let lints = with(
+        "clippy",
+        "spdk-mock",
+        &["--all-targets", "--", "-D", "warnings"],
+    );
+    run("clippy nvme-spdk (glue)", cargo(root, false, &lints))?;
+    run(
+        "the SPDK glue tests",
+        cargo(root, false, &with("test", "spdk-mock", &[])),
+    )
+}
+
 fn test(root: &Path) -> Result<(), String> {
     ensure_test_tools()?;
     run(
@@ -384,6 +417,7 @@ fn test(root: &Path) -> Result<(), String> {
         "cargo test --workspace",
         cargo(root, false, &["test", "--workspace"]),
     )?;
+    spdk_glue(root)?;
     // The short form of `cargo xtask fuzz`, on the debug build just tested,
     // after the harness shows it catches what it looks for.
     fuzz(root, &["--self-test".into()], false)?;

@@ -144,3 +144,38 @@ fn sizes_parse_with_binary_units() {
     assert!(parse_size("5X").is_err());
     assert!(parse_size("").is_err());
 }
+
+#[test]
+fn the_spdk_driver_needs_a_pci_address_and_takes_no_uring_options() {
+    let spdk = |rest: &str| parse(&format!("{GOOD}\n[device]\ndriver = \"spdk\"\n{rest}"));
+    let c = spdk("pci_addr = \"0000:01:00.0\"\npoll_cores = [2, 3]\nspdk_mem_mb = 2048").unwrap();
+    assert_eq!(c.device.driver, DeviceDriver::Spdk);
+    assert_eq!(c.device.pci_addr.as_deref(), Some("0000:01:00.0"));
+    assert_eq!(c.device.poll_cores, [2, 3]);
+    assert_eq!(parse(GOOD).unwrap().device.driver, DeviceDriver::Uring);
+    for (rest, key, why) in [
+        ("", "device.pci_addr", "needs the SSD's PCI address"),
+        ("pci_addr = \"01:00.0\"", "device.pci_addr", "DDDD:BB:DD.F"),
+        (
+            "pci_addr = \"0000:01:00.0\"\npoll_cores = [1]",
+            "device.poll_cores",
+            "1 cores for 2 queues",
+        ),
+        (
+            "pci_addr = \"0000:01:00.0\"\nmode = \"sqpoll\"",
+            "device.mode",
+            "io_uring's",
+        ),
+    ] {
+        let e = spdk(rest).unwrap_err().to_string();
+        assert!(e.contains(key) && e.contains(why), "{rest}: {e}");
+    }
+    let e = parse(&format!("{GOOD}\n[device]\npci_addr = \"0000:01:00.0\""))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("device.driver"), "{e}");
+    let e = parse(&format!("{GOOD}\n[device]\ndriver = \"nvme\""))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown variant"), "{e}");
+}
