@@ -72,6 +72,11 @@ pub fn open(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
             })
         }
         DeviceDriver::Spdk => {
+            anyhow::ensure!(
+                !weir_nvme_spdk::STAND_IN,
+                "this weir links the test stand-in of SPDK (built with --all-features or \
+                 weir-nvme-spdk/spdk-mock), not SPDK; rebuild with --features spdk"
+            );
             let pci = d.pci_addr.clone().context("device.pci_addr")?;
             let opts = SpdkOptions {
                 trid: weir_nvme_spdk::trid_for_pci(&pci),

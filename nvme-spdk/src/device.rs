@@ -3,7 +3,8 @@
 use crate::env::{self, DmaSource};
 use crate::error::{errno_name, OpenError};
 use crate::ffi;
-use crate::poller::{Cmd, Counters, Op, Poller};
+use crate::place::{reserve, Placement};
+use crate::poller::{Cmd, Counters, Op, Poller, Setup};
 use crate::{SpdkOptions, SpdkStats};
 use bytes::Bytes;
 use std::ffi::CString;
@@ -39,6 +40,8 @@ pub(crate) struct QueueShared {
     slots: Arc<Semaphore>,
     /// No new commands: the device is dropped or the queue pair failed.
     closed: AtomicBool,
+    /// Where a command's memory goes once it has its slot.
+    placement: Arc<Placement>,
 }
 
 impl QueueShared {
@@ -65,6 +68,8 @@ impl QueueShared {
             .acquire_owned()
             .await
             .map_err(|_| DevError::Gone)?;
+        // With the slot held, the queue's share of bounce buffers is free.
+        let op = self.placement.place(op)?;
         let (reply, done) = oneshot::channel();
         // The channel holds `queue_depth` commands and a permit is held for
         // each, so it is never full; it is closed only when the thread ended.
@@ -89,13 +94,10 @@ pub(crate) struct Device {
     queues: Vec<Arc<QueueShared>>,
     threads: Vec<JoinHandle<()>>,
     ctrlr: Ctrlr,
-    /// The pool the node's buffers come from: DMA memory.
-    pool: BufPool,
-    /// Bounce buffers for memory that is not DMA memory; its budget covers
-    /// every queue full of the largest transfers.
-    bounce: BufPool,
+    /// The node's buffer pool and the bounce buffers, all DMA memory.
+    placement: Arc<Placement>,
     counters: Arc<Counters>,
-    /// "nvme SERIAL ns N": changes when the SSD does.
+    /// The SSD's and the namespace's ids: changes when either does.
     identity: String,
 }
 
@@ -129,19 +131,14 @@ impl Device {
             queues: Vec::new(),
             threads: Vec::new(),
             ctrlr,
-            pool: BufPool::with_source(opts.pool_bytes, Arc::new(DmaSource)),
-            bounce: BufPool::new(0),
+            placement: Arc::new(Placement {
+                pool: BufPool::new(0),
+                bounce: BufPool::new(0),
+                counters: Arc::new(Counters::default()),
+            }),
             counters: Arc::new(Counters::default()),
             identity: String::new(),
         };
-        let mut serial = [0 as std::ffi::c_char; 64];
-        // SAFETY: a live controller; the glue writes at most `serial.len()`
-        // bytes, NUL-terminated.
-        let serial = unsafe {
-            ffi::weir_spdk_ctrlr_serial(device.ctrlr.0, serial.as_mut_ptr(), serial.len());
-            std::ffi::CStr::from_ptr(serial.as_ptr())
-        };
-        device.identity = format!("nvme {} ns {}", serial.to_string_lossy(), opts.nsid);
         // SAFETY: a live controller handle.
         let ns = unsafe { ffi::spdk_nvme_ctrlr_get_ns(device.ctrlr.0, opts.nsid) };
         // SAFETY: `ns` is checked non-null before it is used.
@@ -151,15 +148,34 @@ impl Device {
                 nsid: opts.nsid,
             });
         }
+        let mut identity = [0 as std::ffi::c_char; 256];
+        // SAFETY: live handles; the glue writes at most `identity.len()` bytes,
+        // NUL-terminated.
+        let identity = unsafe {
+            ffi::weir_spdk_identity(
+                device.ctrlr.0,
+                ns,
+                opts.nsid,
+                identity.as_mut_ptr(),
+                identity.len(),
+            );
+            std::ffi::CStr::from_ptr(identity.as_ptr())
+        };
+        device.identity = identity.to_string_lossy().into_owned();
         device.geometry = geometry(ns, &opts)?;
         let max_bytes =
             device.geometry.max_transfer_blocks as usize * device.geometry.block_size as usize;
-        device.bounce = BufPool::with_source(
-            usize::from(opts.queues)
-                * usize::from(opts.queue_depth)
-                * max_bytes.next_power_of_two(),
-            Arc::new(DmaSource),
-        );
+        let bounce_bytes = usize::from(opts.queues)
+            * usize::from(opts.queue_depth)
+            * max_bytes.next_power_of_two();
+        let placement = Placement {
+            pool: BufPool::with_source(opts.pool_bytes, Arc::new(DmaSource)),
+            bounce: BufPool::with_source(bounce_bytes, Arc::new(DmaSource)),
+            counters: device.counters.clone(),
+        };
+        reserve(&placement.pool, opts.pool_bytes)?;
+        reserve(&placement.bounce, bounce_bytes)?;
+        device.placement = Arc::new(placement);
         // A zeroed buffer of the largest transfer, for zeroing by writes where
         // the namespace has no Write Zeroes.
         let zero = BufPool::with_source(max_bytes, Arc::new(DmaSource))
@@ -180,18 +196,20 @@ impl Device {
                 tx: Mutex::new(Some(tx)),
                 slots: Arc::new(Semaphore::new(usize::from(opts.queue_depth))),
                 closed: AtomicBool::new(false),
+                placement: device.placement.clone(),
             });
-            let poller = Poller::new(
+            let poller = Poller::new(Setup {
                 qpair,
                 ns,
+                admin: (queue == 0).then_some(device.ctrlr.0),
                 caps,
-                device.geometry,
+                geometry: device.geometry,
                 rx,
-                shared.clone(),
-                device.counters.clone(),
-                zero.clone(),
-                opts.idle_spin,
-            );
+                shared: shared.clone(),
+                counters: device.counters.clone(),
+                zero: zero.clone(),
+                idle_spin: opts.idle_spin,
+            });
             let core = opts.poll_cores.get(usize::from(queue)).copied();
             let (started_tx, started) = mpsc::channel();
             let thread = std::thread::Builder::new()
@@ -221,7 +239,7 @@ impl Device {
     }
 
     pub(crate) fn pool(&self) -> BufPool {
-        self.pool.clone()
+        self.placement.pool.clone()
     }
 
     pub(crate) fn stats(&self) -> SpdkStats {
@@ -244,7 +262,8 @@ impl Device {
         }
     }
 
-    /// Check `cmd`, put its memory where SPDK can reach it, and pick its queue.
+    /// Check `cmd` and pick its queue. Its memory is placed (copied into DMA
+    /// memory where it is not) once it has a slot on the queue.
     fn prepare(&self, queue: u16, cmd: DevCommand) -> Result<(Arc<QueueShared>, Op), DevError> {
         let shared = self
             .queues
@@ -252,54 +271,32 @@ impl Device {
             .ok_or(DevError::BadQueue)?
             .clone();
         let op = match cmd {
-            DevCommand::Read { lba, buf } => {
-                let blocks = self.check_transfer(lba, buf.len())?;
-                let bounce = if self.in_dma(buf.as_ref()) {
-                    None
+            DevCommand::Read { lba, buf } => Op::Read {
+                lba: lba.0,
+                blocks: self.check_transfer(lba, buf.len())?,
+                buf,
+                bounce: None,
+            },
+            DevCommand::Write { lba, data, fua } => Op::Write {
+                lba: lba.0,
+                blocks: self.check_transfer(lba, data.len())?,
+                data,
+                fua,
+            },
+            DevCommand::WriteGather { lba, mut data, fua } => {
+                let blocks = self.check_transfer(lba, data.iter().map(Bytes::len).sum())?;
+                if data.len() == 1 {
+                    Op::Write {
+                        lba: lba.0,
+                        blocks,
+                        data: data.remove(0),
+                        fua,
+                    }
                 } else {
-                    self.counters.bounce();
-                    Some(self.bounce_buf(buf.len())?)
-                };
-                Op::Read {
-                    lba: lba.0,
-                    blocks,
-                    buf,
-                    bounce,
-                }
-            }
-            DevCommand::Write { lba, data, fua } => {
-                let blocks = self.check_transfer(lba, data.len())?;
-                let data = self.reachable(data)?;
-                Op::Write {
-                    lba: lba.0,
-                    blocks,
-                    data,
-                    fua,
-                }
-            }
-            DevCommand::WriteGather { lba, data, fua } => {
-                let len = data.iter().map(Bytes::len).sum();
-                let blocks = self.check_transfer(lba, len)?;
-                if data.len() > 1 && self.scatters(&data) {
                     Op::Writev {
                         lba: lba.0,
                         blocks,
                         segments: data,
-                        fua,
-                    }
-                } else {
-                    if data.len() > 1 {
-                        self.counters.gather_copy();
-                    }
-                    let DevCommand::Write { data, .. } =
-                        (DevCommand::WriteGather { lba, data, fua }).into_contiguous()
-                    else {
-                        unreachable!("a gather made contiguous is a write");
-                    };
-                    Op::Write {
-                        lba: lba.0,
-                        blocks,
-                        data: self.reachable(data)?,
                         fua,
                     }
                 }
@@ -334,48 +331,6 @@ impl Device {
         let blocks = (len / block_size) as u64;
         self.geometry.check_range(lba, blocks)?;
         Ok(blocks as u32)
-    }
-
-    /// `bytes` lie in DMA memory, dword-aligned (NVMe's PRP rule for a
-    /// buffer's start).
-    fn in_dma(&self, bytes: &[u8]) -> bool {
-        (bytes.as_ptr() as usize).is_multiple_of(4)
-            && (self.pool.locate(bytes).is_some() || self.bounce.locate(bytes).is_some())
-    }
-
-    /// `data` itself if SPDK can reach it, else a DMA copy of it.
-    fn reachable(&self, data: Bytes) -> Result<Bytes, DevError> {
-        if self.in_dma(&data) {
-            return Ok(data);
-        }
-        self.counters.bounce();
-        let mut buf = self.bounce_buf(data.len())?;
-        buf.as_mut().copy_from_slice(&data);
-        weir_core::copies::note(data.len(), weir_core::copies::Copy::Other);
-        Ok(buf.freeze())
-    }
-
-    fn bounce_buf(&self, len: usize) -> Result<weir_core::Buf, DevError> {
-        self.bounce.alloc(len).map_err(|e| {
-            // The budget covers full queues; only SPDK's memory running out
-            // (mem_mb too small for the pool and the bounce buffers) gets here.
-            tracing::error!(error = %e, "no DMA memory for a bounce buffer; raise mem_mb");
-            DevError::Gone
-        })
-    }
-
-    /// The segments can go as one scattered command: each in DMA memory, and
-    /// NVMe's PRP rules kept (every segment but the first starts on a page,
-    /// every one but the last ends on one).
-    fn scatters(&self, segments: &[Bytes]) -> bool {
-        let last = segments.len() - 1;
-        segments.iter().enumerate().all(|(i, s)| {
-            let (start, end) = (s.as_ptr() as usize, s.as_ptr() as usize + s.len());
-            self.in_dma(s)
-                && !s.is_empty()
-                && (i == 0 || start.is_multiple_of(BUF_ALIGN))
-                && (i == last || end.is_multiple_of(BUF_ALIGN))
-        })
     }
 }
 
@@ -441,10 +396,25 @@ fn geometry(ns: *mut ffi::Ns, opts: &SpdkOptions) -> Result<Geometry, OpenError>
         nsid: opts.nsid,
         why,
     };
+    // SAFETY: as above.
+    let (md_size, extended, pi) = unsafe {
+        (
+            ffi::spdk_nvme_ns_get_md_size(ns),
+            ffi::spdk_nvme_ns_get_extended_sector_size(ns),
+            ffi::spdk_nvme_ns_get_pi_type(ns),
+        )
+    };
+    if md_size != 0 || extended != block_size || pi != 0 {
+        // The SSD would move each sector's metadata with the data (past the
+        // end of weir's buffers) or to a metadata buffer weir does not give.
+        return Err(shape(format!(
+            "a format with metadata ({md_size} bytes a sector, protection type {pi}); \
+             weir takes formats without (nvme format --lbaf)"
+        )));
+    }
     if !block_size.is_power_of_two() || !(512..=BUF_ALIGN as u32).contains(&block_size) {
         return Err(shape(format!(
-            "sector size {block_size}: weir takes 512 to 4096-byte sectors (a format with \
-             metadata interleaved is not supported)"
+            "sector size {block_size}: weir takes 512 to 4096-byte sectors"
         )));
     }
     let max_bytes = [max_xfer, opts.max_transfer_bytes, REGION_BYTES_MAX as u32]

@@ -9,8 +9,9 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 use weir_core::buf::{RegionSource, BUF_ALIGN};
 
-/// The options the environment was set up with, once it is.
-static ENV: Mutex<Option<EnvOptions>> = Mutex::new(None);
+/// The options the environment was set up with once it is, or the error its
+/// set-up failed with (DPDK starts once per process: it is not tried again).
+static ENV: Mutex<Option<Result<EnvOptions, i32>>> = Mutex::new(None);
 
 /// Set SPDK's environment up with `opts`, unless it already is: then `opts`
 /// must be what it was set up with.
@@ -19,6 +20,7 @@ pub(crate) fn init(opts: &EnvOptions) -> Result<(), OpenError> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(current) = &*env {
+        let current = current.as_ref().map_err(|&rc| OpenError::Env(rc))?;
         if current != opts {
             return Err(OpenError::EnvMismatch(format!(
                 "set up with {current:?}, asked for {opts:?}"
@@ -54,9 +56,10 @@ pub(crate) fn init(opts: &EnvOptions) -> Result<(), OpenError> {
         )
     };
     if rc != 0 {
+        *env = Some(Err(rc));
         return Err(OpenError::Env(rc));
     }
-    *env = Some(opts.clone());
+    *env = Some(Ok(opts.clone()));
     Ok(())
 }
 

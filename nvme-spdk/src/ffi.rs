@@ -1,8 +1,8 @@
 //! weir's declarations of the SPDK functions it calls, and of its C glue.
 //!
-//! Handles (controller, namespace, queue pair) are opaque. The two structs
-//! crossing the boundary by value are the NVMe specification's (the
-//! completion entry and the DSM range), with their sizes asserted. Checked
+//! Handles (controller, namespace, queue pair) are opaque. The one struct
+//! crossing the boundary by pointer is the NVMe specification's completion
+//! entry, with its size asserted. Checked
 //! against SPDK's include/spdk/nvme.h, env.h and nvme_spec.h (v26.09-pre).
 
 use std::ffi::{c_char, c_int, c_void};
@@ -38,15 +38,6 @@ pub(crate) struct Cpl {
 }
 const _: () = assert!(std::mem::size_of::<Cpl>() == 16);
 
-/// `struct spdk_nvme_dsm_range`: one range of a Dataset Management command.
-#[repr(C)]
-pub(crate) struct DsmRange {
-    pub(crate) attributes: u32,
-    pub(crate) length: u32,
-    pub(crate) starting_lba: u64,
-}
-const _: () = assert!(std::mem::size_of::<DsmRange>() == 16);
-
 /// `spdk_nvme_cmd_cb`.
 pub(crate) type CmdCb = unsafe extern "C" fn(ctx: *mut c_void, cpl: *const Cpl);
 /// `spdk_nvme_req_reset_sgl_cb`.
@@ -57,8 +48,9 @@ pub(crate) type NextSgeCb =
 
 /// `SPDK_NVME_IO_FLAGS_FORCE_UNIT_ACCESS`.
 pub(crate) const IO_FLAGS_FUA: u32 = 1 << 30;
-/// `SPDK_NVME_DSM_ATTR_DEALLOCATE`.
-pub(crate) const DSM_ATTR_DEALLOCATE: u32 = 0x4;
+/// Write Zeroes' Deallocate bit (DEAC, command dword 12 bit 25): SPDK passes
+/// io_flags' upper half into dword 12 (`SPDK_NVME_IO_FLAGS_CDW12_MASK`).
+pub(crate) const IO_FLAGS_WRITE_ZEROES_DEAC: u32 = 1 << 25;
 /// `SPDK_MALLOC_DMA`.
 pub(crate) const MALLOC_DMA: u32 = 0x01;
 /// `SPDK_ENV_NUMA_ID_ANY`.
@@ -66,10 +58,9 @@ pub(crate) const NUMA_ID_ANY: c_int = -1;
 
 /// Capability bits from `weir_spdk_ns_caps` (csrc/weir_spdk_glue.c).
 pub(crate) mod caps {
-    pub(crate) const DEALLOCATE: u32 = 0x1;
     pub(crate) const WRITE_ZEROES: u32 = 0x2;
     pub(crate) const FLUSH: u32 = 0x4;
-    pub(crate) const DEALLOCATED_READS_ZEROES: u32 = 0x8;
+    pub(crate) const WRITE_ZEROES_DEALLOCATE: u32 = 0x10;
 }
 
 unsafe extern "C" {
@@ -83,7 +74,13 @@ unsafe extern "C" {
     ) -> c_int;
     pub(crate) fn weir_spdk_connect(trid: *const c_char, err: *mut c_int) -> *mut Ctrlr;
     pub(crate) fn weir_spdk_ns_caps(ns: *mut Ns) -> u32;
-    pub(crate) fn weir_spdk_ctrlr_serial(ctrlr: *mut Ctrlr, out: *mut c_char, cap: usize);
+    pub(crate) fn weir_spdk_identity(
+        ctrlr: *mut Ctrlr,
+        ns: *mut Ns,
+        nsid: u32,
+        out: *mut c_char,
+        cap: usize,
+    );
 
     // SPDK.
     pub(crate) fn spdk_zmalloc(
@@ -101,6 +98,11 @@ unsafe extern "C" {
     pub(crate) fn spdk_nvme_ns_get_num_sectors(ns: *mut Ns) -> u64;
     pub(crate) fn spdk_nvme_ns_get_max_io_xfer_size(ns: *mut Ns) -> u32;
     pub(crate) fn spdk_nvme_ns_get_optimal_io_boundary(ns: *mut Ns) -> u32;
+    pub(crate) fn spdk_nvme_ns_get_md_size(ns: *mut Ns) -> u32;
+    pub(crate) fn spdk_nvme_ns_get_extended_sector_size(ns: *mut Ns) -> u32;
+    /// `enum spdk_nvme_pi_type`: 0 is none.
+    pub(crate) fn spdk_nvme_ns_get_pi_type(ns: *mut Ns) -> c_int;
+    pub(crate) fn spdk_nvme_ctrlr_process_admin_completions(ctrlr: *mut Ctrlr) -> i32;
     pub(crate) fn spdk_nvme_ctrlr_alloc_io_qpair(
         ctrlr: *mut Ctrlr,
         opts: *const c_void,
@@ -153,14 +155,5 @@ unsafe extern "C" {
         cb: CmdCb,
         cb_arg: *mut c_void,
         io_flags: u32,
-    ) -> c_int;
-    pub(crate) fn spdk_nvme_ns_cmd_dataset_management(
-        ns: *mut Ns,
-        qpair: *mut Qpair,
-        kind: u32,
-        ranges: *const DsmRange,
-        num_ranges: u16,
-        cb: CmdCb,
-        cb_arg: *mut c_void,
     ) -> c_int;
 }

@@ -9,13 +9,18 @@
 //!
 //! - **The FFI.** I/O goes straight to SPDK's functions that take only handles
 //!   and scalars (`spdk_nvme_ns_cmd_read`, `_write`, `_writev`, `_flush`,
-//!   `_write_zeroes`, `_dataset_management`, `spdk_nvme_qpair_process_completions`).
-//!   The calls whose arguments are version-dependent structs (the
-//!   environment's options, the transport id, the namespace's identify data)
-//!   go through a small C glue (`csrc/weir_spdk_glue.c`) compiled against the
-//!   installed SPDK's headers, so weir never hard-codes their layout. The
-//!   completion entry and the DSM range are the NVMe specification's, and are
-//!   declared in Rust with size assertions.
+//!   `_write_zeroes`, `spdk_nvme_qpair_process_completions`). The calls
+//!   whose arguments are version-dependent structs (the environment's
+//!   options, the transport id, the identify data) go through a small C glue
+//!   (`csrc/weir_spdk_glue.c`) compiled against the installed SPDK's headers,
+//!   so weir never hard-codes their layout. The completion entry is the NVMe
+//!   specification's, declared in Rust with a size assertion. The glue puts
+//!   back the caller's CPU affinity after DPDK's start-up pins it.
+//! - **Formats.** A namespace formatted with metadata or protection
+//!   information is refused at open (the SSD would move metadata past the end
+//!   of weir's buffers). Its identity, which block-version checkpoints are
+//!   tied to, is the model, serial, namespace id, NGUID and EUI-64: a
+//!   namespace made again is another device.
 //! - **One queue pair per queue, one polling thread per queue pair.** SPDK's
 //!   queue pairs have no locks: one thread submits and polls each. Queue `i`'s
 //!   thread is pinned to `poll_cores[i]` when cores are named. Submitters hand
@@ -35,23 +40,32 @@
 //!   a [`BufPool`] whose regions come from `spdk_zmalloc`: the node allocates
 //!   its read buffers there, so a read lands in the pool and is sent from it.
 //!   Data from anywhere else (a write payload received into heap memory) is
-//!   copied into a DMA bounce buffer first, counted in
-//!   [`SpdkStats::bounce_copies`]. Gathered writes whose segments all lie in
+//!   copied into a DMA bounce buffer once the command has its queue slot,
+//!   counted in [`SpdkStats::bounce_copies`]. The pool and the bounce
+//!   buffers (every queue full of the largest transfers) are reserved at
+//!   open, so too little hugepage memory stops the open, not a command. Gathered writes whose segments all lie in
 //!   DMA memory and keep NVMe's PRP rules go as one scattered write with no
 //!   copy (`writev`); others are copied together.
 //! - **Zeroes.** WriteZeroes is NVMe Write Zeroes (in pieces of at most
 //!   65,536 blocks, NVMe's limit) where the namespace has it, else writes of a
-//!   zeroed DMA buffer. Deallocate is Dataset Management's deallocate only
-//!   where the namespace says a deallocated block reads as zeroes (DLFEAT);
-//!   otherwise it zeroes, because weir's contract is that deallocated blocks
-//!   read back as zeroes.
+//!   zeroed DMA buffer. Deallocate is Write Zeroes too, with its Deallocate
+//!   bit where the namespace allows it (DLFEAT): weir's contract is that
+//!   deallocated blocks read back as zeroes, and Dataset Management's
+//!   deallocate is only advisory (a block the SSD keeps reads its old data).
 //! - **Errors.** Range, length and queue checks fail before submission. A
 //!   failed completion's NVMe status becomes a [`DevError`] by
 //!   [`NvmeStatus::to_dev_error`] and is logged with its codes. A queue pair
-//!   that fails at the transport (`-ENXIO`) fails its commands with `Gone`.
+//!   that fails at the transport (`-ENXIO`) fails its commands with `Gone`,
+//!   as does a command SPDK refuses (it would be refused again). No command
+//!   timeout is registered with SPDK: the node's stall detection
+//!   (`device_ms`) fails a device whose commands hang. Queue 0's thread polls
+//!   the controller's admin queue every 10 ms, idle or not.
 //! - **Shutdown.** Dropping the device closes its queues (new and waiting
-//!   commands get `Gone`), lets each thread finish what is in flight, free its
-//!   queue pair and exit, joins the threads, then detaches the controller.
+//!   commands get `Gone`), lets each thread finish what is in flight (for 10
+//!   s at most), free its queue pair and exit, joins the threads, then
+//!   detaches the controller. Freeing a queue pair makes SPDK abort what it
+//!   still holds; a wedged SSD could still write into those buffers after,
+//!   which only an IOMMU (vfio-pci) prevents.
 //!
 //! What never ran: this crate against a real SPDK and a real SSD. The glue
 //! tests run it against the stand-in in `csrc/mock` (`--features spdk-mock`).
@@ -67,12 +81,19 @@ mod env;
 #[cfg(weir_spdk_linked)]
 mod ffi;
 #[cfg(weir_spdk_linked)]
+mod place;
+#[cfg(weir_spdk_linked)]
 mod poller;
 #[cfg(not(weir_spdk_linked))]
 mod unbuilt;
 
 pub use error::OpenError;
 pub use status::NvmeStatus;
+
+/// This build links the test stand-in of SPDK (csrc/mock) instead of SPDK
+/// (the `spdk-mock` feature, which `--all-features` turns on too): a daemon
+/// must refuse to drive a device with it.
+pub const STAND_IN: bool = cfg!(feature = "spdk-mock");
 
 use std::future::Future;
 use std::time::Duration;

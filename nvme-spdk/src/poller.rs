@@ -26,6 +26,12 @@ use weir_core::ids::Lba;
 
 /// NVMe's Write Zeroes count is 16 bits, zero-based.
 const WRITE_ZEROES_MAX_BLOCKS: u64 = 1 << 16;
+/// How often queue 0's thread polls the controller's admin queue (SPDK's
+/// asynchronous events, keep-alives, a removed device), busy or idle.
+const ADMIN_POLL: Duration = Duration::from_millis(10);
+/// At shutdown, how long a queue waits for the commands it still has with
+/// SPDK before it frees its queue pair, which aborts them.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Counters shared by all queues of a device.
 #[derive(Debug, Default)]
@@ -110,12 +116,15 @@ struct Ctx {
     offset: u32,
 }
 
-/// How a ranged zeroing command is carried out.
+/// How a zeroing command is carried out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Zeroing {
-    Deallocate,
-    WriteZeroes,
-    /// Writes of the zeroed buffer.
+    /// NVMe Write Zeroes; with `deallocate`, its DEAC bit (the SSD may
+    /// deallocate the blocks as it zeroes them, where DLFEAT says it can).
+    /// Dataset Management's deallocate is not used: it is advisory, and a
+    /// block it leaves allocated reads back its old data.
+    WriteZeroes { deallocate: bool },
+    /// Writes of the zeroed buffer (the namespace has no Write Zeroes).
     Writes,
 }
 
@@ -206,18 +215,26 @@ unsafe extern "C" fn next_sge(
     0
 }
 
+/// What a queue's thread is given.
+pub(crate) struct Setup {
+    pub(crate) qpair: *mut ffi::Qpair,
+    pub(crate) ns: *mut ffi::Ns,
+    /// The controller, for the thread that polls its admin queue (queue 0).
+    pub(crate) admin: Option<*mut ffi::Ctrlr>,
+    /// `weir_spdk_ns_caps` bits.
+    pub(crate) caps: u32,
+    pub(crate) geometry: Geometry,
+    pub(crate) rx: mpsc::Receiver<Cmd>,
+    pub(crate) shared: Arc<QueueShared>,
+    pub(crate) counters: Arc<Counters>,
+    /// A zeroed DMA buffer of the largest transfer (read by the device only).
+    pub(crate) zero: Bytes,
+    pub(crate) idle_spin: Duration,
+}
+
 /// One queue's thread.
 pub(crate) struct Poller {
-    qpair: *mut ffi::Qpair,
-    ns: *mut ffi::Ns,
-    caps: u32,
-    geometry: Geometry,
-    rx: mpsc::Receiver<Cmd>,
-    shared: Arc<QueueShared>,
-    counters: Arc<Counters>,
-    /// A zeroed DMA buffer of the largest transfer (read by the device only).
-    zero: Bytes,
-    idle_spin: Duration,
+    s: Setup,
     /// Commands by tag; `free` holds the unused tags.
     table: Vec<Option<Pending>>,
     free: Vec<usize>,
@@ -225,41 +242,24 @@ pub(crate) struct Poller {
     waiting: VecDeque<usize>,
     /// Parts with SPDK, over all commands.
     outstanding: usize,
+    last_admin_poll: Instant,
 }
 
 // SAFETY: the queue pair and namespace handles are used only by the thread the
-// poller is moved to (the queue pair has no other user); everything else is
-// Send.
+// poller is moved to (the queue pair has no other user); the controller only
+// for its admin queue, by queue 0's thread alone; everything else is Send.
 unsafe impl Send for Poller {}
 
 impl Poller {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        qpair: *mut ffi::Qpair,
-        ns: *mut ffi::Ns,
-        caps: u32,
-        geometry: Geometry,
-        rx: mpsc::Receiver<Cmd>,
-        shared: Arc<QueueShared>,
-        counters: Arc<Counters>,
-        zero: Bytes,
-        idle_spin: Duration,
-    ) -> Poller {
-        let depth = usize::from(geometry.queue_depth);
+    pub(crate) fn new(s: Setup) -> Poller {
+        let depth = usize::from(s.geometry.queue_depth);
         Poller {
-            qpair,
-            ns,
-            caps,
-            geometry,
-            rx,
-            shared,
-            counters,
-            zero,
-            idle_spin,
+            s,
             table: (0..depth).map(|_| None).collect(),
             free: (0..depth).rev().collect(),
             waiting: VecDeque::with_capacity(depth),
             outstanding: 0,
+            last_admin_poll: Instant::now(),
         }
     }
 
@@ -268,13 +268,15 @@ impl Poller {
     pub(crate) fn run(mut self, serve: bool) {
         DONE.with(|done| {
             done.borrow_mut()
-                .reserve(usize::from(self.geometry.queue_depth))
+                .reserve(usize::from(self.s.geometry.queue_depth))
         });
         let mut open = serve;
         let mut last_work = Instant::now();
+        let mut closed_at = None;
         loop {
+            self.poll_admin();
             while open {
-                match self.rx.try_recv() {
+                match self.s.rx.try_recv() {
                     Ok(cmd) => {
                         self.start(cmd);
                         last_work = Instant::now();
@@ -285,36 +287,72 @@ impl Poller {
             }
             if self.outstanding > 0 || !self.waiting.is_empty() {
                 // SAFETY: this thread's queue pair; 0: no limit.
-                let n = unsafe { ffi::spdk_nvme_qpair_process_completions(self.qpair, 0) };
+                let n = unsafe { ffi::spdk_nvme_qpair_process_completions(self.s.qpair, 0) };
                 self.finish_done();
                 if n < 0 {
                     tracing::error!(error = %crate::error::errno_name(n),
                         "the NVMe queue pair failed; its commands fail with Gone");
-                    self.shared.close();
+                    self.s.shared.close();
                     break;
                 }
                 if n > 0 {
                     last_work = Instant::now();
                 }
                 self.retry_waiting();
+                if !open && closed_at.get_or_insert_with(Instant::now).elapsed() > DRAIN_DEADLINE {
+                    tracing::error!(
+                        parts = self.outstanding,
+                        "commands still with the SSD {DRAIN_DEADLINE:?} after shutdown; \
+                         freeing the queue pair aborts them"
+                    );
+                    break;
+                }
                 continue;
             }
             if !open {
                 break;
             }
-            if last_work.elapsed() < self.idle_spin {
+            if last_work.elapsed() < self.s.idle_spin {
                 std::hint::spin_loop();
                 continue;
             }
-            match self.rx.recv() {
+            // Idle: sleep until a command comes (queue 0 wakes to poll the
+            // admin queue too).
+            let next = if self.s.admin.is_some() {
+                self.s.rx.recv_timeout(ADMIN_POLL)
+            } else {
+                self.s
+                    .rx
+                    .recv()
+                    .map_err(|_| mpsc::RecvTimeoutError::Disconnected)
+            };
+            match next {
                 Ok(cmd) => {
                     self.start(cmd);
                     last_work = Instant::now();
                 }
-                Err(mpsc::RecvError) => open = false,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => open = false,
             }
         }
         // Dropping the poller frees the queue pair (see Drop).
+    }
+
+    /// Queue 0: poll the controller's admin queue every [`ADMIN_POLL`].
+    fn poll_admin(&mut self) {
+        let Some(ctrlr) = self.s.admin else {
+            return;
+        };
+        if self.last_admin_poll.elapsed() < ADMIN_POLL {
+            return;
+        }
+        self.last_admin_poll = Instant::now();
+        // SAFETY: the live controller; only this thread touches its admin
+        // queue after open.
+        let rc = unsafe { ffi::spdk_nvme_ctrlr_process_admin_completions(ctrlr) };
+        if rc < 0 {
+            tracing::warn!(error = %crate::error::errno_name(rc), "the NVMe admin queue failed");
+        }
     }
 
     /// Put `cmd` in the table and submit what SPDK takes of it.
@@ -343,16 +381,18 @@ impl Poller {
                 deallocate,
             } => (*lba, lba + blocks, self.zeroing(*deallocate)),
             // Without a volatile cache there is nothing to flush: no part.
-            Op::Flush if self.caps & caps::FLUSH == 0 => (0, 0, Zeroing::Writes),
+            Op::Flush if self.s.caps & caps::FLUSH == 0 => (0, 0, Zeroing::Writes),
             _ => (0, 1, Zeroing::Writes),
         };
         if zeroing == Zeroing::Writes && matches!(cmd.op, Op::Zeroes { .. }) {
-            self.counters
+            self.s
+                .counters
                 .zero_write_fallbacks
                 .fetch_add(1, Ordering::Relaxed);
         }
         if matches!(cmd.op, Op::Writev { .. }) {
-            self.counters
+            self.s
+                .counters
                 .scattered_writes
                 .fetch_add(1, Ordering::Relaxed);
         }
@@ -370,13 +410,11 @@ impl Poller {
     }
 
     fn zeroing(&self, deallocate: bool) -> Zeroing {
-        let zeroes_on_read = caps::DEALLOCATE | caps::DEALLOCATED_READS_ZEROES;
-        if deallocate && self.caps & zeroes_on_read == zeroes_on_read {
-            Zeroing::Deallocate
-        } else if self.caps & caps::WRITE_ZEROES != 0 {
-            Zeroing::WriteZeroes
-        } else {
-            Zeroing::Writes
+        if self.s.caps & caps::WRITE_ZEROES == 0 {
+            return Zeroing::Writes;
+        }
+        Zeroing::WriteZeroes {
+            deallocate: deallocate && self.s.caps & caps::WRITE_ZEROES_DEALLOCATE != 0,
         }
     }
 
@@ -387,10 +425,10 @@ impl Poller {
         while !pending.submitted() {
             let (rc, parts_end) = submit_part(
                 pending,
-                self.ns,
-                self.qpair,
-                &self.zero,
-                self.geometry.max_transfer_blocks,
+                self.s.ns,
+                self.s.qpair,
+                &self.s.zero,
+                self.s.geometry.max_transfer_blocks,
             );
             match rc {
                 0 => {
@@ -400,7 +438,7 @@ impl Poller {
                 }
                 rc if rc == -libc::ENOMEM => {
                     if !std::mem::replace(&mut pending.refused, true) {
-                        self.counters.requeued.fetch_add(1, Ordering::Relaxed);
+                        self.s.counters.requeued.fetch_add(1, Ordering::Relaxed);
                     }
                     if !self.waiting.contains(&tag) {
                         self.waiting.push_back(tag);
@@ -408,14 +446,13 @@ impl Poller {
                     return;
                 }
                 rc => {
-                    let error = if rc == -libc::ENXIO {
-                        DevError::Gone
-                    } else {
-                        DevError::Media(Lba(pending.lba()))
-                    };
+                    // -ENXIO: the queue pair failed. Anything else (-EINVAL,
+                    // -EFAULT: memory SPDK cannot map) would be refused again:
+                    // not the media's fault, so not a media error the node
+                    // would "repair".
                     tracing::error!(error = %crate::error::errno_name(rc), lba = pending.lba(),
                         "SPDK refused a command");
-                    pending.error = Some(error);
+                    pending.error = Some(DevError::Gone);
                 }
             }
         }
@@ -435,7 +472,7 @@ impl Poller {
             self.outstanding -= 1;
             let status = NvmeStatus::from_raw(raw);
             if !status.is_success() {
-                self.counters.nvme_errors.fetch_add(1, Ordering::Relaxed);
+                self.s.counters.nvme_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%status, lba = pending.lba(), "NVMe command failed");
                 pending
                     .error
@@ -558,29 +595,15 @@ fn submit_part(
                 let start = p.next;
                 let left = p.end - start;
                 let (rc, n) = match p.zeroing {
-                    Zeroing::Deallocate => {
-                        let n = left.min(u64::from(u32::MAX));
-                        let range = ffi::DsmRange {
-                            attributes: 0,
-                            length: n as u32,
-                            starting_lba: start,
-                        };
-                        // SPDK copies the ranges before it returns.
-                        let rc = ffi::spdk_nvme_ns_cmd_dataset_management(
-                            ns,
-                            qpair,
-                            ffi::DSM_ATTR_DEALLOCATE,
-                            &range,
-                            1,
-                            cb,
-                            ctx,
-                        );
-                        (rc, n)
-                    }
-                    Zeroing::WriteZeroes => {
+                    Zeroing::WriteZeroes { deallocate } => {
                         let n = left.min(WRITE_ZEROES_MAX_BLOCKS);
+                        let flags = if deallocate {
+                            ffi::IO_FLAGS_WRITE_ZEROES_DEAC
+                        } else {
+                            0
+                        };
                         let rc = ffi::spdk_nvme_ns_cmd_write_zeroes(
-                            ns, qpair, start, n as u32, cb, ctx, 0,
+                            ns, qpair, start, n as u32, cb, ctx, flags,
                         );
                         (rc, n)
                     }
@@ -611,7 +634,7 @@ impl Drop for Poller {
         // Freeing the queue pair completes whatever SPDK still holds (aborted:
         // queue deleted), through the callbacks, on this thread.
         // SAFETY: this poller's queue pair, used by no one else, freed once.
-        let rc = unsafe { ffi::spdk_nvme_ctrlr_free_io_qpair(self.qpair) };
+        let rc = unsafe { ffi::spdk_nvme_ctrlr_free_io_qpair(self.s.qpair) };
         if rc != 0 {
             tracing::error!(error = %crate::error::errno_name(rc), "freeing an NVMe queue pair");
         }

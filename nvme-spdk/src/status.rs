@@ -56,6 +56,8 @@ impl NvmeStatus {
     ///   loss, a path error, namespace not ready, invalid namespace): `Gone`;
     /// - aborted by request (the driver's command timeout aborts this way):
     ///   `Timeout`;
+    /// - invalid field, which SPDK also reports for memory it cannot map:
+    ///   `Gone`, as the command would fail again;
     /// - anything else, media errors first among them: `Media` at `lba`, so
     ///   the node repairs the block from a replica.
     pub fn to_dev_error(self, lba: Lba) -> DevError {
@@ -64,6 +66,9 @@ impl NvmeStatus {
             (0, sc::ABORTED_SQ_DELETION | sc::ABORTED_POWER_LOSS) => DevError::Gone,
             (0, sc::NAMESPACE_NOT_READY | sc::INVALID_NAMESPACE_OR_FORMAT) => DevError::Gone,
             (0, sc::ABORTED_BY_REQUEST) => DevError::Timeout,
+            // SPDK's own verdict on a command it could not map or send: it
+            // would fail again, and it is not the media's fault.
+            (0, sc::INVALID_FIELD) => DevError::Gone,
             (3, _) => DevError::Gone,
             _ => DevError::Media(lba),
         }
@@ -144,6 +149,11 @@ mod tests {
         assert_eq!(map(0, 0x82), DevError::Gone, "namespace not ready");
         assert_eq!(map(3, 0x00), DevError::Gone, "path");
         assert_eq!(map(0, 0x07), DevError::Timeout, "aborted after a timeout");
+        assert_eq!(
+            map(0, 0x02),
+            DevError::Gone,
+            "invalid field: memory SPDK cannot map"
+        );
         assert_eq!(map(1, 0x80), DevError::Media(lba), "command specific");
         assert_eq!(map(7, 0x01), DevError::Media(lba), "vendor");
     }

@@ -21,11 +21,13 @@ unsafe extern "C" {
         sectors: u64,
         max_xfer: u32,
         flags: u32,
-        dealloc_reads_zeroes: c_int,
+        wz_deallocate: c_int,
         qpair_requests: u32,
     ) -> c_int;
     fn weir_spdk_mock_fail_next(traddr: *const c_char, sct: u8, sc: u8);
     fn weir_spdk_mock_fail_ctrlr(traddr: *const c_char);
+    fn weir_spdk_mock_set_md(traddr: *const c_char, md_size: u32);
+    fn weir_spdk_mock_remake_ns(traddr: *const c_char);
     fn weir_spdk_mock_hold(traddr: *const c_char, hold: c_int);
     fn weir_spdk_mock_count(traddr: *const c_char, what: c_int) -> u64;
     fn weir_spdk_mock_peek(traddr: *const c_char, offset: u64, out: *mut u8, len: usize) -> c_int;
@@ -33,10 +35,9 @@ unsafe extern "C" {
     fn weir_spdk_mock_dma_live() -> c_int;
 }
 
-const DEALLOCATE: u32 = 1;
 const FLUSH: u32 = 2;
 const WRITE_ZEROES: u32 = 8;
-const ALL: u32 = DEALLOCATE | FLUSH | WRITE_ZEROES;
+const ALL: u32 = FLUSH | WRITE_ZEROES;
 
 /// The stand-in's counters (`weir_spdk_mock_count`).
 #[derive(Clone, Copy)]
@@ -46,9 +47,10 @@ enum Count {
     FuaWrites = 2,
     Flushes = 3,
     WriteZeroes = 4,
-    Dsm = 5,
+    WriteZeroesDeallocate = 5,
     Scattered = 6,
     MostHeld = 7,
+    AdminPolls = 8,
 }
 
 /// Held for a whole test: an async lock, as most tests await while they hold it.
@@ -69,7 +71,7 @@ impl Ctrl {
         sector_size: u32,
         sectors: u64,
         flags: u32,
-        reads_zeroes: bool,
+        wz_deallocate: bool,
         requests: u32,
     ) -> Ctrl {
         Self::add_with_transfer(
@@ -78,7 +80,7 @@ impl Ctrl {
             sectors,
             128 << 10,
             flags,
-            reads_zeroes,
+            wz_deallocate,
             requests,
         )
     }
@@ -89,7 +91,7 @@ impl Ctrl {
         sectors: u64,
         max_xfer: u32,
         flags: u32,
-        reads_zeroes: bool,
+        wz_deallocate: bool,
         requests: u32,
     ) -> Ctrl {
         let traddr = CString::new(name).unwrap();
@@ -101,7 +103,7 @@ impl Ctrl {
                 sectors,
                 max_xfer,
                 flags,
-                c_int::from(reads_zeroes),
+                c_int::from(wz_deallocate),
                 requests,
             )
         };
@@ -133,10 +135,55 @@ impl Ctrl {
         out
     }
 
+    fn hold(&self, hold: bool) {
+        // SAFETY: a NUL-terminated string.
+        unsafe { weir_spdk_mock_hold(self.traddr.as_ptr(), c_int::from(hold)) }
+    }
+
+    /// Wait (a bounded while) until the counter reaches `n`.
+    async fn wait_for(&self, what: Count, n: u64) {
+        for _ in 0..5_000 {
+            if self.count(what) >= n {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        panic!("counter {} never reached {n}", what as c_int);
+    }
+
     fn fail_next(&self, sct: u8, sc: u8) {
         // SAFETY: a NUL-terminated string.
         unsafe { weir_spdk_mock_fail_next(self.traddr.as_ptr(), sct, sc) }
     }
+}
+
+/// The calling thread's CPU affinity.
+fn affinity() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data, filled by the call.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Open a device, checking that the open left the caller's CPU affinity as
+/// it was (the stand-in, like DPDK, pins the thread that sets the
+/// environment up; the glue must undo that).
+fn open(opts: SpdkOptions) -> SpdkDevice {
+    let before = affinity();
+    let dev = SpdkDevice::open(opts).unwrap();
+    assert_eq!(
+        affinity(),
+        before,
+        "opening moved the caller to other cores"
+    );
+    dev
 }
 
 /// No rule of SPDK's was broken so far.
@@ -206,16 +253,17 @@ fn dma_bytes(dev: &SpdkDevice, bytes: &[u8]) -> Bytes {
 async fn data_reaches_the_media_from_dma_memory_without_a_copy_and_from_elsewhere_with_one() {
     let _turn = serial().await;
     let ctrl = Ctrl::add("mock:rw", 4096, 4096, ALL, true, 64);
-    let dev = SpdkDevice::open(ctrl.opts()).unwrap();
+    let dev = open(ctrl.opts());
     let g = dev.geometry();
     assert_eq!(
         (g.block_size, g.capacity_blocks, g.max_transfer_blocks),
         (4096, 4096, 32)
     );
-    assert_eq!(
-        dev.identity(),
-        "nvme MOCK-mock:rw ns 1",
-        "the serial, padding dropped"
+    assert!(
+        dev.identity()
+            .starts_with("nvme weir stand-in MOCK-mock:rw ns 1 nguid "),
+        "model, serial (padding dropped), namespace: {}",
+        dev.identity()
     );
 
     // From the DMA pool: straight to the device.
@@ -251,7 +299,7 @@ async fn data_reaches_the_media_from_dma_memory_without_a_copy_and_from_elsewher
 async fn many_commands_at_once_on_both_queues_match_a_model_and_complete_out_of_order() {
     let _turn = serial().await;
     let ctrl = Ctrl::add("mock:many", 4096, 1024, ALL, true, 64);
-    let dev = std::sync::Arc::new(SpdkDevice::open(ctrl.opts()).unwrap());
+    let dev = std::sync::Arc::new(open(ctrl.opts()));
     // Each task owns its own blocks, so the model needs no ordering between tasks.
     let mut tasks = Vec::new();
     for t in 0..32u64 {
@@ -293,7 +341,7 @@ async fn many_commands_at_once_on_both_queues_match_a_model_and_complete_out_of_
 async fn a_gather_in_dma_pages_goes_scattered_and_any_other_is_copied_together() {
     let _turn = serial().await;
     let ctrl = Ctrl::add("mock:gather", 4096, 256, ALL, true, 64);
-    let dev = SpdkDevice::open(ctrl.opts()).unwrap();
+    let dev = open(ctrl.opts());
     let (a, b) = (pattern(3, 4096), pattern(5, 8192));
     let cmd = DevCommand::WriteGather {
         lba: Lba(4),
@@ -327,15 +375,18 @@ async fn a_gather_in_dma_pages_goes_scattered_and_any_other_is_copied_together()
 async fn zeroes_and_deallocate_read_back_as_zeroes_whatever_the_namespace_can_do() {
     let _turn = serial().await;
     // 512-byte sectors and 128 KiB transfers: 256-block commands.
-    for (name, flags, reads_zeroes, zeroes_cmds, dsm_cmds, fallbacks) in [
-        ("mock:z-all", ALL, true, 1, 1, 0),
-        // Deallocated blocks read undefined: Deallocate zeroes instead.
-        ("mock:z-undefined", ALL, false, 2, 0, 0),
-        // Neither command: writes of zeroes.
+    // Deallocate is Write Zeroes, with its Deallocate bit where DLFEAT
+    // allows; without Write Zeroes, writes of zeroes. Never Dataset
+    // Management: it is advisory, and a block left allocated reads old data.
+    for (name, flags, wz_deallocate, zeroes_cmds, deac_cmds, fallbacks) in [
+        ("mock:z-all", ALL, true, 2, 1, 0),
+        ("mock:z-plain", ALL, false, 2, 0, 0),
         ("mock:z-none", FLUSH, false, 0, 0, 2),
+        // No volatile write cache: a flush has nothing to do.
+        ("mock:z-nocache", WRITE_ZEROES, false, 2, 0, 0),
     ] {
-        let ctrl = Ctrl::add(name, 512, 4096, flags, reads_zeroes, 64);
-        let dev = SpdkDevice::open(ctrl.opts()).unwrap();
+        let ctrl = Ctrl::add(name, 512, 4096, flags, wz_deallocate, 64);
+        let dev = open(ctrl.opts());
         let ones = vec![0xffu8; 128 << 10];
         write(&dev, 0, 0, dma_bytes(&dev, &ones), false)
             .await
@@ -360,18 +411,19 @@ async fn zeroes_and_deallocate_read_back_as_zeroes_whatever_the_namespace_can_do
             "{name}: deallocated reads zeroes"
         );
         assert_eq!(ctrl.count(Count::WriteZeroes), zeroes_cmds, "{name}");
-        assert_eq!(ctrl.count(Count::Dsm), dsm_cmds, "{name}");
+        let deac = ctrl.count(Count::WriteZeroesDeallocate);
+        assert_eq!(deac, deac_cmds, "{name}");
         assert_eq!(dev.stats().zero_write_fallbacks, fallbacks, "{name}");
-        // Without a volatile cache, a flush has nothing to do.
         dev.submit(0, DevCommand::Flush).await.unwrap();
-        assert_eq!(ctrl.count(Count::Flushes), 1, "{name}");
+        let flushes = u64::from(flags & FLUSH != 0);
+        assert_eq!(ctrl.count(Count::Flushes), flushes, "{name}");
         drop(dev);
     }
     // Write Zeroes longer than NVMe's 65,536 blocks goes in pieces.
     let ctrl = Ctrl::add_with_transfer("mock:z-long", 512, 100_000, 64 << 20, ALL, true, 64);
     let mut opts = ctrl.opts();
     opts.max_transfer_bytes = 64 << 20;
-    let dev = SpdkDevice::open(opts).unwrap();
+    let dev = open(opts);
     assert_eq!(dev.geometry().max_transfer_blocks, 131_072);
     write(&dev, 0, 98_000, dma_bytes(&dev, &[0xff; 512 << 10]), false)
         .await
@@ -395,7 +447,7 @@ async fn zeroes_and_deallocate_read_back_as_zeroes_whatever_the_namespace_can_do
 async fn nvme_errors_come_back_typed_and_bad_commands_never_reach_the_device() {
     let _turn = serial().await;
     let ctrl = Ctrl::add("mock:errors", 4096, 64, ALL, true, 64);
-    let dev = SpdkDevice::open(ctrl.opts()).unwrap();
+    let dev = open(ctrl.opts());
     let pool = dev.pool();
     ctrl.fail_next(2, 0x81); // unrecovered read error
     assert_eq!(
@@ -436,11 +488,10 @@ async fn commands_beyond_spdks_request_slots_wait_for_room_and_all_complete() {
     let _turn = serial().await;
     // Two requests per queue pair, sixteen commands on the queue.
     let ctrl = Ctrl::add("mock:slots", 4096, 256, ALL, true, 2);
-    let dev = std::sync::Arc::new(SpdkDevice::open(ctrl.opts()).unwrap());
+    let dev = std::sync::Arc::new(open(ctrl.opts()));
     // Nothing completes until every command is on the thread: SPDK must
     // refuse all but two of them.
-    // SAFETY: a NUL-terminated string.
-    unsafe { weir_spdk_mock_hold(ctrl.traddr.as_ptr(), 1) };
+    ctrl.hold(true);
     let mut tasks = Vec::new();
     for i in 0..16u64 {
         let dev = dev.clone();
@@ -462,8 +513,7 @@ async fn commands_beyond_spdks_request_slots_wait_for_room_and_all_complete() {
     }
     assert_eq!(dev.stats().requeued, 14, "{:?}", dev.stats());
     assert_eq!(ctrl.count(Count::Writes), 2);
-    // SAFETY: as above.
-    unsafe { weir_spdk_mock_hold(ctrl.traddr.as_ptr(), 0) };
+    ctrl.hold(false);
     for (i, task) in tasks.into_iter().enumerate() {
         let data = task.await.unwrap();
         assert_eq!(ctrl.media(i as u64 * 4096, 4096), data);
@@ -478,13 +528,26 @@ async fn commands_beyond_spdks_request_slots_wait_for_room_and_all_complete() {
 async fn a_failed_controller_fails_commands_with_gone_and_the_device_still_shuts_down() {
     let _turn = serial().await;
     let ctrl = Ctrl::add("mock:fail", 4096, 64, ALL, true, 64);
-    let dev = SpdkDevice::open(ctrl.opts()).unwrap();
+    let dev = open(ctrl.opts());
     let pool = dev.pool();
     write(&dev, 0, 1, dma_bytes(&dev, &[3; 4096]), false)
         .await
         .unwrap();
+    // Four reads with the SSD when its controller fails: the queue pair's
+    // poll fails, the queue closes, freeing the queue pair aborts them.
+    ctrl.hold(true);
+    let held: Vec<_> = (0..4u64)
+        .map(|i| {
+            let buf = pool.alloc(4096).unwrap();
+            tokio::spawn(dev.submit_detached(0, DevCommand::Read { lba: Lba(i), buf }))
+        })
+        .collect();
+    ctrl.wait_for(Count::Reads, 4).await;
     // SAFETY: a NUL-terminated string.
     unsafe { weir_spdk_mock_fail_ctrlr(ctrl.traddr.as_ptr()) };
+    for read in held {
+        assert_eq!(read.await.unwrap().err(), Some(DevError::Gone));
+    }
     assert_eq!(read(&dev, &pool, 0, 1, 4096).await, Err(DevError::Gone));
     assert_eq!(read(&dev, &pool, 1, 1, 4096).await, Err(DevError::Gone));
     drop(dev);
@@ -497,22 +560,33 @@ async fn shutdown_answers_every_command_and_returns_all_dma_memory() {
     // SAFETY: no arguments.
     let live_before = unsafe { weir_spdk_mock_dma_live() };
     let ctrl = Ctrl::add("mock:drop", 4096, 256, ALL, true, 64);
-    let dev = SpdkDevice::open(ctrl.opts()).unwrap();
+    let dev = open(ctrl.opts());
     let pool = dev.pool();
-    let heap = Bytes::from(vec![4u8; 4096]);
-    write(&dev, 0, 0, heap, false).await.unwrap();
-    let waiting: Vec<_> = (0..40u64)
+    for i in 0..8u64 {
+        let heap = Bytes::from(vec![i as u8; 4096]);
+        write(&dev, (i % 2) as u16, i, heap, false).await.unwrap();
+    }
+    // Eight reads with the SSD when the device is dropped: they complete,
+    // with their data, before its queues go.
+    ctrl.hold(true);
+    let held: Vec<_> = (0..8u64)
         .map(|i| {
             let buf = pool.alloc(4096).unwrap();
-            dev.submit_detached((i % 2) as u16, DevCommand::Read { lba: Lba(i), buf })
+            let read = dev.submit_detached((i % 2) as u16, DevCommand::Read { lba: Lba(i), buf });
+            tokio::spawn(read)
         })
         .collect();
-    drop(dev);
-    // Every command is answered: read, or Gone for those the queue closed on.
-    for fut in waiting {
-        match fut.await {
-            Ok(DevCompletion::Read(_)) | Err(DevError::Gone) => {}
-            other => panic!("{other:?}"),
+    ctrl.wait_for(Count::Reads, 8).await;
+    let dropping = std::thread::spawn(move || drop(dev));
+    // Give the drop time to close the queues (it then waits on the reads).
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(!dropping.is_finished(), "the drop waits for the reads");
+    ctrl.hold(false);
+    dropping.join().unwrap();
+    for (i, read) in held.into_iter().enumerate() {
+        match read.await.unwrap() {
+            Ok(DevCompletion::Read(buf)) => assert!(buf.as_ref().iter().all(|&x| x == i as u8)),
+            other => panic!("read {i}: {other:?}"),
         }
     }
     drop(pool);
@@ -589,10 +663,40 @@ async fn bad_options_and_missing_devices_are_refused_with_the_reason() {
 fn buffers_from_the_pool_are_page_aligned_dma_memory() {
     let _turn = SERIAL.blocking_lock();
     let ctrl = Ctrl::add("mock:pool", 4096, 64, ALL, true, 64);
-    let dev = SpdkDevice::open(ctrl.opts()).unwrap();
+    let dev = open(ctrl.opts());
     let buf = dev.pool().alloc(3 * BUF_ALIGN).unwrap();
     assert_eq!(buf.as_ref().as_ptr() as usize % BUF_ALIGN, 0);
     drop(buf);
+    drop(dev);
+    assert_no_violations();
+}
+
+#[tokio::test]
+async fn a_format_with_metadata_is_refused_and_the_identity_follows_the_namespace() {
+    let _turn = serial().await;
+    let ctrl = Ctrl::add("mock:md", 512, 64, ALL, false, 64);
+    // SAFETY: a NUL-terminated string.
+    unsafe { weir_spdk_mock_set_md(ctrl.traddr.as_ptr(), 8) };
+    let e = SpdkDevice::open(ctrl.opts()).unwrap_err();
+    assert!(matches!(e, OpenError::Shape { .. }), "{e}");
+    assert!(e.to_string().contains("metadata (8 bytes a sector"), "{e}");
+    // SAFETY: as above.
+    unsafe { weir_spdk_mock_set_md(ctrl.traddr.as_ptr(), 0) };
+    let dev = open(ctrl.opts());
+    let first = dev.identity().to_owned();
+    assert!(
+        first.starts_with("nvme weir stand-in MOCK-mock:md ns 1 nguid "),
+        "{first}"
+    );
+    // The admin queue is polled, idle or not.
+    ctrl.wait_for(Count::AdminPolls, 2).await;
+    drop(dev);
+    // The namespace deleted and made again: another identity, so checkpoints
+    // of the old one are not trusted.
+    // SAFETY: as above.
+    unsafe { weir_spdk_mock_remake_ns(ctrl.traddr.as_ptr()) };
+    let dev = open(ctrl.opts());
+    assert_ne!(dev.identity(), first);
     drop(dev);
     assert_no_violations();
 }

@@ -18,7 +18,11 @@
 #define MOCK_SGES 64
 #define PAGE 4096u
 
-enum mock_op { OP_READ, OP_WRITE, OP_FLUSH, OP_ZEROES, OP_DSM };
+enum mock_op { OP_READ, OP_WRITE, OP_FLUSH, OP_ZEROES };
+
+/* Write Zeroes' Deallocate bit (cdw12 bit 25), as SPDK passes io_flags. */
+#define MOCK_IO_FLAGS_DEAC (1U << 25)
+#define MOCK_COUNTS 9
 
 struct mock_req {
 	enum mock_op op;
@@ -27,8 +31,6 @@ struct mock_req {
 	uint32_t nsge;
 	void *addr[MOCK_SGES];
 	uint32_t len[MOCK_SGES];
-	struct spdk_nvme_dsm_range ranges[256];
-	uint16_t nranges;
 	spdk_nvme_cmd_cb cb;
 	void *cb_arg;
 };
@@ -39,6 +41,8 @@ struct spdk_nvme_ns {
 	uint64_t sectors;
 	uint32_t max_xfer;
 	uint32_t flags;
+	/* Metadata bytes per sector (0: none). */
+	uint32_t md_size;
 	struct spdk_nvme_ns_data data;
 	uint8_t *media;
 };
@@ -56,7 +60,7 @@ struct spdk_nvme_ctrlr {
 	/* A status the next completed I/O command gets instead of success. */
 	int fail_next;
 	uint8_t fail_sct, fail_sc;
-	uint64_t counts[8];
+	uint64_t counts[MOCK_COUNTS];
 };
 
 struct spdk_nvme_qpair {

@@ -11,17 +11,19 @@
  *   4 KiB page, every segment but the last ends on one);
  * - a queue pair is used by one thread only, and freed before its controller
  *   is detached;
- * - Write Zeroes covers 1 to 65,536 blocks (NVMe's 16-bit count), a Dataset
- *   Management command 1 to 256 ranges;
- * - the only I/O flag is FUA.
+ * - Write Zeroes covers 1 to 65,536 blocks (NVMe's 16-bit count), and takes
+ *   the Deallocate bit only where the namespace says it may (DLFEAT);
+ * - the only other I/O flag is FUA, on writes;
+ * - a namespace with metadata gets metadata with every transfer.
  * A command completes only in a later spdk_nvme_qpair_process_completions,
  * newest first, so completions come out of order; data moves at completion,
- * as a device's DMA would. A deallocated block reads 0xDE unless the
- * namespace says it reads zeroes (DLFEAT), so a caller that trusts
- * Deallocate to zero is caught. Freeing a queue pair completes what it holds
+ * as a device's DMA would. Initialising the environment pins the calling
+ * thread to core 0, as DPDK does. Freeing a queue pair completes what it holds
  * with "aborted: SQ deletion", as SPDK does.
  */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -59,7 +61,7 @@ void violation(const char *fmt, ...)
 /* ---- the stand-in's own controls, for the tests ---- */
 
 int weir_spdk_mock_add_ctrlr(const char *traddr, uint32_t sector_size, uint64_t sectors,
-			     uint32_t max_xfer, uint32_t flags, int dealloc_reads_zeroes,
+			     uint32_t max_xfer, uint32_t flags, int wz_deallocate,
 			     uint32_t qpair_requests)
 {
 	struct spdk_nvme_ctrlr *c;
@@ -83,7 +85,15 @@ int weir_spdk_mock_add_ctrlr(const char *traddr, uint32_t sector_size, uint64_t 
 	c->ns.sectors = sectors;
 	c->ns.max_xfer = max_xfer;
 	c->ns.flags = flags;
-	c->ns.data.dlfeat.bits.read_value = dealloc_reads_zeroes ? 1 : 0;
+	c->ns.data.dlfeat.bits.write_zero_deallocate = wz_deallocate ? 1 : 0;
+	/* Namespace ids as a drive reports them: from the address, and new
+	 * whenever the namespace is made again (weir_spdk_mock_remake_ns). */
+	for (size_t i = 0; i < sizeof(c->ns.data.nguid); i++) {
+		c->ns.data.nguid[i] = (uint8_t)(traddr[i % strlen(traddr)] + i);
+	}
+	c->ns.data.eui64 = 0x0025380000000000ull + (uint64_t)g_nctrlrs;
+	memset(c->data.mn, ' ', sizeof(c->data.mn));
+	memcpy(c->data.mn, "weir stand-in", 13);
 	c->ns.media = calloc(sectors, sector_size);
 	c->qpair_requests = qpair_requests;
 	if (c->ns.media == NULL) {
@@ -127,6 +137,29 @@ void weir_spdk_mock_hold(const char *traddr, int hold)
 	pthread_mutex_unlock(&g_lock);
 }
 
+/* Give the namespace metadata of md_size bytes per sector (0: none). */
+void weir_spdk_mock_set_md(const char *traddr, uint32_t md_size)
+{
+	pthread_mutex_lock(&g_lock);
+	struct spdk_nvme_ctrlr *c = find(traddr);
+	if (c != NULL) {
+		c->ns.md_size = md_size;
+	}
+	pthread_mutex_unlock(&g_lock);
+}
+
+/* Delete the namespace and make it again: new NGUID and EUI-64. */
+void weir_spdk_mock_remake_ns(const char *traddr)
+{
+	pthread_mutex_lock(&g_lock);
+	struct spdk_nvme_ctrlr *c = find(traddr);
+	if (c != NULL) {
+		c->ns.data.nguid[0]++;
+		c->ns.data.eui64 += 0x100;
+	}
+	pthread_mutex_unlock(&g_lock);
+}
+
 void weir_spdk_mock_fail_ctrlr(const char *traddr)
 {
 	pthread_mutex_lock(&g_lock);
@@ -138,14 +171,15 @@ void weir_spdk_mock_fail_ctrlr(const char *traddr)
 }
 
 /* Counters: 0 reads, 1 writes, 2 FUA writes, 3 flushes, 4 Write Zeroes,
- * 5 Dataset Management, 6 scattered writes, 7 most commands held at once. */
+ * 5 of them with Deallocate, 6 scattered writes, 7 most commands held at
+ * once, 8 admin queue polls. */
 uint64_t weir_spdk_mock_count(const char *traddr, int what)
 {
 	uint64_t v = 0;
 
 	pthread_mutex_lock(&g_lock);
 	struct spdk_nvme_ctrlr *c = find(traddr);
-	if (c != NULL && what >= 0 && what < 8) {
+	if (c != NULL && what >= 0 && what < MOCK_COUNTS) {
 		v = c->counts[what];
 	}
 	pthread_mutex_unlock(&g_lock);
@@ -226,8 +260,14 @@ int spdk_env_init(const struct spdk_env_opts *opts)
 	pthread_mutex_unlock(&g_lock);
 	if (rc != 0) {
 		violation("spdk_env_init called twice");
+		return rc;
 	}
-	return rc;
+	/* As DPDK does: the initialising thread is pinned to the main core. */
+	cpu_set_t main_core;
+	CPU_ZERO(&main_core);
+	CPU_SET(0, &main_core);
+	(void)sched_setaffinity(0, sizeof(main_core), &main_core);
+	return 0;
 }
 
 void *spdk_zmalloc(size_t size, size_t align, uint64_t *unused, int numa_id, uint32_t flags)

@@ -86,6 +86,31 @@ struct spdk_nvme_ns *spdk_nvme_ctrlr_get_ns(struct spdk_nvme_ctrlr *ctrlr, uint3
 	return ns_id == 1 ? &ctrlr->ns : NULL;
 }
 
+uint32_t spdk_nvme_ns_get_md_size(struct spdk_nvme_ns *ns)
+{
+	return ns->md_size;
+}
+
+uint32_t spdk_nvme_ns_get_extended_sector_size(struct spdk_nvme_ns *ns)
+{
+	return ns->sector_size + ns->md_size;
+}
+
+int spdk_nvme_ns_get_pi_type(struct spdk_nvme_ns *ns)
+{
+	(void)ns;
+	return 0;
+}
+
+int32_t spdk_nvme_ctrlr_process_admin_completions(struct spdk_nvme_ctrlr *ctrlr)
+{
+	pthread_mutex_lock(&g_lock);
+	ctrlr->counts[8]++;
+	int failed = ctrlr->failed;
+	pthread_mutex_unlock(&g_lock);
+	return failed ? -ENXIO : 0;
+}
+
 bool spdk_nvme_ns_is_active(struct spdk_nvme_ns *ns)
 {
 	return ns->sectors > 0;
@@ -204,17 +229,6 @@ static uint8_t execute(struct spdk_nvme_ns *ns, const struct mock_req *r)
 		}
 		memset(ns->media + r->lba * ss, 0, (size_t)r->count * ss);
 		return 0;
-	case OP_DSM:
-		for (uint16_t i = 0; i < r->nranges; i++) {
-			const struct spdk_nvme_dsm_range *d = &r->ranges[i];
-			if (d->starting_lba + d->length > ns->sectors) {
-				return 0x80;
-			}
-			memset(ns->media + d->starting_lba * ss,
-			       ns->data.dlfeat.bits.read_value == 1 ? 0x00 : 0xDE,
-			       (size_t)d->length * ss);
-		}
-		return 0;
 	}
 	return 0x06;
 }
@@ -238,8 +252,7 @@ static int enqueue(struct spdk_nvme_qpair *q, const struct mock_req *r, const ch
 	}
 	q->reqs[q->n++] = *r;
 	pthread_mutex_lock(&g_lock);
-	q->ctrlr->counts[r->op == OP_READ ? 0 : r->op == OP_WRITE ? 1 : r->op == OP_FLUSH ? 3 :
-			 r->op == OP_ZEROES ? 4 : 5]++;
+	q->ctrlr->counts[r->op == OP_READ ? 0 : r->op == OP_WRITE ? 1 : r->op == OP_FLUSH ? 3 : 4]++;
 	if (q->n > q->ctrlr->counts[7]) {
 		q->ctrlr->counts[7] = q->n;
 	}
@@ -261,7 +274,8 @@ static int transfer(struct spdk_nvme_ns *ns, struct spdk_nvme_qpair *qpair, void
 		    uint32_t io_flags, enum mock_op op, const char *what)
 {
 	struct mock_req r;
-	size_t len = (size_t)lba_count * ns->sector_size;
+	/* With metadata interleaved, every sector carries it too. */
+	size_t len = (size_t)lba_count * (ns->sector_size + ns->md_size);
 
 	if (check_io_flags(io_flags, what) != 0 || lba_count == 0) {
 		return -EINVAL;
@@ -352,6 +366,19 @@ int spdk_nvme_ns_cmd_writev(struct spdk_nvme_ns *ns, struct spdk_nvme_qpair *qpa
 		r.nsge++;
 		got += len;
 	}
+	/* SPDK walks again from an offset when it splits a request: from the
+	 * second segment's start, the walk must give the second segment. */
+	if (r.nsge > 1) {
+		void *addr = NULL;
+		uint32_t len = 0;
+		reset_sgl_fn(cb_arg, r.len[0]);
+		if (next_sge_fn(cb_arg, &addr, &len) != 0 || addr != r.addr[1] ||
+		    len < r.len[1]) {
+			violation("%s: the SGL walked from offset %u is not the second segment", what,
+				  r.len[0]);
+			return -EINVAL;
+		}
+	}
 	int rc = enqueue(qpair, &r, what);
 	if (rc == 0) {
 		pthread_mutex_lock(&g_lock);
@@ -383,7 +410,12 @@ int spdk_nvme_ns_cmd_write_zeroes(struct spdk_nvme_ns *ns, struct spdk_nvme_qpai
 {
 	struct mock_req r;
 
-	if (check_io_flags(io_flags, "spdk_nvme_ns_cmd_write_zeroes") != 0) {
+	if (io_flags & ~MOCK_IO_FLAGS_DEAC) {
+		violation("Write Zeroes: unknown I/O flags 0x%x", io_flags);
+		return -EINVAL;
+	}
+	if ((io_flags & MOCK_IO_FLAGS_DEAC) && !ns->data.dlfeat.bits.write_zero_deallocate) {
+		violation("Write Zeroes with Deallocate on a namespace without it (DLFEAT)");
 		return -EINVAL;
 	}
 	if (!(ns->flags & SPDK_NVME_NS_WRITE_ZEROES_SUPPORTED)) {
@@ -400,30 +432,13 @@ int spdk_nvme_ns_cmd_write_zeroes(struct spdk_nvme_ns *ns, struct spdk_nvme_qpai
 	r.count = lba_count;
 	r.cb = cb_fn;
 	r.cb_arg = cb_arg;
-	return enqueue(qpair, &r, "spdk_nvme_ns_cmd_write_zeroes");
-}
-
-int spdk_nvme_ns_cmd_dataset_management(struct spdk_nvme_ns *ns, struct spdk_nvme_qpair *qpair,
-					uint32_t type, const struct spdk_nvme_dsm_range *ranges,
-					uint16_t num_ranges, spdk_nvme_cmd_cb cb_fn, void *cb_arg)
-{
-	struct mock_req r;
-
-	if (!(ns->flags & SPDK_NVME_NS_DEALLOCATE_SUPPORTED)) {
-		violation("Deallocate on a namespace without it");
-		return -EINVAL;
+	int rc = enqueue(qpair, &r, "spdk_nvme_ns_cmd_write_zeroes");
+	if (rc == 0 && (io_flags & MOCK_IO_FLAGS_DEAC)) {
+		pthread_mutex_lock(&g_lock);
+		ns->ctrlr->counts[5]++;
+		pthread_mutex_unlock(&g_lock);
 	}
-	if (type != SPDK_NVME_DSM_ATTR_DEALLOCATE || num_ranges == 0 || num_ranges > 256) {
-		violation("Dataset Management: type 0x%x, %u ranges", type, num_ranges);
-		return -EINVAL;
-	}
-	memset(&r, 0, sizeof(r));
-	r.op = OP_DSM;
-	memcpy(r.ranges, ranges, num_ranges * sizeof(*ranges));
-	r.nranges = num_ranges;
-	r.cb = cb_fn;
-	r.cb_arg = cb_arg;
-	return enqueue(qpair, &r, "spdk_nvme_ns_cmd_dataset_management");
+	return rc;
 }
 
 int32_t spdk_nvme_qpair_process_completions(struct spdk_nvme_qpair *qpair,

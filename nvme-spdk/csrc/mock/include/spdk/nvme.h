@@ -44,16 +44,9 @@ struct spdk_nvme_cpl {
 };
 _Static_assert(sizeof(struct spdk_nvme_cpl) == 16, "NVMe completion entry");
 
-struct spdk_nvme_dsm_range {
-	union {
-		uint32_t raw;
-	} attributes;
-	uint32_t length;
-	uint64_t starting_lba;
-};
-_Static_assert(sizeof(struct spdk_nvme_dsm_range) == 16, "NVMe DSM range");
-
 struct spdk_nvme_ns_data {
+	uint8_t nguid[16];
+	uint64_t eui64;
 	union {
 		uint8_t raw;
 		struct {
@@ -67,16 +60,15 @@ struct spdk_nvme_ns_data {
 
 struct spdk_nvme_ctrlr_data {
 	int8_t sn[20];
+	int8_t mn[40];
 };
 
 enum spdk_nvme_ns_flags {
-	SPDK_NVME_NS_DEALLOCATE_SUPPORTED = 1 << 0,
 	SPDK_NVME_NS_FLUSH_SUPPORTED = 1 << 1,
 	SPDK_NVME_NS_WRITE_ZEROES_SUPPORTED = 1 << 3,
 };
 
 #define SPDK_NVME_IO_FLAGS_FORCE_UNIT_ACCESS (1U << 30)
-#define SPDK_NVME_DSM_ATTR_DEALLOCATE 0x4
 
 typedef void (*spdk_nvme_cmd_cb)(void *ctx, const struct spdk_nvme_cpl *cpl);
 typedef void (*spdk_nvme_req_reset_sgl_cb)(void *cb_arg, uint32_t offset);
@@ -94,6 +86,10 @@ uint64_t spdk_nvme_ns_get_num_sectors(struct spdk_nvme_ns *ns);
 uint32_t spdk_nvme_ns_get_max_io_xfer_size(struct spdk_nvme_ns *ns);
 uint32_t spdk_nvme_ns_get_optimal_io_boundary(struct spdk_nvme_ns *ns);
 uint32_t spdk_nvme_ns_get_flags(struct spdk_nvme_ns *ns);
+uint32_t spdk_nvme_ns_get_md_size(struct spdk_nvme_ns *ns);
+uint32_t spdk_nvme_ns_get_extended_sector_size(struct spdk_nvme_ns *ns);
+int spdk_nvme_ns_get_pi_type(struct spdk_nvme_ns *ns);
+int32_t spdk_nvme_ctrlr_process_admin_completions(struct spdk_nvme_ctrlr *ctrlr);
 const struct spdk_nvme_ns_data *spdk_nvme_ns_get_data(struct spdk_nvme_ns *ns);
 struct spdk_nvme_qpair *spdk_nvme_ctrlr_alloc_io_qpair(struct spdk_nvme_ctrlr *ctrlr,
 		const struct spdk_nvme_io_qpair_opts *opts, size_t opts_size);
@@ -116,8 +112,5 @@ int spdk_nvme_ns_cmd_flush(struct spdk_nvme_ns *ns, struct spdk_nvme_qpair *qpai
 int spdk_nvme_ns_cmd_write_zeroes(struct spdk_nvme_ns *ns, struct spdk_nvme_qpair *qpair,
 				  uint64_t lba, uint32_t lba_count,
 				  spdk_nvme_cmd_cb cb_fn, void *cb_arg, uint32_t io_flags);
-int spdk_nvme_ns_cmd_dataset_management(struct spdk_nvme_ns *ns, struct spdk_nvme_qpair *qpair,
-					uint32_t type, const struct spdk_nvme_dsm_range *ranges,
-					uint16_t num_ranges, spdk_nvme_cmd_cb cb_fn, void *cb_arg);
 
 #endif
