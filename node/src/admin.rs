@@ -49,6 +49,8 @@ pub struct Admin {
     pub read_flow: Box<dyn Fn() -> Option<weir_core::flow::ReadFlowStats> + Send>,
     /// The RDMA transport's counters, with `kind = "rdma"`.
     pub rdma: Box<dyn Fn() -> Option<weir_transport_rdma::net::Counters> + Send>,
+    /// The TCP transport's connections refused at set-up.
+    pub tcp_refused: Box<dyn Fn() -> u64 + Send>,
 }
 
 /// Bytes of randomness in a token (256 bits), written as hex.
@@ -174,6 +176,7 @@ impl Admin {
             (Method::Get, "/metrics") => {
                 self.metrics.set_read_window((self.read_flow)());
                 self.metrics.set_rdma((self.rdma)());
+                self.metrics.set_tcp_refused((self.tcp_refused)());
                 (200, self.metrics.render(self.me, &self.handle.report()))
             }
             (Method::Get, "/status") => (200, self.status()),

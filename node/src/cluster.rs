@@ -9,7 +9,9 @@
 //! cleanly. Starting it again on the same directory brings back the same cluster,
 //! its volumes and their data. The nodes share one admin token, `DIR/admin.token`
 //! (made at the first start), copied into each node's directory; `weir volume`
-//! and `weir status` read it from `./weir-data/admin.token` by default.
+//! and `weir status` read it from `./weir-data/admin.token` by default. The
+//! members authenticate one another by TLS under a CA of the cluster's own,
+//! made at the first start in `DIR/certs` (`weir cluster init-certs`).
 
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -62,7 +64,10 @@ pub fn node_config(up: &ClusterUp, n: u32) -> String {
          [node]\nid = {n}\n\n\
          [cluster]\nreplicas = {replicas}\npool_size = {pool}\nmembers = [\n{members}\n]\n\n\
          [nbd]\nlisten = \"127.0.0.1:{nbd}\"\n\n\
-         [admin]\nlisten = \"127.0.0.1:{admin}\"\n",
+         [admin]\nlisten = \"127.0.0.1:{admin}\"\n\n\
+         # Member links: mutual TLS under the cluster's CA (DIR/certs).\n\
+         [tls]\nca = \"../certs/ca.pem\"\ncert = \"../certs/node-{n}.pem\"\n\
+         key = \"../certs/node-{n}.key\"\n",
         replicas = up.replicas,
         pool = up.pool_size,
         members = members.join("\n"),
@@ -98,6 +103,9 @@ pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> a
     let token_path = up.dir.join("admin.token");
     let token = crate::admin::load_or_create_token(&token_path)
         .with_context(|| format!("the admin token {}", token_path.display()))?;
+    // The cluster's CA and the members' certificates, made at the first start.
+    let members: Vec<u32> = (1..=up.nodes).collect();
+    crate::certs::init(&up.dir.join("certs"), &members).context("the cluster's certificates")?;
     let mut children: Vec<(u32, Child)> = Vec::new();
     for n in 1..=up.nodes {
         let dir = up.dir.join(format!("node{n}"));

@@ -156,6 +156,24 @@ pub struct Config {
     /// within each peer's window (`weir_core::flow::FlowConfig`; off by default).
     #[serde(default)]
     pub flow: weir_core::flow::FlowConfig,
+    /// Member authentication (mutual TLS under the cluster CA); none: member
+    /// links are plain TCP, checked by the cluster id only.
+    #[serde(default)]
+    pub tls: Option<TlsSection>,
+}
+
+/// `[tls]`: this member's certificate and key, and the cluster CA every
+/// member's certificate must chain to (`weir cluster init-certs` makes them).
+/// Paths are relative to `data_dir`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// The cluster CA's certificate (PEM).
+    pub ca: PathBuf,
+    /// This member's certificate (PEM), naming `node-<id>.weir`.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
 }
 
 /// `[qos]`
@@ -616,6 +634,25 @@ impl Config {
     /// The device path, resolved against the data directory.
     pub fn device_path(&self) -> PathBuf {
         self.data_dir().join(&self.device.path)
+    }
+
+    /// This member's TLS identity, from the files `[tls]` names; `None`
+    /// without `[tls]`.
+    pub fn tls_identity(&self) -> anyhow::Result<Option<weir_transport_tcp::TlsIdentity>> {
+        let Some(tls) = &self.tls else {
+            return Ok(None);
+        };
+        let read = |path: &Path| {
+            let path = self.data_dir().join(path);
+            std::fs::read(&path).map_err(|e| anyhow::anyhow!("[tls] {}: {e}", path.display()))
+        };
+        let identity = weir_transport_tcp::TlsIdentity::from_pem(
+            &read(&tls.ca)?,
+            &read(&tls.cert)?,
+            &read(&tls.key)?,
+        )
+        .map_err(|e| anyhow::anyhow!("[tls]: {e}"))?;
+        Ok(Some(identity))
     }
 
     /// The admin token's file, resolved against the data directory.

@@ -153,8 +153,16 @@ pub async fn run_on(
         .iter()
         .map(|m| (NodeId(m.id), m.addr))
         .collect();
+    let tls = config.tls_identity()?;
+    if tls.is_none() {
+        tracing::warn!(
+            "[tls] is not set: member links are not authenticated (weir cluster init-certs \
+             makes a cluster CA and member certificates)"
+        );
+    }
     let tcp = TcpConfig {
         cluster_id: config.cluster.id,
+        tls,
         ..TcpConfig::default()
     };
     let node_peers = peers
@@ -277,6 +285,10 @@ pub async fn run_on(
         rdma: {
             let (t, c) = (transport.clone(), client.clone());
             Box::new(move || crate::net::rdma_counters(&[&t, &c]))
+        },
+        tcp_refused: {
+            let (t, c) = (transport.clone(), client.clone());
+            Box::new(move || crate::net::tcp_refused(&[&t, &c]))
         },
     };
     let admin_server = server.clone();

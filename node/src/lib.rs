@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod admin_client;
 pub mod backend;
+pub mod certs;
 pub mod cluster;
 pub mod config;
 pub mod daemon;

@@ -85,6 +85,15 @@ enum ClusterCmd {
         #[arg(long, default_value_t = 0)]
         port_offset: u16,
     },
+    /// Make the cluster's CA (unless DIR has one) and a certificate and key
+    /// for each member that has none, for `[tls]`.
+    InitCerts {
+        /// Where the CA and the certificates go.
+        dir: PathBuf,
+        /// The members' node ids, like 1,2,3.
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<u32>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -217,6 +226,25 @@ fn main() -> anyhow::Result<()> {
             let rt = runtime()?;
             let stop = signalled(&rt);
             rt.block_on(cluster::up(up, stop))
+        }
+        Cmd::Cluster {
+            command: ClusterCmd::InitCerts { dir, nodes },
+        } => {
+            let made = weir_node::certs::init(&dir, &nodes)?;
+            println!(
+                "{}: CA ca.pem (its key ca.key issues more; keep it safe), certificates for {:?}",
+                dir.display(),
+                made
+            );
+            for n in &made {
+                println!(
+                    "  node {n}: [tls] ca = \"{}\", cert = \"{}\", key = \"{}\"",
+                    weir_node::certs::ca_file(&dir).display(),
+                    weir_node::certs::member_files(&dir, *n).0.display(),
+                    weir_node::certs::member_files(&dir, *n).1.display()
+                );
+            }
+            Ok(())
         }
         Cmd::Volume {
             command,

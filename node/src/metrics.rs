@@ -95,6 +95,7 @@ pub struct Metrics {
     /// The RDMA transport's connections (node and front end together), with
     /// `[transport] kind = "rdma"`.
     rdma: [(&'static str, &'static str, Gauge); 4],
+    tcp: [(&'static str, &'static str, Gauge); 1],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -268,6 +269,12 @@ impl Metrics {
                 ),
             ]
             .map(|(name, help)| (name, help, Gauge::default())),
+            tcp: [(
+                "tcp_refused",
+                "TCP connections refused at set-up (a bad hello; with [tls], no certificate of \
+                 the cluster CA, or one naming another node)",
+                Gauge::default(),
+            )],
         };
         {
             let mut r = m.registry.lock().expect("registry");
@@ -362,7 +369,7 @@ impl Metrics {
             for (name, help, family) in m.admission.iter().chain(&m.volume_sched) {
                 r.register(*name, *help, family.clone());
             }
-            for (name, help, gauge) in m.read_window.iter().chain(&m.rdma) {
+            for (name, help, gauge) in m.read_window.iter().chain(&m.rdma).chain(&m.tcp) {
                 r.register(*name, *help, gauge.clone());
             }
         }
@@ -390,6 +397,11 @@ impl Metrics {
         for ((.., gauge), v) in self.rdma.iter().zip(values) {
             gauge.set(v.min(i64::MAX as u64) as i64);
         }
+    }
+
+    /// Set the TCP transport's count of connections refused at set-up.
+    pub fn set_tcp_refused(&self, refused: u64) {
+        self.tcp[0].2.set(refused.min(i64::MAX as u64) as i64);
     }
 
     /// A request finished.

@@ -50,6 +50,16 @@ pub fn rdma_counters(nets: &[&Net]) -> Option<Counters> {
     all
 }
 
+/// TCP connections refused at set-up by `nets` together.
+pub fn tcp_refused(nets: &[&Net]) -> u64 {
+    nets.iter()
+        .map(|net| match net {
+            Net::Tcp(t) => t.refused_connections(),
+            Net::Rdma(_) => 0,
+        })
+        .sum()
+}
+
 impl Transport for Net {
     fn local_id(&self) -> NodeId {
         match self {

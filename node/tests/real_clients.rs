@@ -53,6 +53,16 @@ impl Cluster {
                 }
             }
         }
+        // The local cluster's members authenticate one another by TLS under
+        // the CA it made, with no step of the user's.
+        assert!(dir.join("certs/ca.pem").exists(), "the cluster CA");
+        for n in 1..=3 {
+            let log = std::fs::read_to_string(dir.join(format!("node{n}/weir.log"))).unwrap();
+            assert!(
+                !log.contains("member links are not authenticated"),
+                "node {n} runs without TLS"
+            );
+        }
         Cluster {
             child: Some(child),
             dir: dir.to_path_buf(),

@@ -1,5 +1,6 @@
 //! Settings of one TCP endpoint.
 
+use crate::tls::TlsIdentity;
 use std::time::Duration;
 
 /// Settings of one [`crate::TcpTransport`] endpoint.
@@ -27,6 +28,9 @@ pub struct TcpConfig {
     pub backoff_min: Duration,
     /// Longest wait between dials; each failure doubles the wait up to this.
     pub backoff_max: Duration,
+    /// Member authentication: mutual TLS under the cluster CA. `None`: plain
+    /// TCP, where the cluster id above is the only check.
+    pub tls: Option<TlsIdentity>,
 }
 
 impl Default for TcpConfig {
@@ -39,6 +43,7 @@ impl Default for TcpConfig {
             connect_timeout: Duration::from_secs(2),
             backoff_min: Duration::from_millis(10),
             backoff_max: Duration::from_secs(1),
+            tls: None,
         }
     }
 }

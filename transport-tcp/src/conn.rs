@@ -6,13 +6,12 @@
 //! end at their next await and the socket closes. That is how the endpoint resets
 //! a connection, replaces it, or shuts everything down.
 
+use crate::tls::BoxStream;
 use bytes::BytesMut;
 use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch};
 use weir_core::buf::BufPool;
 use weir_core::wire::{DecodeError, Frame, Message, HEADER_BYTES};
@@ -167,14 +166,14 @@ impl ConnTask {
 /// task (so reading and writing proceed on different worker threads). Frames read
 /// go to `inbox` tagged with `peer`. Whichever side ends first ends the other.
 pub(crate) async fn run(
-    stream: TcpStream,
+    stream: BoxStream,
     peer: NodeId,
     mut task: ConnTask,
     inbox: mpsc::Sender<(NodeId, Frame)>,
     pool: BufPool,
     mut shutdown: watch::Receiver<bool>,
 ) -> End {
-    let (read_half, write_half) = stream.into_split();
+    let (read_half, write_half) = tokio::io::split(stream);
     let mut reader = AbortOnDrop(tokio::spawn(read_frames(read_half, peer, inbox, pool)));
     let end = {
         let ConnTask {
@@ -212,7 +211,7 @@ impl Drop for AbortOnDrop {
 /// Frames go to the kernel in batches by vectored writes straight from their own
 /// buffers: payload bytes are never copied in user space.
 async fn write_frames(
-    mut socket: OwnedWriteHalf,
+    mut socket: WriteHalf<BoxStream>,
     frames: &mut mpsc::Receiver<Frame>,
     queued_bytes: &AtomicUsize,
     space: &tokio::sync::Notify,
@@ -232,7 +231,7 @@ async fn write_frames(
 
 /// Write every byte of `frames`, in order, with as few system calls as the kernel
 /// allows.
-async fn write_all_vectored(socket: &mut OwnedWriteHalf, frames: &[Frame]) -> io::Result<()> {
+async fn write_all_vectored(socket: &mut WriteHalf<BoxStream>, frames: &[Frame]) -> io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = frames
         .iter()
         .flat_map(|f| [IoSlice::new(&f.head), IoSlice::new(&f.payload)])
@@ -247,7 +246,8 @@ async fn write_all_vectored(socket: &mut OwnedWriteHalf, frames: &[Frame]) -> io
         }
         IoSlice::advance_slices(&mut rest, written);
     }
-    Ok(())
+    // TLS may hold the last records until flushed; plain TCP holds nothing.
+    socket.flush().await
 }
 
 /// Read whole frames and deliver them until the peer closes, the socket fails or a
@@ -259,7 +259,7 @@ async fn write_all_vectored(socket: &mut OwnedWriteHalf, frames: &[Frame]) -> io
 /// the node is slow, which stops reading and lets TCP flow control push back on
 /// the peer.
 async fn read_frames(
-    socket: OwnedReadHalf,
+    socket: ReadHalf<BoxStream>,
     peer: NodeId,
     inbox: mpsc::Sender<(NodeId, Frame)>,
     pool: BufPool,
@@ -282,7 +282,7 @@ async fn read_frames(
 /// One frame (header, control part, payload), or `None` if the peer closed the
 /// stream cleanly before the first byte of a header.
 async fn read_frame(
-    socket: &mut BufReader<OwnedReadHalf>,
+    socket: &mut BufReader<ReadHalf<BoxStream>>,
     pool: &BufPool,
 ) -> Result<Option<Frame>, End> {
     let mut header = [0u8; HEADER_BYTES];

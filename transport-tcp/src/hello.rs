@@ -11,13 +11,20 @@
 //! same magic, version and cluster, and the node id it meant to reach (an address
 //! now held by another node must not receive that node's traffic).
 //!
+//! With TLS (`TcpConfig::tls`), the hellos travel inside a mutually
+//! authenticated TLS 1.3 session set up first (see `tls.rs`): the dialer's
+//! TLS client checks that the acceptor's certificate names the node dialed,
+//! and the acceptor checks that the dialer's certificate names the node its
+//! hello claims; a mismatch closes the connection without an answer.
+//!
 //! Versioning rule: bump [`PROTOCOL_VERSION`] whenever the hello's layout or the
 //! rules of a connection change (what is sent before or around frames). The frames
 //! themselves carry `weir_core::wire::WIRE_VERSION` and are versioned there.
 
+use crate::tls::{self, BoxStream, TlsIdentity};
 use std::io;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use weir_core::NodeId;
@@ -69,6 +76,14 @@ pub(crate) enum HandshakeError {
     /// Setup took longer than the connect timeout.
     #[error("no connection within {0:?}")]
     Timeout(Duration),
+    /// The TLS handshake failed: no certificate, one of another CA, or one
+    /// that does not name the node dialed (or plain TCP against TLS).
+    #[error("TLS: {0}")]
+    Tls(io::Error),
+    /// The dialer's certificate (of this cluster) names another node than
+    /// its hello.
+    #[error("the peer's certificate does not name {0}, which its hello claims to be")]
+    NotCertified(NodeId),
 }
 
 impl Hello {
@@ -108,19 +123,26 @@ impl Hello {
     }
 }
 
-/// Dialer side: connect to `to`, exchange hellos. Returns the stream and the time
-/// the hello took to be answered (one round trip plus the peer's reaction).
+/// Dialer side: connect to `to` (over TLS when `tls` is given), exchange
+/// hellos. Returns the stream and the time the hello took to be answered (one
+/// round trip plus the peer's reaction).
 pub(crate) async fn dial(
     addr: std::net::SocketAddr,
     ours: Hello,
     to: NodeId,
     timeout: Duration,
-) -> Result<(TcpStream, Duration), HandshakeError> {
+    tls: Option<&TlsIdentity>,
+) -> Result<(BoxStream, Duration), HandshakeError> {
     let setup = async {
-        let mut stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let mut stream: BoxStream = match tls {
+            Some(tls) => tls.connect(tcp, to).await?,
+            None => Box::new(tcp),
+        };
         let sent = Instant::now();
         stream.write_all(&ours.encode()).await?;
+        stream.flush().await?;
         let mut answer = [0u8; HELLO_BYTES];
         stream.read_exact(&mut answer).await?;
         let rtt = sent.elapsed();
@@ -138,25 +160,50 @@ pub(crate) async fn dial(
         .unwrap_or(Err(HandshakeError::Timeout(timeout)))
 }
 
-/// Acceptor side: read the dialer's hello, check it, answer. Returns the stream and
-/// the dialer's node id.
+/// Acceptor side: (over TLS when `tls` is given) read the dialer's hello,
+/// check it, answer. Returns the stream and the dialer's node id.
 pub(crate) async fn accept(
-    mut stream: TcpStream,
+    tcp: TcpStream,
     ours: Hello,
     timeout: Duration,
-) -> Result<(TcpStream, NodeId), HandshakeError> {
+    tls: Option<&TlsIdentity>,
+) -> Result<(BoxStream, NodeId), HandshakeError> {
     let setup = async {
-        stream.set_nodelay(true)?;
-        let mut theirs = [0u8; HELLO_BYTES];
-        stream.read_exact(&mut theirs).await?;
-        let theirs = Hello::decode(&theirs, ours.cluster)?;
-        stream.write_all(&ours.encode()).await?;
-        Ok(theirs.node)
+        tcp.set_nodelay(true)?;
+        match tls {
+            None => {
+                let mut stream = tcp;
+                let node = answer(&mut stream, ours, |_, _| true).await?;
+                Ok((Box::new(stream) as BoxStream, node))
+            }
+            Some(identity) => {
+                let mut stream = identity.accept(tcp).await?;
+                let node = answer(&mut stream, ours, tls::certifies).await?;
+                Ok((Box::new(stream) as BoxStream, node))
+            }
+        }
     };
-    let node = tokio::time::timeout(timeout, setup)
+    tokio::time::timeout(timeout, setup)
         .await
-        .unwrap_or(Err(HandshakeError::Timeout(timeout)))?;
-    Ok((stream, node))
+        .unwrap_or(Err(HandshakeError::Timeout(timeout)))
+}
+
+/// Read the dialer's hello on `stream`, check it (and that `certified` vouches
+/// for the node it claims), answer it.
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    ours: Hello,
+    certified: impl Fn(&S, NodeId) -> bool,
+) -> Result<NodeId, HandshakeError> {
+    let mut theirs = [0u8; HELLO_BYTES];
+    stream.read_exact(&mut theirs).await?;
+    let theirs = Hello::decode(&theirs, ours.cluster)?;
+    if !certified(stream, theirs.node) {
+        return Err(HandshakeError::NotCertified(theirs.node));
+    }
+    stream.write_all(&ours.encode()).await?;
+    stream.flush().await?;
+    Ok(theirs.node)
 }
 
 #[cfg(test)]

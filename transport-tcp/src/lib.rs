@@ -30,6 +30,11 @@
 //! - **Shutdown.** Every task (listener, dials, readers, writers) ends when the
 //!   transport is closed or dropped: connection tasks stop when the endpoint drops
 //!   their handle, the rest watch one shutdown signal.
+//! - **Authentication.** With [`TcpConfig::tls`], every connection is a
+//!   mutually authenticated TLS 1.3 session under the cluster's CA before its
+//!   hello: a peer without a certificate of the cluster, or whose certificate
+//!   does not name the node its hello claims (or the node dialed), is refused
+//!   before any frame, and counted ([`TcpTransport::refused_connections`]).
 //! - **Congestion signals.** Kernel TCP hides retransmissions and ECN echoes, so
 //!   only an RTT sample (the hello's round trip) is reported.
 //!
@@ -47,7 +52,9 @@ extern crate tokio_real as tokio;
 mod config;
 mod conn;
 mod hello;
+mod tls;
 mod transport;
 
 pub use config::TcpConfig;
+pub use tls::{member_name, TlsError, TlsIdentity};
 pub use transport::TcpTransport;

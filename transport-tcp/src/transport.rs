@@ -84,6 +84,9 @@ struct Shared {
     inbound_alive: Arc<AtomicUsize>,
     /// Notified when a connection's writer made room in its queue.
     space: Arc<tokio::sync::Notify>,
+    /// Inbound connections refused at set-up (a bad hello, no or a foreign
+    /// certificate, one naming another node).
+    refused_connections: AtomicU64,
 }
 
 /// The connection tables. Only ever locked briefly, never across an await.
@@ -164,6 +167,7 @@ impl TcpTransport {
             next_conn: AtomicU64::new(0),
             inbound_alive: Arc::new(AtomicUsize::new(0)),
             space: Arc::new(tokio::sync::Notify::new()),
+            refused_connections: AtomicU64::new(0),
         });
         if let Some(listener) = listener {
             tracing::debug!(node = %me, addr = ?local_addr, "listening");
@@ -230,6 +234,12 @@ impl TcpTransport {
         };
         let inbound = state.inbound.get(&peer).map_or(0, Conn::queued_bytes);
         outbound + inbound
+    }
+
+    /// Inbound connections refused at set-up so far: a bad hello, or (with
+    /// TLS) no certificate of this cluster, or one naming another node.
+    pub fn refused_connections(&self) -> u64 {
+        self.shared.refused_connections.load(Ordering::Relaxed)
     }
 
     /// Whether a queue has refused a frame and not had room since.
@@ -578,7 +588,7 @@ impl Shared {
     /// forget it (see [`Shared::conn_ended`]).
     async fn run_conn(
         &self,
-        stream: TcpStream,
+        stream: crate::tls::BoxStream,
         (peer, side): (NodeId, Side),
         task: ConnTask,
         shutdown: watch::Receiver<bool>,
@@ -629,7 +639,7 @@ async fn dial_task(shared: Arc<Shared>, peer: NodeId, addr: SocketAddr, mut task
     let mut shutdown = shared.shutdown.subscribe();
     let timeout = shared.config.connect_timeout;
     let dialed = tokio::select! {
-        dialed = hello::dial(addr, shared.hello(), peer, timeout) => dialed,
+        dialed = hello::dial(addr, shared.hello(), peer, timeout, shared.config.tls.as_ref()) => dialed,
         // Reset, replaced or closed while dialing.
         _ = task.stopped() => return,
         _ = shutdown.wait_for(|closed| *closed) => return,
@@ -687,12 +697,13 @@ async fn inbound_task(
     let mut shutdown = shared.shutdown.subscribe();
     let timeout = shared.config.connect_timeout;
     let accepted = tokio::select! {
-        accepted = hello::accept(stream, shared.hello(), timeout) => accepted,
+        accepted = hello::accept(stream, shared.hello(), timeout, shared.config.tls.as_ref()) => accepted,
         _ = shutdown.wait_for(|closed| *closed) => return,
     };
     let (stream, peer) = match accepted {
         Ok(accepted) => accepted,
         Err(error) => {
+            shared.refused_connections.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%from, %error, "inbound connection refused");
             return;
         }
