@@ -346,7 +346,64 @@ fn nbd_session() -> Vec<u8> {
     b
 }
 
+/// The bytes a client sends up to and with `NBD_OPT_STARTTLS`: it then waits
+/// for the server's answer before it starts TLS.
+fn starttls_prefix() -> Vec<u8> {
+    let mut b = 3u32.to_be_bytes().to_vec(); // fixed newstyle, no zeroes
+    b.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
+    b.extend_from_slice(&5u32.to_be_bytes()); // NBD_OPT_STARTTLS
+    b.extend_from_slice(&0u32.to_be_bytes());
+    b
+}
+
+/// STARTTLS, then a TLS 1.3 ClientHello as rustls's client sends it.
+fn nbd_tls_session() -> Vec<u8> {
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut client = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let mut b = starttls_prefix();
+    client.write_tls(&mut b).unwrap();
+    b
+}
+
+/// A front end that requires TLS, with a self-signed certificate.
+fn nbd_tls() -> Target {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let tls = nbd::NbdTls::new(
+        cert.pem().as_bytes(),
+        key.serialize_pem().as_bytes(),
+        None,
+        true,
+    )
+    .unwrap();
+    nbd_with(
+        "NBD over TLS (STARTTLS, TLS handshake)",
+        tls,
+        vec![nbd_tls_session(), nbd_session()],
+    )
+}
+
 fn nbd() -> Target {
+    nbd_with(
+        "NBD sessions (handshake, then commands)",
+        nbd::NbdTls::off(),
+        vec![nbd_session()],
+    )
+}
+
+/// NBD sessions against a front end with `tls`. An input that opens with
+/// STARTTLS is sent as a client would: the rest only once the server answered.
+fn nbd_with(name: &'static str, tls: nbd::NbdTls, seeds: Vec<Vec<u8>>) -> Target {
     let rt = tokio_real::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -358,18 +415,33 @@ fn nbd() -> Target {
         .block_on(tokio_real::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
+    let prefix = starttls_prefix();
     Target {
-        name: "NBD sessions (handshake, then commands)",
-        seeds: vec![nbd_session()],
+        name,
+        seeds,
         run: Box::new(move |b| {
             rt.block_on(async {
                 use tokio_real::io::{AsyncReadExt, AsyncWriteExt};
                 let client = tokio_real::net::TcpStream::connect(addr);
                 let (accepted, client) = tokio_real::join!(listener.accept(), client);
                 let (server_side, _) = accepted.unwrap();
-                let server = tokio_real::spawn(nbd::handle(server_side, backend.clone()));
+                let (backend, tls) = (backend.clone(), tls.clone());
+                let server =
+                    tokio_real::spawn(async move { nbd::handle(server_side, backend, &tls).await });
                 let mut c = client.unwrap();
-                let _ = c.write_all(b).await;
+                let mut rest = b;
+                if b.starts_with(&prefix) {
+                    // The greeting, then STARTTLS; its answer before the rest.
+                    let _ = c.write_all(&prefix).await;
+                    let mut answer = [0u8; 18 + 20];
+                    let _ = tokio_real::time::timeout(
+                        Duration::from_secs(5),
+                        c.read_exact(&mut answer),
+                    )
+                    .await;
+                    rest = &b[prefix.len()..];
+                }
+                let _ = c.write_all(rest).await;
                 let _ = c.shutdown().await;
                 let mut sink = [0u8; 4096];
                 let drained = tokio_real::time::timeout(Duration::from_secs(5), async {
@@ -547,6 +619,7 @@ fn main() {
         config(),
         rdma(),
         nbd(),
+        nbd_tls(),
     ];
     println!("fuzz: {cases} cases a target, seed {seed}");
     let mut failures = 0;

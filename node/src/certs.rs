@@ -113,6 +113,57 @@ fn member(n: u32, ca: &Certificate, ca_key: &KeyPair) -> anyhow::Result<(Certifi
     Ok((cert, key))
 }
 
+/// The NBD front end's certificates, made under the cluster CA in `dir` (by
+/// [`init`] first) unless they exist: `nbd-server.pem`/`.key` naming
+/// `names` (host names, or IP addresses), and `nbd-client/` holding
+/// `ca-cert.pem`, `client-cert.pem` and `client-key.pem`, the layout qemu's
+/// `tls-creds-x509` (`dir=`) and libnbd (`tls-certificates=`) read.
+pub fn init_nbd(dir: &Path, names: &[String]) -> anyhow::Result<()> {
+    let key_text = std::fs::read_to_string(dir.join("ca.key")).with_context(|| {
+        format!(
+            "reading {} (weir cluster init-certs first)",
+            dir.join("ca.key").display()
+        )
+    })?;
+    let ca_key = KeyPair::from_pem(&key_text)?;
+    let ca = ca_params()?.self_signed(&ca_key)?;
+    let (server_pem, server_key) = (dir.join("nbd-server.pem"), dir.join("nbd-server.key"));
+    if !server_pem.exists() {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        for name in names {
+            params
+                .subject_alt_names
+                .push(match name.parse::<std::net::IpAddr>() {
+                    Ok(ip) => rcgen::SanType::IpAddress(ip),
+                    Err(_) => rcgen::SanType::DnsName(name.as_str().try_into()?),
+                });
+        }
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "weir NBD front end");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &ca, &ca_key)?;
+        write_private(&server_key, &key.serialize_pem())?;
+        std::fs::write(&server_pem, cert.pem())?;
+    }
+    let client = dir.join("nbd-client");
+    if !client.join("client-cert.pem").exists() {
+        std::fs::create_dir_all(&client)?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "weir NBD client");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &ca, &ca_key)?;
+        std::fs::copy(ca_file(dir), client.join("ca-cert.pem"))?;
+        write_private(&client.join("client-key.pem"), &key.serialize_pem())?;
+        std::fs::write(client.join("client-cert.pem"), cert.pem())?;
+    }
+    Ok(())
+}
+
 /// Write `text` to `path`, readable by its owner only.
 fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;

@@ -31,6 +31,9 @@ pub struct ClusterUp {
     pub replicas: u8,
     /// Added to every port (to run several clusters on one host).
     pub port_offset: u16,
+    /// NBD over TLS for the front ends (client certificates in
+    /// `DIR/certs/nbd-client`).
+    pub nbd_tls: crate::config::NbdTlsMode,
 }
 
 impl ClusterUp {
@@ -63,7 +66,7 @@ pub fn node_config(up: &ClusterUp, n: u32) -> String {
          # in the README; the defaults are used for the rest.\n\
          [node]\nid = {n}\n\n\
          [cluster]\nreplicas = {replicas}\npool_size = {pool}\nmembers = [\n{members}\n]\n\n\
-         [nbd]\nlisten = \"127.0.0.1:{nbd}\"\n\n\
+         [nbd]\nlisten = \"127.0.0.1:{nbd}\"\n{nbd_tls}\n\
          [admin]\nlisten = \"127.0.0.1:{admin}\"\n\n\
          # Member links: mutual TLS under the cluster's CA (DIR/certs).\n\
          [tls]\nca = \"../certs/ca.pem\"\ncert = \"../certs/node-{n}.pem\"\n\
@@ -72,6 +75,18 @@ pub fn node_config(up: &ClusterUp, n: u32) -> String {
         pool = up.pool_size,
         members = members.join("\n"),
         nbd = up.nbd_port(n),
+        nbd_tls = match up.nbd_tls {
+            crate::config::NbdTlsMode::Off => String::new(),
+            mode => format!(
+                "tls = \"{}\"\ntls_cert = \"../certs/nbd-server.pem\"\n\
+                 tls_key = \"../certs/nbd-server.key\"\ntls_client_ca = \"../certs/ca.pem\"\n",
+                if mode == crate::config::NbdTlsMode::On {
+                    "on"
+                } else {
+                    "require"
+                }
+            ),
+        },
         admin = up.admin_port(n),
     )
 }
@@ -106,6 +121,11 @@ pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> a
     // The cluster's CA and the members' certificates, made at the first start.
     let members: Vec<u32> = (1..=up.nodes).collect();
     crate::certs::init(&up.dir.join("certs"), &members).context("the cluster's certificates")?;
+    crate::certs::init_nbd(
+        &up.dir.join("certs"),
+        &["localhost".into(), "127.0.0.1".into()],
+    )
+    .context("the NBD front ends' certificates")?;
     let mut children: Vec<(u32, Child)> = Vec::new();
     for n in 1..=up.nodes {
         let dir = up.dir.join(format!("node{n}"));
@@ -147,6 +167,13 @@ pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> a
             up.nbd_port(n),
             up.admin_port(n),
             up.dir.join(format!("node{n}/weir.log")).display()
+        );
+    }
+    if up.nbd_tls != crate::config::NbdTlsMode::Off {
+        println!(
+            "NBD over TLS: client certificates in {} (qemu: --object \
+             tls-creds-x509,id=tls0,endpoint=client,dir=...; libnbd: nbds://...?tls-certificates=...)",
+            up.dir.join("certs/nbd-client").display()
         );
     }
     let token_flag = if up.dir == Path::new("./weir-data") {

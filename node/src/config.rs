@@ -303,6 +303,29 @@ pub struct NbdSection {
     /// Listen address.
     #[serde(default = "default_nbd")]
     pub listen: SocketAddr,
+    /// NBD over TLS (NBD_OPT_STARTTLS): `"off"` (the default), `"on"`
+    /// (offered), or `"require"` (nothing but STARTTLS and ABORT before it).
+    #[serde(default)]
+    pub tls: NbdTlsMode,
+    /// With TLS: the server's certificate (PEM), relative to `data_dir`.
+    pub tls_cert: Option<PathBuf>,
+    /// With TLS: its private key (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// With TLS: clients must present a certificate this CA (PEM) signed.
+    pub tls_client_ca: Option<PathBuf>,
+}
+
+/// `[nbd] tls`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NbdTlsMode {
+    /// Plain NBD only.
+    #[default]
+    Off,
+    /// TLS offered; plain clients served too.
+    On,
+    /// TLS required.
+    Require,
 }
 
 /// `[admin]`
@@ -415,6 +438,10 @@ impl Default for NbdSection {
     fn default() -> Self {
         NbdSection {
             listen: default_nbd(),
+            tls: NbdTlsMode::Off,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
         }
     }
 }
@@ -590,6 +617,13 @@ impl Config {
         if let Err((key, why)) = self.device.check() {
             return bad(key, why);
         }
+        let n = &self.nbd;
+        if n.tls != NbdTlsMode::Off && (n.tls_cert.is_none() || n.tls_key.is_none()) {
+            return bad(
+                "nbd.tls",
+                "TLS needs tls_cert and tls_key (weir cluster init-certs makes them)".into(),
+            );
+        }
         let t = &self.timeouts;
         if t.tick_ms == 0 || t.detect_ms < 4 * t.tick_ms || t.lease_ms <= t.detect_ms {
             return bad(
@@ -653,6 +687,29 @@ impl Config {
         )
         .map_err(|e| anyhow::anyhow!("[tls]: {e}"))?;
         Ok(Some(identity))
+    }
+
+    /// The NBD front end's TLS, from `[nbd]`.
+    pub fn nbd_tls(&self) -> anyhow::Result<crate::nbd::NbdTls> {
+        let n = &self.nbd;
+        let (Some(cert), Some(key)) = (&n.tls_cert, &n.tls_key) else {
+            return Ok(crate::nbd::NbdTls::off());
+        };
+        if n.tls == NbdTlsMode::Off {
+            return Ok(crate::nbd::NbdTls::off());
+        }
+        let read = |path: &Path| {
+            let path = self.data_dir().join(path);
+            std::fs::read(&path).map_err(|e| anyhow::anyhow!("[nbd] {}: {e}", path.display()))
+        };
+        let client_ca = n.tls_client_ca.as_deref().map(read).transpose()?;
+        crate::nbd::NbdTls::new(
+            &read(cert)?,
+            &read(key)?,
+            client_ca.as_deref(),
+            n.tls == NbdTlsMode::Require,
+        )
+        .map_err(|e| anyhow::anyhow!("[nbd] TLS: {e}"))
     }
 
     /// The admin token's file, resolved against the data directory.

@@ -264,7 +264,8 @@ pub async fn run_on(
     let nbd = tokio_real::net::TcpListener::bind(config.nbd.listen)
         .await
         .with_context(|| format!("NBD listen address {}", config.nbd.listen))?;
-    let nbd_task = tokio_real::spawn(crate::nbd::serve(nbd, backend));
+    let nbd_tls = config.nbd_tls()?;
+    let nbd_task = tokio_real::spawn(crate::nbd::serve(nbd, backend, nbd_tls));
 
     let token_path = config.admin_token_path();
     let token = crate::admin::load_or_create_token(&token_path)

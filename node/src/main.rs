@@ -84,6 +84,10 @@ enum ClusterCmd {
         /// Added to every port, to run several clusters on one host.
         #[arg(long, default_value_t = 0)]
         port_offset: u16,
+        /// NBD over TLS: off, on (offered) or require (written into the node
+        /// configs at the first start).
+        #[arg(long, default_value = "off")]
+        nbd_tls: String,
     },
     /// Make the cluster's CA (unless DIR has one) and a certificate and key
     /// for each member that has none, for `[tls]`.
@@ -93,6 +97,9 @@ enum ClusterCmd {
         /// The members' node ids, like 1,2,3.
         #[arg(long, value_delimiter = ',', required = true)]
         nodes: Vec<u32>,
+        /// Names the NBD front ends' certificate carries (what clients dial).
+        #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
+        nbd_names: Vec<String>,
     },
 }
 
@@ -212,29 +219,48 @@ fn main() -> anyhow::Result<()> {
                     pool_size,
                     replicas,
                     port_offset,
+                    nbd_tls,
                 },
         } => {
             let pool_size =
                 config::parse_size(&pool_size).map_err(|e| anyhow::anyhow!("--pool-size: {e}"))?;
+            let nbd_tls = match nbd_tls.as_str() {
+                "off" => config::NbdTlsMode::Off,
+                "on" => config::NbdTlsMode::On,
+                "require" => config::NbdTlsMode::Require,
+                other => anyhow::bail!("--nbd-tls {other}: off, on or require"),
+            };
             let up = cluster::ClusterUp {
                 nodes,
                 dir,
                 pool_size,
                 replicas: replicas.unwrap_or(3.min(nodes as u8)),
                 port_offset,
+                nbd_tls,
             };
             let rt = runtime()?;
             let stop = signalled(&rt);
             rt.block_on(cluster::up(up, stop))
         }
         Cmd::Cluster {
-            command: ClusterCmd::InitCerts { dir, nodes },
+            command:
+                ClusterCmd::InitCerts {
+                    dir,
+                    nodes,
+                    nbd_names,
+                },
         } => {
             let made = weir_node::certs::init(&dir, &nodes)?;
+            weir_node::certs::init_nbd(&dir, &nbd_names)?;
             println!(
                 "{}: CA ca.pem (its key ca.key issues more; keep it safe), certificates for {:?}",
                 dir.display(),
                 made
+            );
+            println!(
+                "  NBD front ends: nbd-server.pem/.key ([nbd] tls_cert, tls_key); client \
+                 certificates in {}",
+                dir.join("nbd-client").display()
             );
             for n in &made {
                 println!(

@@ -2,9 +2,16 @@
 //! that real clients (qemu, nbdcopy, nbdfuse, fio's nbd engine, the kernel's
 //! nbd-client) use a weir volume with no weir code on their side.
 //!
-//! Handshake: `NBD_OPT_GO`, `NBD_OPT_INFO`, `NBD_OPT_LIST`, `NBD_OPT_ABORT` and the
-//! old `NBD_OPT_EXPORT_NAME`; every other option is answered `NBD_REP_ERR_UNSUP`
-//! (so clients fall back to simple replies). Export name = volume name.
+//! Handshake: `NBD_OPT_GO`, `NBD_OPT_INFO`, `NBD_OPT_LIST`, `NBD_OPT_ABORT`,
+//! `NBD_OPT_STARTTLS` and the old `NBD_OPT_EXPORT_NAME`; every other option is
+//! answered `NBD_REP_ERR_UNSUP` (so clients fall back to simple replies). Export
+//! name = volume name.
+//!
+//! TLS ([`NbdTls`], `[nbd] tls`): STARTTLS is acknowledged, then the TLS
+//! handshake runs on the same socket and option haggling starts again inside
+//! it (nothing negotiated before carries over). With `require`, before TLS
+//! every option but STARTTLS and ABORT is answered `NBD_REP_ERR_TLS_REQD`, and
+//! `NBD_OPT_EXPORT_NAME` (which has no error reply) closes the connection.
 //!
 //! Transmission: READ, WRITE (with FUA), FLUSH, TRIM, WRITE_ZEROES, DISC, with
 //! simple replies. Requests run concurrently (a client may have many in flight);
@@ -27,8 +34,13 @@
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
-use tokio_real::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio_real::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf,
+};
 use tokio_real::net::{TcpListener, TcpStream};
+
+mod tls;
+pub use tls::NbdTls;
 use tokio_real::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 /// Page-aligned memory for write payloads. Its own budget is no bound: each
@@ -49,6 +61,7 @@ const CLIENT_FLAGS_KNOWN: u32 = 1 | 2;
 const OPT_EXPORT_NAME: u32 = 1;
 const OPT_ABORT: u32 = 2;
 const OPT_LIST: u32 = 3;
+const OPT_STARTTLS: u32 = 5;
 const OPT_INFO: u32 = 6;
 const OPT_GO: u32 = 7;
 
@@ -57,6 +70,7 @@ const REP_SERVER: u32 = 2;
 const REP_INFO: u32 = 3;
 const REP_ERR_UNSUP: u32 = (1 << 31) | 1;
 const REP_ERR_INVALID: u32 = (1 << 31) | 3;
+const REP_ERR_TLS_REQD: u32 = (1 << 31) | 5;
 const REP_ERR_UNKNOWN: u32 = (1 << 31) | 6;
 const REP_ERR_TOO_BIG: u32 = (1 << 31) | 9;
 
@@ -151,12 +165,16 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 /// Serve NBD on `listener` until it fails; one task per client.
-pub async fn serve<B: Backend>(listener: TcpListener, backend: Arc<B>) -> std::io::Result<()> {
+pub async fn serve<B: Backend>(
+    listener: TcpListener,
+    backend: Arc<B>,
+    tls: NbdTls,
+) -> std::io::Result<()> {
     loop {
         let (stream, peer) = listener.accept().await?;
-        let backend = backend.clone();
+        let (backend, tls) = (backend.clone(), tls.clone());
         tokio_real::spawn(async move {
-            if let Err(e) = handle(stream, backend).await {
+            if let Err(e) = handle(stream, backend, &tls).await {
                 tracing::info!(%peer, error = %e, "NBD client disconnected");
             }
         });
@@ -181,16 +199,16 @@ pub enum ConnError {
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Serve one client: handshake, then transmission.
-pub async fn handle<B: Backend>(stream: TcpStream, backend: Arc<B>) -> Result<(), ConnError> {
+pub async fn handle<B: Backend>(
+    stream: TcpStream,
+    backend: Arc<B>,
+    tls: &NbdTls,
+) -> Result<(), ConnError> {
     stream.set_nodelay(true)?;
-    let (read, write) = stream.into_split();
-    let mut r = BufReader::new(read);
-    let mut w = BufWriter::new(write);
-    let export =
-        match tokio_real::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut r, &mut w, &*backend))
-            .await
-        {
-            Ok(Ok(Some(export))) => export,
+    let (r, w) = halves(Box::new(stream));
+    let (export, r, w) =
+        match tokio_real::time::timeout(HANDSHAKE_TIMEOUT, handshake(r, w, &*backend, tls)).await {
+            Ok(Ok(Some(done))) => done,
             Ok(Ok(None)) => return Ok(()),
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(ConnError::Timeout),
@@ -211,16 +229,27 @@ fn transmission_flags() -> u16 {
         | TFLAG_CAN_MULTI_CONN
 }
 
-type Reader = BufReader<tokio_real::net::tcp::OwnedReadHalf>;
-type Writer = BufWriter<tokio_real::net::tcp::OwnedWriteHalf>;
+/// A client connection's bytes: plain TCP, or TLS over it.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
 
-/// The handshake; `Some(export)` to go on to transmission, `None` if the client
-/// ended it (ABORT).
+type Reader = BufReader<ReadHalf<Box<dyn Stream>>>;
+type Writer = BufWriter<WriteHalf<Box<dyn Stream>>>;
+
+fn halves(stream: Box<dyn Stream>) -> (Reader, Writer) {
+    let (read, write) = tokio_real::io::split(stream);
+    (BufReader::new(read), BufWriter::new(write))
+}
+
+/// The handshake; `Some` (the export, and the connection's halves, TLS or not)
+/// to go on to transmission, `None` if the client ended it (ABORT).
 async fn handshake<B: Backend>(
-    r: &mut Reader,
-    w: &mut Writer,
+    mut r: Reader,
+    mut w: Writer,
     backend: &B,
-) -> Result<Option<Export>, ConnError> {
+    tls: &NbdTls,
+) -> Result<Option<(Export, Reader, Writer)>, ConnError> {
+    let mut secured = false;
     w.write_u64(NBDMAGIC).await?;
     w.write_u64(IHAVEOPT).await?;
     w.write_u16(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).await?;
@@ -249,20 +278,70 @@ async fn handshake<B: Backend>(
             }
             // Skip it in bounded memory and say it was too big.
             let skipped = tokio_real::io::copy(
-                &mut (&mut *r).take(u64::from(len)),
+                &mut (&mut r).take(u64::from(len)),
                 &mut tokio_real::io::sink(),
             )
             .await?;
             if skipped != u64::from(len) {
                 return Err(ConnError::Protocol("option payload cut short".into()));
             }
-            reply(w, option, REP_ERR_TOO_BIG, b"option payload too large").await?;
+            reply(&mut w, option, REP_ERR_TOO_BIG, b"option payload too large").await?;
             w.flush().await?;
             continue;
         }
         let mut data = vec![0; len as usize];
         r.read_exact(&mut data).await?;
+        if tls.require && !secured && option != OPT_STARTTLS && option != OPT_ABORT {
+            if option == OPT_EXPORT_NAME {
+                // It has no error reply: the protocol says to close.
+                return Err(ConnError::Protocol(
+                    "NBD_OPT_EXPORT_NAME before STARTTLS on a server that requires TLS".into(),
+                ));
+            }
+            reply(
+                &mut w,
+                option,
+                REP_ERR_TLS_REQD,
+                b"TLS is required: NBD_OPT_STARTTLS",
+            )
+            .await?;
+            w.flush().await?;
+            continue;
+        }
         match option {
+            OPT_STARTTLS => {
+                let refusal: Option<&[u8]> = if !data.is_empty() {
+                    Some(b"STARTTLS takes no data")
+                } else if secured {
+                    Some(b"TLS is already on")
+                } else {
+                    None
+                };
+                match (&tls.acceptor, refusal) {
+                    (_, Some(why)) => reply(&mut w, option, REP_ERR_INVALID, why).await?,
+                    (None, None) => {
+                        reply(&mut w, option, REP_ERR_UNSUP, b"this server has no TLS").await?
+                    }
+                    (Some(acceptor), None) => {
+                        reply(&mut w, option, REP_ACK, &[]).await?;
+                        w.flush().await?;
+                        // The client starts TLS only after the ACK: anything
+                        // already buffered is a protocol violation.
+                        if !r.buffer().is_empty() {
+                            return Err(ConnError::Protocol(
+                                "data after NBD_OPT_STARTTLS before the TLS handshake".into(),
+                            ));
+                        }
+                        let stream = r.into_inner().unsplit(w.into_inner());
+                        let secure = acceptor.accept(stream).await?;
+                        // Option haggling starts again inside TLS; nothing
+                        // negotiated before it carries over.
+                        (r, w) = halves(Box::new(secure));
+                        secured = true;
+                        continue;
+                    }
+                }
+            }
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(&data);
                 let Some(export) = find(backend, &name) else {
@@ -274,37 +353,37 @@ async fn handshake<B: Backend>(
                     w.write_all(&[0; 124]).await?;
                 }
                 w.flush().await?;
-                return Ok(Some(export));
+                return Ok(Some((export, r, w)));
             }
             OPT_ABORT => {
-                reply(w, option, REP_ACK, &[]).await?;
+                reply(&mut w, option, REP_ACK, &[]).await?;
                 w.flush().await?;
                 return Ok(None);
             }
             OPT_LIST => {
                 if !data.is_empty() {
-                    reply(w, option, REP_ERR_INVALID, b"LIST takes no data").await?;
+                    reply(&mut w, option, REP_ERR_INVALID, b"LIST takes no data").await?;
                 } else {
                     for e in backend.exports() {
                         let mut body = (e.name.len() as u32).to_be_bytes().to_vec();
                         body.extend_from_slice(e.name.as_bytes());
-                        reply(w, option, REP_SERVER, &body).await?;
+                        reply(&mut w, option, REP_SERVER, &body).await?;
                     }
-                    reply(w, option, REP_ACK, &[]).await?;
+                    reply(&mut w, option, REP_ACK, &[]).await?;
                 }
             }
             OPT_INFO | OPT_GO => match parse_info_request(&data) {
-                Err(msg) => reply(w, option, REP_ERR_INVALID, msg.as_bytes()).await?,
+                Err(msg) => reply(&mut w, option, REP_ERR_INVALID, msg.as_bytes()).await?,
                 Ok((name, _requests)) => match find(backend, &name) {
                     None => {
                         let msg = format!("no volume named {name:?}");
-                        reply(w, option, REP_ERR_UNKNOWN, msg.as_bytes()).await?
+                        reply(&mut w, option, REP_ERR_UNKNOWN, msg.as_bytes()).await?
                     }
                     Some(export) => {
                         let mut info = INFO_EXPORT.to_be_bytes().to_vec();
                         info.extend_from_slice(&export.size.to_be_bytes());
                         info.extend_from_slice(&transmission_flags().to_be_bytes());
-                        reply(w, option, REP_INFO, &info).await?;
+                        reply(&mut w, option, REP_INFO, &info).await?;
                         // Always sent: clients that did not ask may ignore it.
                         let mut sizes = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
                         // Minimum 1: clients such as nbdfuse pass on unaligned I/O,
@@ -314,16 +393,16 @@ async fn handshake<B: Backend>(
                         // and libnbd refuses requests below an advertised minimum.
                         sizes.extend_from_slice(&1u32.to_be_bytes());
                         sizes.extend_from_slice(&MAX_IO.to_be_bytes());
-                        reply(w, option, REP_INFO, &sizes).await?;
-                        reply(w, option, REP_ACK, &[]).await?;
+                        reply(&mut w, option, REP_INFO, &sizes).await?;
+                        reply(&mut w, option, REP_ACK, &[]).await?;
                         if option == OPT_GO {
                             w.flush().await?;
-                            return Ok(Some(export));
+                            return Ok(Some((export, r, w)));
                         }
                     }
                 },
             },
-            _ => reply(w, option, REP_ERR_UNSUP, &[]).await?,
+            _ => reply(&mut w, option, REP_ERR_UNSUP, &[]).await?,
         }
         w.flush().await?;
     }

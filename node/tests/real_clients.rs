@@ -23,11 +23,16 @@ struct Cluster {
 
 impl Cluster {
     fn start(dir: &Path, offset: u16) -> Cluster {
+        Cluster::start_with(dir, offset, &[])
+    }
+
+    fn start_with(dir: &Path, offset: u16, extra: &[&str]) -> Cluster {
         let mut child = Command::new(WEIR)
             .args(["cluster", "up", "--nodes", "3", "--pool-size", "8G"])
             .arg("--dir")
             .arg(dir)
             .args(["--port-offset", &offset.to_string()])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -803,4 +808,88 @@ fn a_volumes_iops_limit_holds_and_its_neighbour_runs_free() {
     }
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// NBD over TLS with real clients: qemu-io (GnuTLS, tls-creds-x509) and
+/// libnbd's nbdcopy (nbds://) write and read through a front end that
+/// requires TLS, with the client certificates `weir cluster up` made; a plain
+/// client is refused.
+#[test]
+fn nbd_over_tls_with_qemu_and_libnbd_while_a_plain_client_is_refused() {
+    let dir = scratch("nbd-tls");
+    let cluster = Cluster::start_with(&dir.join("data"), 7000, &["--nbd-tls", "require"]);
+    assert!(cluster
+        .weir(&["volume", "create", "tvol", "--size", "64M"])
+        .status
+        .success());
+    let certs = dir.join("data/certs/nbd-client");
+    let port = 10808 + 1 + 7000;
+    let limit = Duration::from_secs(120);
+    let creds = format!(
+        "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+        certs.display()
+    );
+    let image = format!("driver=nbd,host=127.0.0.1,port={port},export=tvol,tls-creds=tls0");
+    let out = run(
+        "qemu-io",
+        &[
+            "--object",
+            &creds,
+            "--image-opts",
+            &image,
+            "-c",
+            "write -P 0xab 0 1M",
+            "-c",
+            "read -P 0xab 0 1M",
+        ],
+        limit,
+    );
+    assert!(!out.contains("verification failed"), "{out}");
+    // libnbd, over TLS, reads what qemu wrote.
+    let uri = format!(
+        "nbds://127.0.0.1:{port}/tvol?tls-certificates={}",
+        certs.display()
+    );
+    let copy = dir.join("copy.img");
+    run("nbdcopy", &[&uri, copy.to_str().unwrap()], limit);
+    let data = std::fs::read(&copy).unwrap();
+    assert_eq!(data.len(), 64 << 20);
+    assert!(
+        data[..MIB].iter().all(|&b| b == 0xab),
+        "qemu's write, read over libnbd's TLS"
+    );
+    // A plain client gets nothing: the front end requires TLS.
+    let plain = Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            &format!("nbd://127.0.0.1:{port}/tvol"),
+            "-c",
+            "read 0 4k",
+        ])
+        .output()
+        .expect("qemu-io runs");
+    println!("plain qemu-io: {}", String::from_utf8_lossy(&plain.stderr));
+    assert!(!plain.status.success(), "a plain client is refused");
+    let plain = Command::new("nbdinfo")
+        .arg(format!("nbd://127.0.0.1:{port}/tvol"))
+        .output()
+        .expect("nbdinfo runs");
+    assert!(!plain.status.success(), "a plain libnbd client is refused");
+    // TLS without a client certificate of the cluster CA: refused too.
+    let anonymous = dir.join("anonymous");
+    std::fs::create_dir_all(&anonymous).unwrap();
+    std::fs::copy(certs.join("ca-cert.pem"), anonymous.join("ca-cert.pem")).unwrap();
+    let out = Command::new("nbdinfo")
+        .arg(format!(
+            "nbds://127.0.0.1:{port}/tvol?tls-certificates={}",
+            anonymous.display()
+        ))
+        .output()
+        .expect("nbdinfo runs");
+    println!(
+        "anonymous nbdinfo: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "no client certificate: refused");
 }

@@ -179,3 +179,17 @@ fn the_spdk_driver_needs_a_pci_address_and_takes_no_uring_options() {
         .to_string();
     assert!(e.contains("unknown variant"), "{e}");
 }
+
+#[test]
+fn nbd_tls_needs_a_certificate_and_a_key() {
+    let e = parse(&format!("{GOOD}\n[nbd]\ntls = \"require\""))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nbd.tls") && e.contains("tls_cert"), "{e}");
+    let c = parse(&format!(
+        "{GOOD}\n[nbd]\ntls = \"on\"\ntls_cert = \"a.pem\"\ntls_key = \"a.key\""
+    ))
+    .unwrap();
+    assert_eq!(c.nbd.tls, NbdTlsMode::On);
+    assert_eq!(parse(GOOD).unwrap().nbd.tls, NbdTlsMode::Off);
+}

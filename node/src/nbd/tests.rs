@@ -48,13 +48,17 @@ impl Backend for Memory {
 }
 
 async fn server() -> (std::net::SocketAddr, Arc<Memory>) {
+    server_with(NbdTls::off()).await
+}
+
+async fn server_with(tls: NbdTls) -> (std::net::SocketAddr, Arc<Memory>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let backend = Arc::new(Memory {
         data: Mutex::new(vec![0; 1 << 20]),
         flushes: Mutex::new(0),
     });
-    tokio_real::spawn(serve(listener, backend.clone()));
+    tokio_real::spawn(serve(listener, backend.clone(), tls));
     (addr, backend)
 }
 
@@ -289,4 +293,66 @@ async fn export_name_and_abort_work_too() {
     option(&mut a, OPT_ABORT, &[]).await;
     assert_eq!(option_reply(&mut a, OPT_ABORT).await.0, REP_ACK);
     assert!(closed(&mut a).await);
+}
+
+/// A server certificate for 127.0.0.1, self-signed (the server side only).
+fn self_signed() -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+#[tokio_real::test(crate = "tokio_real")]
+async fn starttls_on_a_server_without_tls_is_unsupported_and_plain_nbd_goes_on() {
+    let (addr, _) = server().await;
+    let mut s = greet(addr).await;
+    option(&mut s, OPT_STARTTLS, &[]).await;
+    assert_eq!(option_reply(&mut s, OPT_STARTTLS).await.0, REP_ERR_UNSUP);
+    assert_eq!(go(&mut s, "disk").await, 1 << 20);
+}
+
+#[tokio_real::test(crate = "tokio_real")]
+async fn a_server_that_requires_tls_answers_nothing_else_before_it() {
+    let (cert, key) = self_signed();
+    let tls = NbdTls::new(cert.as_bytes(), key.as_bytes(), None, true).unwrap();
+    let (addr, _) = server_with(tls).await;
+    let mut s = greet(addr).await;
+    for (opt, data) in [
+        (OPT_LIST, vec![]),
+        (OPT_INFO, go_payload("disk")),
+        (OPT_GO, go_payload("disk")),
+    ] {
+        option(&mut s, opt, &data).await;
+        assert_eq!(
+            option_reply(&mut s, opt).await.0,
+            REP_ERR_TLS_REQD,
+            "option {opt}"
+        );
+    }
+    // STARTTLS with data is refused; then ABORT is still answered.
+    option(&mut s, OPT_STARTTLS, b"x").await;
+    assert_eq!(option_reply(&mut s, OPT_STARTTLS).await.0, REP_ERR_INVALID);
+    option(&mut s, OPT_ABORT, &[]).await;
+    assert_eq!(option_reply(&mut s, OPT_ABORT).await.0, REP_ACK);
+    // EXPORT_NAME has no error reply: the connection closes.
+    let mut s = greet(addr).await;
+    option(&mut s, OPT_EXPORT_NAME, b"disk").await;
+    assert!(closed(&mut s).await);
+    // STARTTLS is acknowledged, and what follows is a TLS handshake: a
+    // client that sends plain options instead gets no option reply.
+    let mut s = greet(addr).await;
+    option(&mut s, OPT_STARTTLS, &[]).await;
+    assert_eq!(option_reply(&mut s, OPT_STARTTLS).await.0, REP_ACK);
+    option(&mut s, OPT_LIST, &[]).await;
+    let mut back = Vec::new();
+    let _ = tokio_real::time::timeout(std::time::Duration::from_secs(30), s.read_to_end(&mut back))
+        .await
+        .expect("the server closes the connection");
+    assert!(
+        back.is_empty() || back[0] == 21,
+        "a TLS alert at most: {back:?}"
+    );
 }
