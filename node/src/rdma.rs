@@ -43,11 +43,52 @@ fn probe(r: &RdmaSection) -> Result<String, VerbsError> {
 }
 
 /// The transport's settings from the config.
-pub fn settings(config: &Config) -> RdmaConfig {
-    RdmaConfig {
+pub fn settings(config: &Config) -> anyhow::Result<RdmaConfig> {
+    let security = config.tls_identity()?.map(|tls| {
+        Arc::new(TlsSide(tls)) as Arc<dyn weir_transport_rdma::net::secure::SideSecurity>
+    });
+    Ok(RdmaConfig {
         cluster_id: config.cluster.id,
         pool_bytes: config.rdma.pool_bytes.0 as usize,
+        security,
         ..RdmaConfig::default()
+    })
+}
+
+/// The RDMA side channels under the members' TLS (`[tls]`), as member links
+/// over TCP are.
+#[derive(Debug)]
+struct TlsSide(weir_transport_tcp::TlsIdentity);
+
+impl weir_transport_rdma::net::secure::SideSecurity for TlsSide {
+    fn connect(
+        &self,
+        tcp: tokio_real::net::TcpStream,
+        to: NodeId,
+    ) -> weir_transport_rdma::net::secure::Setup<weir_transport_rdma::net::secure::Side> {
+        let tls = self.0.clone();
+        Box::pin(async move {
+            let stream = tls.connect_member(tcp, to).await?;
+            Ok(Box::new(stream) as weir_transport_rdma::net::secure::Side)
+        })
+    }
+
+    fn accept(
+        &self,
+        tcp: tokio_real::net::TcpStream,
+    ) -> weir_transport_rdma::net::secure::Setup<(
+        weir_transport_rdma::net::secure::Side,
+        weir_transport_rdma::net::secure::Certifies,
+    )> {
+        let tls = self.0.clone();
+        Box::pin(async move {
+            let stream = tls.accept_member(tcp).await?;
+            let names = weir_transport_tcp::peer_names(&stream);
+            Ok((
+                Box::new(stream) as weir_transport_rdma::net::secure::Side,
+                Box::new(names) as weir_transport_rdma::net::secure::Certifies,
+            ))
+        })
     }
 }
 
@@ -69,7 +110,7 @@ pub async fn bind(
     node_peers: BTreeMap<NodeId, SocketAddr>,
     peers: BTreeMap<NodeId, SocketAddr>,
 ) -> anyhow::Result<(Arc<RdmaTransport>, Arc<RdmaTransport>)> {
-    let cfg = settings(config);
+    let cfg = settings(config)?;
     cfg.validate().map_err(|e| anyhow::anyhow!("[rdma]: {e}"))?;
     let r = &config.rdma;
     let nic = || {

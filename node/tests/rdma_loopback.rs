@@ -64,6 +64,9 @@ fn three_nodes_over_rdma_serve_a_real_client() {
             )
         })
         .collect();
+    // The side channels run under the members' TLS, as a deployment's would.
+    let certs = dir.join("certs");
+    weir_node::certs::init(&certs, &[1, 2, 3]).unwrap();
     let configs: Vec<Config> = (1..=3)
         .map(|n| {
             let text = format!(
@@ -71,11 +74,15 @@ fn three_nodes_over_rdma_serve_a_real_client() {
                  [cluster]\nreplicas = 3\npool_size = \"1G\"\nmembers = [\n{}\n]\n\n\
                  [nbd]\nlisten = \"127.0.0.1:{}\"\n\n\
                  [admin]\nlisten = \"127.0.0.1:{}\"\n\n\
-                 [transport]\nkind = \"rdma\"\n",
+                 [transport]\nkind = \"rdma\"\n\n\
+                 [tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
                 dir.join(format!("node{n}")),
                 members.join("\n"),
                 ports[n - 1][1],
                 ports[n - 1][2],
+                certs.join("ca.pem"),
+                certs.join(format!("node-{n}.pem")),
+                certs.join(format!("node-{n}.key")),
             );
             Config::parse(&text, Path::new("weir.toml")).unwrap()
         })
@@ -102,7 +109,7 @@ fn three_nodes_over_rdma_serve_a_real_client() {
             .into_iter()
             .filter(|(n, _)| *n != me)
             .collect();
-        let cfg = weir_node::rdma::settings(config);
+        let cfg = weir_node::rdma::settings(config).unwrap();
         let (t, c) = rt.block_on(async {
             let t = RdmaTransport::bind(
                 me,

@@ -817,13 +817,14 @@ fn a_volumes_iops_limit_holds_and_its_neighbour_runs_free() {
 #[test]
 fn nbd_over_tls_with_qemu_and_libnbd_while_a_plain_client_is_refused() {
     let dir = scratch("nbd-tls");
-    let cluster = Cluster::start_with(&dir.join("data"), 7000, &["--nbd-tls", "require"]);
+    // Offset 9000: ports 16401-3, 18401-3 and 19809-11, clear of the other tests.
+    let cluster = Cluster::start_with(&dir.join("data"), 9000, &["--nbd-tls", "require"]);
     assert!(cluster
         .weir(&["volume", "create", "tvol", "--size", "64M"])
         .status
         .success());
     let certs = dir.join("data/certs/nbd-client");
-    let port = 10808 + 1 + 7000;
+    let port = 10808 + 1 + 9000;
     let limit = Duration::from_secs(120);
     let creds = format!(
         "tls-creds-x509,id=tls0,endpoint=client,dir={}",

@@ -56,5 +56,5 @@ mod tls;
 mod transport;
 
 pub use config::TcpConfig;
-pub use tls::{member_name, TlsError, TlsIdentity};
+pub use tls::{member_name, peer_names, TlsError, TlsIdentity};
 pub use transport::TcpTransport;

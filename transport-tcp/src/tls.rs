@@ -153,11 +153,51 @@ impl TlsIdentity {
     }
 }
 
+impl TlsIdentity {
+    /// Dialer side of another channel between members (the RDMA transport's
+    /// side channel): a TLS session with `to`, whose certificate must name it.
+    pub async fn connect_member(
+        &self,
+        tcp: TcpStream,
+        to: NodeId,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let name = ServerName::try_from(member_name(to)).map_err(std::io::Error::other)?;
+        self.connector.connect(name, tcp).await
+    }
+
+    /// Acceptor side of another channel between members: a TLS session with a
+    /// member of this cluster; [`certifies`] then tells which.
+    pub async fn accept_member(
+        &self,
+        tcp: TcpStream,
+    ) -> std::io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
+        self.acceptor.accept(tcp).await
+    }
+}
+
 /// Whether the peer of `tls` holds a certificate naming `node`.
 pub(crate) fn certifies(tls: &tokio_rustls::server::TlsStream<TcpStream>, node: NodeId) -> bool {
-    let Some(cert) = tls.get_ref().1.peer_certificates().and_then(|c| c.first()) else {
-        return false;
-    };
+    peer_certificate(tls).is_some_and(|cert| names(&cert, node))
+}
+
+/// The check of which node the peer of `tls` is certified as, kept apart from
+/// the stream (its certificate copied).
+pub fn peer_names(
+    tls: &tokio_rustls::server::TlsStream<TcpStream>,
+) -> impl Fn(NodeId) -> bool + Send + Sync + 'static {
+    let cert = peer_certificate(tls);
+    move |node| cert.as_ref().is_some_and(|cert| names(cert, node))
+}
+
+fn peer_certificate(
+    tls: &tokio_rustls::server::TlsStream<TcpStream>,
+) -> Option<CertificateDer<'static>> {
+    let cert = tls.get_ref().1.peer_certificates()?.first()?;
+    Some(cert.clone().into_owned())
+}
+
+/// Whether `cert` names `node`.
+fn names(cert: &CertificateDer<'_>, node: NodeId) -> bool {
     let Ok(cert) = webpki::EndEntityCert::try_from(cert) else {
         return false;
     };

@@ -13,12 +13,12 @@ mod post;
 mod side;
 mod signals;
 
+use super::secure::Side as SideChannel;
 use crate::proto::{Backoff, Completion, Conn, SendWr};
 use signals::SAMPLE_EVERY;
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -37,12 +37,12 @@ const KEY_MAX: u32 = (1 << 24) - 1;
 #[derive(Debug)]
 pub(super) enum Event {
     /// A peer dialed and said hello.
-    Inbound { stream: TcpStream, hello: Hello },
+    Inbound { stream: SideChannel, hello: Hello },
     /// A dial of connection `key` ended: the peer's hello and the round trip,
     /// or why not.
     Dialed {
         key: u32,
-        result: Result<(TcpStream, Hello, u64), String>,
+        result: Result<(SideChannel, Hello, u64), String>,
     },
     /// The dialer of accepted connection `key` is ready to receive.
     Ready { key: u32 },
@@ -334,7 +334,8 @@ impl<N: Nic> Driver<N> {
             self.nic.paths(),
             self.cfg.connect_timeout,
         );
-        let dialing = side::dial(addr, hello, (cluster, paths, timeout), id);
+        let security = self.cfg.security.clone();
+        let dialing = side::dial(addr, hello, (cluster, paths, timeout), id, security);
         let task = tokio::spawn(async move {
             let result = dialing.await;
             let _ = events.send(Event::Dialed { key, result }).await;
@@ -362,7 +363,7 @@ impl<N: Nic> Driver<N> {
     }
 
     /// The dial of `key` ended.
-    fn dialed(&mut self, key: u32, result: Result<(TcpStream, Hello, u64), String>) {
+    fn dialed(&mut self, key: u32, result: Result<(SideChannel, Hello, u64), String>) {
         let Some(link) = self.links.get(&key) else {
             return;
         };
@@ -424,7 +425,7 @@ impl<N: Nic> Driver<N> {
     }
 
     /// A peer dialed this side.
-    fn inbound(&mut self, stream: TcpStream, hello: Hello) {
+    fn inbound(&mut self, stream: SideChannel, hello: Hello) {
         let id = hello.node;
         if id == self.me {
             return;

@@ -47,6 +47,7 @@ pub mod hello;
 pub mod loopback;
 pub mod nic;
 mod ring;
+pub mod secure;
 #[cfg(feature = "verbs")]
 pub mod verbs_nic;
 
@@ -93,6 +94,9 @@ pub struct RdmaConfig {
     /// How long the driver polls the completion queue after its last work
     /// before it arms the queue and sleeps.
     pub spin: Duration,
+    /// How side channels are secured; `None`: plain TCP (the cluster id is
+    /// the only check).
+    pub security: Option<Arc<dyn secure::SideSecurity>>,
 }
 
 impl Default for RdmaConfig {
@@ -113,6 +117,7 @@ impl Default for RdmaConfig {
             backoff_min: Duration::from_millis(10),
             backoff_max: Duration::from_secs(1),
             spin: Duration::from_micros(20),
+            security: None,
         }
     }
 }
@@ -272,6 +277,7 @@ impl RdmaTransport {
                 listener,
                 shared.clone(),
                 (cluster, paths, cfg.connect_timeout),
+                cfg.security.clone(),
                 events_tx.clone(),
                 shutdown_rx.clone(),
             ));
@@ -330,6 +336,7 @@ async fn listen_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
     (cluster, paths, timeout): (u64, u8, Duration),
+    security: Option<Arc<dyn secure::SideSecurity>>,
     events: mpsc::Sender<Event>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -339,7 +346,7 @@ async fn listen_loop(
             _ = shutdown.wait_for(|c| *c) => return,
             a = listener.accept() => a,
         };
-        let Ok((mut stream, from)) = accepted else {
+        let Ok((tcp, from)) = accepted else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
@@ -349,17 +356,38 @@ async fn listen_loop(
         }
         inflight.fetch_add(1, Ordering::Relaxed);
         let (events, inflight, shared) = (events.clone(), inflight.clone(), shared.clone());
+        let security = security.clone();
         tokio::spawn(async move {
-            stream.set_nodelay(true).ok();
-            let mut b = [0u8; hello::LEN];
-            let read = tokio::time::timeout(timeout, stream.read_exact(&mut b)).await;
+            tcp.set_nodelay(true).ok();
+            let setup = async {
+                let (mut stream, certifies): (secure::Side, secure::Certifies) = match &security {
+                    Some(security) => security.accept(tcp).await?,
+                    None => (Box::new(tcp), Box::new(|_| true)),
+                };
+                let mut b = [0u8; hello::LEN];
+                stream.read_exact(&mut b).await?;
+                Ok::<_, std::io::Error>((stream, b, certifies))
+            };
+            let read = tokio::time::timeout(timeout, setup).await;
             inflight.fetch_sub(1, Ordering::Relaxed);
-            if !matches!(read, Ok(Ok(_))) {
-                return;
-            }
+            let (stream, b, certifies) = match read {
+                Ok(Ok(read)) => read,
+                Ok(Err(e)) if security.is_some() => {
+                    // No certificate of the cluster CA (or no TLS at all).
+                    tracing::warn!(%from, %e, "RDMA side channel refused");
+                    lock(&shared.counters).refused += 1;
+                    return;
+                }
+                _ => return,
+            };
             match hello::Hello::decode(&b, cluster, paths) {
-                Ok(hello) => {
+                Ok(hello) if certifies(hello.node) => {
                     let _ = events.send(Event::Inbound { stream, hello }).await;
+                }
+                Ok(hello) => {
+                    tracing::warn!(%from, node = %hello.node,
+                        "RDMA side channel refused: the certificate names another node");
+                    lock(&shared.counters).refused += 1;
                 }
                 Err(e) => {
                     tracing::warn!(%from, %e, "RDMA side channel refused");

@@ -386,3 +386,92 @@ async fn a_peer_whose_side_channel_falls_silent_loses_its_connection() {
     assert_eq!((c.connects, c.resets), (1, 1), "{c:?}");
     drop(qp);
 }
+
+/// A stand-in for TLS: plain streams, but the acceptor's check vouches only
+/// for the nodes listed (as a certificate names only its node), and a dial to
+/// a node not listed fails (as a certificate that does not name it would).
+#[derive(Debug)]
+struct Vouch(Vec<u32>);
+
+impl secure::SideSecurity for Vouch {
+    fn connect(&self, tcp: tokio::net::TcpStream, to: NodeId) -> secure::Setup<secure::Side> {
+        let ok = self.0.contains(&to.0);
+        Box::pin(async move {
+            if !ok {
+                return Err(std::io::Error::other("the certificate names another node"));
+            }
+            Ok(Box::new(tcp) as secure::Side)
+        })
+    }
+
+    fn accept(
+        &self,
+        tcp: tokio::net::TcpStream,
+    ) -> secure::Setup<(secure::Side, secure::Certifies)> {
+        let vouched = self.0.clone();
+        Box::pin(async move {
+            let certifies: secure::Certifies = Box::new(move |n: NodeId| vouched.contains(&n.0));
+            Ok((Box::new(tcp) as secure::Side, certifies))
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_side_channel_whose_credentials_name_another_node_is_refused() {
+    let fabric = LoopFabric::new();
+    let secured = |vouch: Vec<u32>| RdmaConfig {
+        security: Some(Arc::new(Vouch(vouch))),
+        ..cfg()
+    };
+    // Node 1 vouches for node 2 only.
+    let n = RdmaTransport::bind(
+        NodeId(1),
+        Some("127.0.0.1:0".parse().unwrap()),
+        BTreeMap::new(),
+        secured(vec![1, 2]),
+        fabric.nic(1),
+    )
+    .await
+    .unwrap();
+    let peers: BTreeMap<_, _> = [(NodeId(1), n.local_addr().unwrap())].into();
+    // Node 3's hello is not vouched for: refused, counted, nothing arrives.
+    let intruder = RdmaTransport::bind(
+        NodeId(3),
+        None,
+        peers.clone(),
+        secured(vec![1]),
+        fabric.nic(1),
+    )
+    .await
+    .unwrap();
+    intruder.send(NodeId(1), frame(3, 64)).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while n.counters().refused == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never refused");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A dialer whose check of node 1 fails never sends its hello.
+    let wary = RdmaTransport::bind(
+        NodeId(2),
+        None,
+        peers.clone(),
+        secured(vec![]),
+        fabric.nic(1),
+    )
+    .await
+    .unwrap();
+    wary.send(NodeId(1), frame(4, 64)).unwrap();
+    // Node 2, vouched for both ways, gets through.
+    let good = RdmaTransport::bind(NodeId(2), None, peers, secured(vec![1]), fabric.nic(1))
+        .await
+        .unwrap();
+    good.send(NodeId(1), frame(2, 64)).unwrap();
+    let (from, got) = recv(&n).await;
+    assert_eq!((from, got), (NodeId(2), frame(2, 64)));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), n.recv())
+            .await
+            .is_err(),
+        "nothing from node 3, nor from the wary dialer"
+    );
+}
