@@ -104,6 +104,8 @@ pub struct ControlPlane {
     restart_pending: bool,
     /// Ticks until it asks again.
     restart_wait: u32,
+    /// The incarnation its `Restarted` names (0: none asked for yet).
+    incarnation: u64,
     /// When this incarnation sent its first heartbeat: leases answer only later ones.
     first_heartbeat_ns: Option<u64>,
 }
@@ -171,6 +173,7 @@ impl ControlPlane {
             restored: None,
             restart_pending: false,
             restart_wait: 0,
+            incarnation: 0,
             first_heartbeat_ns: None,
         }
     }
@@ -328,7 +331,7 @@ impl ControlPlane {
                 | Command::DeleteNamed { .. }),
             ) => self.propose(&cmd),
             // A node says it restarted, for itself only.
-            Ok(cmd @ Command::Restarted { node }) if node == from => self.propose(&cmd),
+            Ok(cmd @ Command::Restarted { node, .. }) if node == from => self.propose(&cmd),
             Ok(other) => tracing::warn!(%from, ?other, "command not taken from a member"),
             Err(e) => tracing::warn!(%from, error = %e, "undecodable proposal"),
         }
@@ -433,7 +436,15 @@ impl ControlPlane {
             // Asked until applied, every few ticks: a lost request costs that
             // long, a repeated one only a spare epoch.
             if self.restart_wait == 0 {
-                self.request(&Command::Restarted { node: self.me });
+                // Above every incarnation of this node applied so far (an
+                // earlier one's may have been applied by the others after
+                // this node's log last heard of it).
+                let applied = self.state().incarnations.get(&self.me).copied();
+                self.incarnation = self.incarnation.max(applied.unwrap_or(0) + 1);
+                self.request(&Command::Restarted {
+                    node: self.me,
+                    incarnation: self.incarnation,
+                });
                 self.restart_wait = RESTART_ASK_TICKS;
             }
             self.restart_wait -= 1;
@@ -597,8 +608,10 @@ impl ControlPlane {
                     msg: Message::Raft { bytes },
                 }),
                 RaftAction::Applied { command, outcome } => {
-                    if command == (Command::Restarted { node: self.me }) && outcome.is_ok() {
-                        self.restart_pending = false;
+                    if let Command::Restarted { node, incarnation } = command {
+                        if node == self.me && incarnation == self.incarnation && outcome.is_ok() {
+                            self.restart_pending = false;
+                        }
                     }
                     if let Command::NodeDown { node, .. } | Command::NodeUp { node } = &command {
                         self.proposed.retain(|(n, _)| n != node);
@@ -672,7 +685,7 @@ fn describe(command: &Command, changes: &[super::state::Change]) -> Option<crate
             name: name.clone(),
             qos: *qos,
         }),
-        Command::Restarted { node } => Some(Event::Restarted {
+        Command::Restarted { node, .. } => Some(Event::Restarted {
             node: *node,
             moved: replicas + failovers,
             failovers,

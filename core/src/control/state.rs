@@ -117,9 +117,16 @@ pub enum Command {
     /// primary only at an epoch it has not served in. Where another replica is in
     /// sync it leaves the in-sync set and rebuilds (its device may have lost
     /// unflushed writes, or missed one it forwarded); extents it led fail over.
+    ///
+    /// It applies once per incarnation: a `Restarted` whose incarnation is not
+    /// above the node's last applied one is a repeat (the request asked again
+    /// before the node saw it applied, or a late copy of an earlier
+    /// incarnation's) and is refused.
     Restarted {
         /// The node.
         node: NodeId,
+        /// Its incarnation: above every one of its `Restarted` applied so far.
+        incarnation: u64,
     },
     /// A node down past the replacement timeout is given up on: in every extent
     /// it holds a replica of, a spare takes its place and rebuilds from the
@@ -158,6 +165,16 @@ pub enum Command {
 /// Why a command was refused (it changes nothing).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum Refusal {
+    /// A `Restarted` of an incarnation already applied, or an earlier one.
+    #[error("{node}'s restart {incarnation} is a repeat (restart {last} is applied)")]
+    RepeatedRestart {
+        /// The node.
+        node: NodeId,
+        /// The incarnation named.
+        incarnation: u64,
+        /// The node's last applied incarnation.
+        last: u64,
+    },
     /// The node is already a member.
     #[error("{0} is already a member")]
     KnownNode(NodeId),
@@ -302,6 +319,9 @@ pub enum MapDecodeError {
 pub struct ClusterState {
     /// Members and their status.
     pub nodes: BTreeMap<NodeId, NodeStatus>,
+    /// Each restarted node's last applied incarnation (see
+    /// [`Command::Restarted`]); a node never restarted has none.
+    pub incarnations: BTreeMap<NodeId, u64>,
     /// Volumes: first extent id and extent count.
     pub volumes: BTreeMap<VolumeId, (ExtentId, u64)>,
     /// Every extent, by id.
@@ -355,7 +375,7 @@ impl ClusterState {
                 epoch,
                 node,
             } => self.rebuild_done(*extent, *epoch, *node),
-            Command::Restarted { node } => self.restarted(*node),
+            Command::Restarted { node, incarnation } => self.restarted(*node, *incarnation),
             Command::ReplaceNode { node } => self.replace_node(*node),
             Command::CreateNamed {
                 name,
@@ -439,10 +459,19 @@ impl ClusterState {
         Ok(vec![Change::Membership])
     }
 
-    fn restarted(&mut self, node: NodeId) -> Result<Vec<Change>, Refusal> {
+    fn restarted(&mut self, node: NodeId, incarnation: u64) -> Result<Vec<Change>, Refusal> {
         if !self.nodes.contains_key(&node) {
             return Err(Refusal::UnknownNode(node));
         }
+        let last = self.incarnations.get(&node).copied().unwrap_or(0);
+        if incarnation <= last {
+            return Err(Refusal::RepeatedRestart {
+                node,
+                incarnation,
+                last,
+            });
+        }
+        self.incarnations.insert(node, incarnation);
         let (mut changed, mut failovers) = (Vec::new(), Vec::new());
         for (&id, ext) in self.extents.iter_mut() {
             if !ext.replicas.contains(&node) {

@@ -117,6 +117,8 @@ enum Step {
     RebuildDone(u64, u32),
     /// A node restarts having lost its volatile cache.
     Restart(u32),
+    /// The last incarnation's `Restarted` asked for again.
+    RepeatRestart(u32),
     Replace(u32),
     /// A write to an extent acknowledged by its current in-sync set.
     Write(u64),
@@ -129,6 +131,7 @@ fn step() -> impl Strategy<Value = Step> {
         (0u64..4, 1u32..=5).prop_map(|(e, n)| Step::Drop(e, n)),
         (0u64..4, 1u32..=5).prop_map(|(e, n)| Step::RebuildDone(e, n)),
         (1u32..=5).prop_map(Step::Restart),
+        (1u32..=5).prop_map(Step::RepeatRestart),
         (1u32..=5).prop_map(Step::Replace),
         (0u64..4).prop_map(Step::Write),
     ]
@@ -169,8 +172,17 @@ proptest! {
                             complete.get_mut(id).unwrap().remove(&NodeId(n));
                         }
                     }
-                    Some(Command::Restarted { node: NodeId(n) })
+                    // A new incarnation of it.
+                    Some(Command::Restarted {
+                        node: NodeId(n),
+                        incarnation: s.incarnations.get(&NodeId(n)).copied().unwrap_or(0) + 1,
+                    })
                 }
+                // The last incarnation's request again: it changes nothing.
+                Step::RepeatRestart(n) => Some(Command::Restarted {
+                    node: NodeId(n),
+                    incarnation: s.incarnations.get(&NodeId(n)).copied().unwrap_or(0),
+                }),
                 Step::Replace(n) => Some(Command::ReplaceNode { node: NodeId(n) }),
                 Step::Write(e) => {
                     let ext = &s.extents[&ExtentId(e)];
@@ -253,7 +265,12 @@ fn named_volumes_take_disjoint_runs_and_are_refused_clearly() {
 #[test]
 fn a_restarted_node_leaves_in_sync_sets_it_shares_and_its_extents_fail_over() {
     let mut s = cluster(3, 3);
-    let changes = s.apply(&Command::Restarted { node: NodeId(1) }).unwrap();
+    let changes = s
+        .apply(&Command::Restarted {
+            node: NodeId(1),
+            incarnation: 1,
+        })
+        .unwrap();
     for (id, e) in &s.extents {
         assert_eq!(e.epoch, Epoch(2), "{id}");
         assert!(!e.in_sync.contains(&NodeId(1)) && e.rebuilding.contains(&NodeId(1)));
@@ -275,7 +292,11 @@ fn a_restarted_node_leaves_in_sync_sets_it_shares_and_its_extents_fail_over() {
         })
         .unwrap();
     }
-    s.apply(&Command::Restarted { node: NodeId(1) }).unwrap();
+    s.apply(&Command::Restarted {
+        node: NodeId(1),
+        incarnation: 1,
+    })
+    .unwrap();
     let e = &s.extents[&ExtentId(0)];
     assert_eq!(e.primary, NodeId(1));
     assert!(e.in_sync.contains(&NodeId(1)) && e.epoch == Epoch(4));
@@ -385,7 +406,8 @@ fn any_command() -> impl Strategy<Value = Command> {
             epoch,
             node
         }),
-        node.clone().prop_map(|node| Command::Restarted { node }),
+        (node.clone(), 0u64..4)
+            .prop_map(|(node, incarnation)| Command::Restarted { node, incarnation }),
         node.prop_map(|node| Command::ReplaceNode { node }),
         ("[a-c]{0,2}", any::<u64>(), count, 0u64..3, 0u32..3).prop_map(
             |(name, size_bytes, extents, limit, weight)| Command::CreateNamed {
@@ -437,4 +459,35 @@ proptest! {
             prop_assert!(s.nodes.len() <= MAX_MEMBERS);
         }
     }
+}
+
+#[test]
+fn a_restart_applies_once_per_incarnation() {
+    let mut s = cluster(3, 3);
+    let restarted = |incarnation| Command::Restarted {
+        node: NodeId(1),
+        incarnation,
+    };
+    s.apply(&restarted(1)).unwrap();
+    let after_first = s.clone();
+    // Asked again before the node saw it applied: refused, nothing moves.
+    let repeat = s.apply(&restarted(1)).unwrap_err();
+    assert_eq!(
+        repeat,
+        Refusal::RepeatedRestart {
+            node: NodeId(1),
+            incarnation: 1,
+            last: 1
+        }
+    );
+    assert_eq!(s.extents, after_first.extents);
+    // The next incarnation applies; a late copy of the first is refused.
+    s.apply(&restarted(2)).unwrap();
+    assert!(s
+        .extents
+        .values()
+        .all(|e| e.epoch > after_first.extents[&ExtentId(0)].epoch));
+    assert!(s.apply(&restarted(1)).is_err());
+    assert_eq!(s.incarnations[&NodeId(1)], 2);
+    s.self_check();
 }

@@ -1633,7 +1633,13 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
         "served at an epoch it may have served at before: {:?}",
         &c.replies[replies..]
     );
-    publish(&mut c, Command::Restarted { node: NodeId(1) });
+    publish(
+        &mut c,
+        Command::Restarted {
+            node: NodeId(1),
+            incarnation: 1,
+        },
+    );
     // The node driver tells the engine once its control plane applied it.
     c.engines.get_mut(&NodeId(1)).unwrap().restart_applied();
     c.settle();
@@ -2004,7 +2010,13 @@ fn a_replica_restarted_from_its_checkpoint_is_sent_only_what_it_lacks() {
     assert_eq!(fresh.block_version(Lba(2)), Some(v(3)), "a lower bound");
     assert_eq!(fresh.block_version(Lba(9)), None);
     c.engines.insert(n3, fresh);
-    publish(&mut c, Command::Restarted { node: n3 });
+    publish(
+        &mut c,
+        Command::Restarted {
+            node: n3,
+            incarnation: 1,
+        },
+    );
     c.settle();
     // Its probes asked only for blocks 2 and 9: the rest it still holds.
     assert_eq!(c.copies, vec![(Lba(2), 1), (Lba(9), 1)]);
