@@ -119,6 +119,14 @@ fn member(n: u32, ca: &Certificate, ca_key: &KeyPair) -> anyhow::Result<(Certifi
 /// `ca-cert.pem`, `client-cert.pem` and `client-key.pem`, the layout qemu's
 /// `tls-creds-x509` (`dir=`) and libnbd (`tls-certificates=`) read.
 pub fn init_nbd(dir: &Path, names: &[String]) -> anyhow::Result<()> {
+    // The same CA signs member certificates: an NBD front end's certificate
+    // must never name a member (its key sits on every host).
+    if let Some(name) = names
+        .iter()
+        .find(|n| n.to_ascii_lowercase().ends_with(".weir"))
+    {
+        bail!("NBD name {name:?}: names ending in .weir are members' names");
+    }
     let key_text = std::fs::read_to_string(dir.join("ca.key")).with_context(|| {
         format!(
             "reading {} (weir cluster init-certs first)",
@@ -203,6 +211,12 @@ mod tests {
             assert!(identity.is_ok(), "node {n}: {identity:?}");
         }
         assert!(init(&dir, &[0]).is_err());
+        assert!(
+            init_nbd(&dir, &["node-1.weir".into()]).is_err(),
+            "a member's name"
+        );
+        init_nbd(&dir, &["localhost".into(), "127.0.0.1".into()]).unwrap();
+        assert!(dir.join("nbd-client/client-cert.pem").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

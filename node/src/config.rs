@@ -624,6 +624,14 @@ impl Config {
                 "TLS needs tls_cert and tls_key (weir cluster init-certs makes them)".into(),
             );
         }
+        if n.tls == NbdTlsMode::On && n.tls_client_ca.is_some() {
+            return bad(
+                "nbd.tls",
+                "tls_client_ca with tls = \"on\" would still serve plain clients without a \
+                 certificate; use tls = \"require\""
+                    .into(),
+            );
+        }
         let t = &self.timeouts;
         if t.tick_ms == 0 || t.detect_ms < 4 * t.tick_ms || t.lease_ms <= t.detect_ms {
             return bad(

@@ -106,6 +106,8 @@ pub struct ControlPlane {
     restart_wait: u32,
     /// The incarnation its `Restarted` names (0: none asked for yet).
     incarnation: u64,
+    /// This process's nonce in its `Restarted` (drawn at open).
+    boot: u64,
     /// When this incarnation sent its first heartbeat: leases answer only later ones.
     first_heartbeat_ns: Option<u64>,
 }
@@ -174,6 +176,7 @@ impl ControlPlane {
             restart_pending: false,
             restart_wait: 0,
             incarnation: 0,
+            boot: 0,
             first_heartbeat_ns: None,
         }
     }
@@ -199,6 +202,8 @@ impl ControlPlane {
         // The replayed commands first: a `Restarted` of an earlier incarnation
         // among them must not count as this one's.
         plane.drain_raft();
+        // Never 0 (a node that never asked): this process's own nonce.
+        plane.boot = seed | 1;
         if replayed.records > 0 {
             let epochs = plane
                 .state()
@@ -440,10 +445,11 @@ impl ControlPlane {
                 // earlier one's may have been applied by the others after
                 // this node's log last heard of it).
                 let applied = self.state().incarnations.get(&self.me).copied();
-                self.incarnation = self.incarnation.max(applied.unwrap_or(0) + 1);
+                self.incarnation = self.incarnation.max(applied.unwrap_or(0).saturating_add(1));
                 self.request(&Command::Restarted {
                     node: self.me,
                     incarnation: self.incarnation,
+                    boot: self.boot,
                 });
                 self.restart_wait = RESTART_ASK_TICKS;
             }
@@ -608,8 +614,8 @@ impl ControlPlane {
                     msg: Message::Raft { bytes },
                 }),
                 RaftAction::Applied { command, outcome } => {
-                    if let Command::Restarted { node, incarnation } = command {
-                        if node == self.me && incarnation == self.incarnation && outcome.is_ok() {
+                    if let Command::Restarted { node, boot, .. } = command {
+                        if node == self.me && boot == self.boot && outcome.is_ok() {
                             self.restart_pending = false;
                         }
                     }

@@ -127,6 +127,10 @@ pub enum Command {
         node: NodeId,
         /// Its incarnation: above every one of its `Restarted` applied so far.
         incarnation: u64,
+        /// The asking process's nonce: a restarted process takes as its own
+        /// only the `Restarted` that carries it (an earlier process's, applied
+        /// after this one opened its log, is not this one's).
+        boot: u64,
     },
     /// A node down past the replacement timeout is given up on: in every extent
     /// it holds a replica of, a spare takes its place and rebuilds from the
@@ -375,7 +379,9 @@ impl ClusterState {
                 epoch,
                 node,
             } => self.rebuild_done(*extent, *epoch, *node),
-            Command::Restarted { node, incarnation } => self.restarted(*node, *incarnation),
+            Command::Restarted {
+                node, incarnation, ..
+            } => self.restarted(*node, *incarnation),
             Command::ReplaceNode { node } => self.replace_node(*node),
             Command::CreateNamed {
                 name,

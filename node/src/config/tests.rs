@@ -192,4 +192,10 @@ fn nbd_tls_needs_a_certificate_and_a_key() {
     .unwrap();
     assert_eq!(c.nbd.tls, NbdTlsMode::On);
     assert_eq!(parse(GOOD).unwrap().nbd.tls, NbdTlsMode::Off);
+    let e = parse(&format!(
+        "{GOOD}\n[nbd]\ntls = \"on\"\ntls_cert = \"a\"\ntls_key = \"b\"\ntls_client_ca = \"c\""
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("require"), "{e}");
 }

@@ -176,12 +176,14 @@ proptest! {
                     Some(Command::Restarted {
                         node: NodeId(n),
                         incarnation: s.incarnations.get(&NodeId(n)).copied().unwrap_or(0) + 1,
+                        boot: 0,
                     })
                 }
                 // The last incarnation's request again: it changes nothing.
                 Step::RepeatRestart(n) => Some(Command::Restarted {
                     node: NodeId(n),
                     incarnation: s.incarnations.get(&NodeId(n)).copied().unwrap_or(0),
+                    boot: 0,
                 }),
                 Step::Replace(n) => Some(Command::ReplaceNode { node: NodeId(n) }),
                 Step::Write(e) => {
@@ -269,6 +271,7 @@ fn a_restarted_node_leaves_in_sync_sets_it_shares_and_its_extents_fail_over() {
         .apply(&Command::Restarted {
             node: NodeId(1),
             incarnation: 1,
+            boot: 0,
         })
         .unwrap();
     for (id, e) in &s.extents {
@@ -295,6 +298,7 @@ fn a_restarted_node_leaves_in_sync_sets_it_shares_and_its_extents_fail_over() {
     s.apply(&Command::Restarted {
         node: NodeId(1),
         incarnation: 1,
+        boot: 0,
     })
     .unwrap();
     let e = &s.extents[&ExtentId(0)];
@@ -406,8 +410,11 @@ fn any_command() -> impl Strategy<Value = Command> {
             epoch,
             node
         }),
-        (node.clone(), 0u64..4)
-            .prop_map(|(node, incarnation)| Command::Restarted { node, incarnation }),
+        (node.clone(), 0u64..4).prop_map(|(node, incarnation)| Command::Restarted {
+            node,
+            incarnation,
+            boot: 0
+        }),
         node.prop_map(|node| Command::ReplaceNode { node }),
         ("[a-c]{0,2}", any::<u64>(), count, 0u64..3, 0u32..3).prop_map(
             |(name, size_bytes, extents, limit, weight)| Command::CreateNamed {
@@ -467,6 +474,7 @@ fn a_restart_applies_once_per_incarnation() {
     let restarted = |incarnation| Command::Restarted {
         node: NodeId(1),
         incarnation,
+        boot: 7,
     };
     s.apply(&restarted(1)).unwrap();
     let after_first = s.clone();

@@ -1638,6 +1638,7 @@ fn a_restarted_primary_waits_for_a_new_epoch_and_copies_whole_extents() {
         Command::Restarted {
             node: NodeId(1),
             incarnation: 1,
+            boot: 0,
         },
     );
     // The node driver tells the engine once its control plane applied it.
@@ -2015,6 +2016,7 @@ fn a_replica_restarted_from_its_checkpoint_is_sent_only_what_it_lacks() {
         Command::Restarted {
             node: n3,
             incarnation: 1,
+            boot: 0,
         },
     );
     c.settle();
