@@ -6,12 +6,12 @@
 //! end at their next await and the socket closes. That is how the endpoint resets
 //! a connection, replaces it, or shuts everything down.
 
-use crate::tls::BoxStream;
+use crate::tls::Link;
 use bytes::BytesMut;
 use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, watch};
 use weir_core::buf::BufPool;
 use weir_core::wire::{DecodeError, Frame, Message, HEADER_BYTES};
@@ -166,14 +166,40 @@ impl ConnTask {
 /// task (so reading and writing proceed on different worker threads). Frames read
 /// go to `inbox` tagged with `peer`. Whichever side ends first ends the other.
 pub(crate) async fn run(
-    stream: BoxStream,
+    stream: Link,
+    peer: NodeId,
+    task: ConnTask,
+    inbox: mpsc::Sender<(NodeId, Frame)>,
+    pool: BufPool,
+    shutdown: watch::Receiver<bool>,
+) -> End {
+    match stream {
+        // A plain socket splits into owned halves: the writer's half closing
+        // sends the FIN at once.
+        Link::Plain(tcp) => {
+            let (r, w) = tcp.into_split();
+            run_halves(r, w, peer, task, inbox, pool, shutdown).await
+        }
+        Link::Tls(tls) => {
+            let (r, w) = tokio::io::split(tls);
+            run_halves(r, w, peer, task, inbox, pool, shutdown).await
+        }
+    }
+}
+
+async fn run_halves<R, W>(
+    read_half: R,
+    write_half: W,
     peer: NodeId,
     mut task: ConnTask,
     inbox: mpsc::Sender<(NodeId, Frame)>,
     pool: BufPool,
     mut shutdown: watch::Receiver<bool>,
-) -> End {
-    let (read_half, write_half) = tokio::io::split(stream);
+) -> End
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send,
+{
     let mut reader = AbortOnDrop(tokio::spawn(read_frames(read_half, peer, inbox, pool)));
     let end = {
         let ConnTask {
@@ -210,8 +236,8 @@ impl Drop for AbortOnDrop {
 /// Write queued frames until the queue's sender is dropped or the socket fails.
 /// Frames go to the kernel in batches by vectored writes straight from their own
 /// buffers: payload bytes are never copied in user space.
-async fn write_frames(
-    mut socket: WriteHalf<BoxStream>,
+async fn write_frames<W: AsyncWrite + Unpin>(
+    mut socket: W,
     frames: &mut mpsc::Receiver<Frame>,
     queued_bytes: &AtomicUsize,
     space: &tokio::sync::Notify,
@@ -231,7 +257,10 @@ async fn write_frames(
 
 /// Write every byte of `frames`, in order, with as few system calls as the kernel
 /// allows.
-async fn write_all_vectored(socket: &mut WriteHalf<BoxStream>, frames: &[Frame]) -> io::Result<()> {
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    socket: &mut W,
+    frames: &[Frame],
+) -> io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = frames
         .iter()
         .flat_map(|f| [IoSlice::new(&f.head), IoSlice::new(&f.payload)])
@@ -258,8 +287,8 @@ async fn write_all_vectored(socket: &mut WriteHalf<BoxStream>, frames: &[Frame])
 /// on this side, counted in [`weir_core::copies`]. Waits on the bounded inbox when
 /// the node is slow, which stops reading and lets TCP flow control push back on
 /// the peer.
-async fn read_frames(
-    socket: ReadHalf<BoxStream>,
+async fn read_frames<R: AsyncRead + Unpin>(
+    socket: R,
     peer: NodeId,
     inbox: mpsc::Sender<(NodeId, Frame)>,
     pool: BufPool,
@@ -281,8 +310,8 @@ async fn read_frames(
 
 /// One frame (header, control part, payload), or `None` if the peer closed the
 /// stream cleanly before the first byte of a header.
-async fn read_frame(
-    socket: &mut BufReader<ReadHalf<BoxStream>>,
+async fn read_frame<R: AsyncRead + Unpin>(
+    socket: &mut BufReader<R>,
     pool: &BufPool,
 ) -> Result<Option<Frame>, End> {
     let mut header = [0u8; HEADER_BYTES];

@@ -21,7 +21,7 @@
 //! rules of a connection change (what is sent before or around frames). The frames
 //! themselves carry `weir_core::wire::WIRE_VERSION` and are versioned there.
 
-use crate::tls::{self, BoxStream, TlsIdentity};
+use crate::tls::{self, Link, TlsIdentity};
 use std::io;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -132,19 +132,23 @@ pub(crate) async fn dial(
     to: NodeId,
     timeout: Duration,
     tls: Option<&TlsIdentity>,
-) -> Result<(BoxStream, Duration), HandshakeError> {
+) -> Result<(Link, Duration), HandshakeError> {
     let setup = async {
         let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
-        let mut stream: BoxStream = match tls {
-            Some(tls) => tls.connect(tcp, to).await?,
-            None => Box::new(tcp),
+        let mut stream = match tls {
+            Some(tls) => Link::Tls(tls.connect(tcp, to).await?),
+            None => Link::Plain(tcp),
+        };
+        let io: &mut dyn tls::Stream = match &mut stream {
+            Link::Plain(tcp) => tcp,
+            Link::Tls(tls) => tls.as_mut(),
         };
         let sent = Instant::now();
-        stream.write_all(&ours.encode()).await?;
-        stream.flush().await?;
+        io.write_all(&ours.encode()).await?;
+        io.flush().await?;
         let mut answer = [0u8; HELLO_BYTES];
-        stream.read_exact(&mut answer).await?;
+        io.read_exact(&mut answer).await?;
         let rtt = sent.elapsed();
         let theirs = Hello::decode(&answer, ours.cluster)?;
         if theirs.node != to {
@@ -167,19 +171,19 @@ pub(crate) async fn accept(
     ours: Hello,
     timeout: Duration,
     tls: Option<&TlsIdentity>,
-) -> Result<(BoxStream, NodeId), HandshakeError> {
+) -> Result<(Link, NodeId), HandshakeError> {
     let setup = async {
         tcp.set_nodelay(true)?;
         match tls {
             None => {
                 let mut stream = tcp;
                 let node = answer(&mut stream, ours, |_, _| true).await?;
-                Ok((Box::new(stream) as BoxStream, node))
+                Ok((Link::Plain(stream), node))
             }
             Some(identity) => {
                 let mut stream = identity.accept(tcp).await?;
                 let node = answer(&mut stream, ours, tls::certifies).await?;
-                Ok((Box::new(stream) as BoxStream, node))
+                Ok((Link::Tls(Box::new(stream)), node))
             }
         }
     };

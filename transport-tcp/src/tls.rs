@@ -23,6 +23,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
 /// A boxed [`Stream`].
 pub(crate) type BoxStream = Box<dyn Stream>;
 
+/// A set-up connection: plain TCP (kept as a socket, so that it splits into
+/// owned halves), or TLS over it.
+pub(crate) enum Link {
+    Plain(TcpStream),
+    Tls(BoxStream),
+}
+
 /// The name a member's certificate carries (a DNS subject alternative name).
 pub fn member_name(node: NodeId) -> String {
     format!("node-{}.weir", node.0)

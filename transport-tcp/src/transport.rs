@@ -588,7 +588,7 @@ impl Shared {
     /// forget it (see [`Shared::conn_ended`]).
     async fn run_conn(
         &self,
-        stream: crate::tls::BoxStream,
+        stream: crate::tls::Link,
         (peer, side): (NodeId, Side),
         task: ConnTask,
         shutdown: watch::Receiver<bool>,
