@@ -137,7 +137,11 @@ pub(crate) async fn dial(
         let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
         let mut stream = match tls {
-            Some(tls) => Link::Tls(tls.connect(tcp, to).await?),
+            Some(tls) => Link::Tls(Box::new(
+                tls.connect_member(tcp, to)
+                    .await
+                    .map_err(HandshakeError::Tls)?,
+            )),
             None => Link::Plain(tcp),
         };
         let io: &mut dyn tls::Stream = match &mut stream {
@@ -181,7 +185,10 @@ pub(crate) async fn accept(
                 Ok((Link::Plain(stream), node))
             }
             Some(identity) => {
-                let mut stream = identity.accept(tcp).await?;
+                let mut stream = identity
+                    .accept_member(tcp)
+                    .await
+                    .map_err(HandshakeError::Tls)?;
                 let node = answer(&mut stream, ours, tls::certifies).await?;
                 Ok((Link::Tls(Box::new(stream)), node))
             }

@@ -7,7 +7,6 @@
 //! connection without a certificate of this cluster, or whose certificate
 //! names another node, is refused before any frame is read.
 
-use crate::hello::HandshakeError;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::sync::Arc;
@@ -132,37 +131,9 @@ impl TlsIdentity {
             connector: TlsConnector::from(Arc::new(client)),
         })
     }
-
-    /// Dialer side: a TLS session with `to`, whose certificate must name it.
-    pub(crate) async fn connect(
-        &self,
-        tcp: TcpStream,
-        to: NodeId,
-    ) -> Result<BoxStream, HandshakeError> {
-        let name = ServerName::try_from(member_name(to))
-            .map_err(|e| HandshakeError::Tls(std::io::Error::other(e)))?;
-        let tls = self
-            .connector
-            .connect(name, tcp)
-            .await
-            .map_err(HandshakeError::Tls)?;
-        Ok(Box::new(tls))
-    }
-
-    /// Acceptor side: a TLS session with a member of this cluster (its
-    /// certificate checked against the CA; which member is checked once its
-    /// hello says, by [`certifies`]).
-    pub(crate) async fn accept(
-        &self,
-        tcp: TcpStream,
-    ) -> Result<tokio_rustls::server::TlsStream<TcpStream>, HandshakeError> {
-        self.acceptor.accept(tcp).await.map_err(HandshakeError::Tls)
-    }
-}
-
-impl TlsIdentity {
-    /// Dialer side of another channel between members (the RDMA transport's
-    /// side channel): a TLS session with `to`, whose certificate must name it.
+    /// Dialer side of a channel between members (member links, the RDMA
+    /// transport's side channel): a TLS session with `to`, whose certificate
+    /// must name it.
     pub async fn connect_member(
         &self,
         tcp: TcpStream,
@@ -172,8 +143,9 @@ impl TlsIdentity {
         self.connector.connect(name, tcp).await
     }
 
-    /// Acceptor side of another channel between members: a TLS session with a
-    /// member of this cluster; [`certifies`] then tells which.
+    /// Acceptor side of a channel between members: a TLS session with a
+    /// member of this cluster (its certificate checked against the CA); which
+    /// member, [`peer_names`] tells once its hello says.
     pub async fn accept_member(
         &self,
         tcp: TcpStream,
