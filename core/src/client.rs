@@ -271,7 +271,14 @@ impl<T: Transport> Volume<T> {
     async fn refresh_map(&self) {
         use futures_util::stream::{FuturesUnordered, StreamExt};
         let map = self.map();
-        let asked = crate::control::raft::voters_of(map.nodes());
+        // The group's voters as the map records them (a static map records
+        // none: the first members vote).
+        let voters = &map.state().voters;
+        let asked = if voters.is_empty() {
+            crate::control::raft::voters_of(map.nodes())
+        } else {
+            voters.iter().copied().collect()
+        };
         let majority = asked.len() / 2 + 1;
         let mut answers: FuturesUnordered<_> = asked
             .iter()

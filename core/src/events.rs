@@ -156,6 +156,14 @@ pub enum Event {
         /// Bytes of the encoded map.
         bytes: usize,
     },
+    /// A membership change: a node joined, started leaving or left, its vote
+    /// changed, or a replica moved off a leaving node.
+    Member {
+        /// The node.
+        node: NodeId,
+        /// What changed.
+        change: MemberChange,
+    },
     /// The simulator cut `node`'s power (its SSD's volatile cache is lost).
     PowerLost {
         /// The node.
@@ -183,12 +191,45 @@ impl Event {
             | Event::DeviceGone { node }
             | Event::DeviceAnswers { node }
             | Event::MapInstalled { node, .. }
+            | Event::Member { node, .. }
             | Event::PowerLost { node, .. } => Some(*node),
             Event::VolumeCreated { .. } | Event::VolumeDeleted { .. } | Event::VolumeQos { .. } => {
                 None
             }
         }
     }
+}
+
+/// What a [`Event::Member`] changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberChange {
+    /// Joined the map (`weir node add`).
+    Joined,
+    /// Started leaving (`weir node remove`): holding `extents` replicas.
+    Leaving {
+        /// Replicas it holds.
+        extents: usize,
+    },
+    /// Started moving its replica of `extent` to `to`.
+    MoveStarted {
+        /// The extent.
+        extent: ExtentId,
+        /// The new replica.
+        to: NodeId,
+    },
+    /// Its replica of `extent` moved to `to` (now in sync there).
+    Moved {
+        /// The extent.
+        extent: ExtentId,
+        /// The new replica.
+        to: NodeId,
+    },
+    /// Now votes in the Raft group.
+    Voter,
+    /// Now learns the map without a vote (joined, or its vote went to another).
+    Learner,
+    /// Out of the group and the map.
+    Gone,
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -228,6 +269,21 @@ impl fmt::Display for Event {
                 f,
                 "{node} restarted: {moved} extents move to a new epoch, {failovers} fail over"
             ),
+            Event::Member { node, change } => match change {
+                MemberChange::Joined => write!(f, "{node} joined"),
+                MemberChange::Leaving { extents } => {
+                    write!(f, "{node} leaving: {extents} replicas to move")
+                }
+                MemberChange::MoveStarted { extent, to } => {
+                    write!(f, "{node}'s replica of {extent} moving to {to}")
+                }
+                MemberChange::Moved { extent, to } => {
+                    write!(f, "{node}'s replica of {extent} moved to {to}")
+                }
+                MemberChange::Voter => write!(f, "{node} votes"),
+                MemberChange::Learner => write!(f, "{node} learns the map, without a vote"),
+                MemberChange::Gone => write!(f, "{node} left the cluster"),
+            },
             Event::Replaced { node, rebuilding } => {
                 write!(f, "{node} replaced: {rebuilding} extents rebuild on spares")
             }

@@ -8,6 +8,11 @@
 //! - `POST /volumes/NAME?size=SIZE`: create a volume (`SIZE` like `10G`); answers
 //!   once the control plane has committed it.
 //! - `DELETE /volumes/NAME`: delete a volume.
+//! - `GET /nodes`: one line per member: id, up or down, its vote, its address
+//!   (for nodes that joined), the replicas it holds, and whether it is leaving.
+//! - `POST /nodes/ID?addr=HOST:PORT`: add a node ([`nodes`]).
+//! - `DELETE /nodes/ID`: remove a node: it starts leaving (its replicas move
+//!   away, then it leaves the cluster); `GET /nodes` shows the progress.
 //!
 //! Errors are HTTP status codes with a one-line reason in the body.
 //!
@@ -21,7 +26,8 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiny_http::{Method, Request, Response, Server};
-use weir_core::control::state::{check_name, NamedVolume, Qos};
+use weir_core::control::state::{check_name, Qos};
+use weir_core::control::ClusterState;
 use weir_core::control::{Command, NodeStatus};
 use weir_core::node::{EventLog, NodeHandle};
 use weir_core::NodeId;
@@ -194,6 +200,13 @@ impl Admin {
                     Err(e) => (400, format!("{e}\n")),
                 }
             }
+            (Method::Get, "/nodes") => (200, self.nodes()),
+            (Method::Post, p) if p.starts_with("/nodes/") => {
+                self.add_node(&p["/nodes/".len()..], query)
+            }
+            (Method::Delete, p) if p.starts_with("/nodes/") => {
+                self.remove_node(&p["/nodes/".len()..])
+            }
             _ => (404, format!("no route {} {path}\n", request.method())),
         }
     }
@@ -259,7 +272,7 @@ impl Admin {
         if !self.handle.request(command) {
             return (503, "the node is stopping\n".into());
         }
-        match self.wait(|named| named.get(name).map(|v| v.size_bytes == size)) {
+        match self.wait(|s| s.named.get(name).map(|v| v.size_bytes == size)) {
             Some(true) => (201, format!("volume {name:?} created, {size} bytes\n")),
             Some(false) => (409, format!("volume {name:?} already exists\n")),
             None => (
@@ -289,7 +302,7 @@ impl Admin {
             return (503, "the node is stopping\n".into());
         }
         // Done when the map holds the new setting (or the volume is gone).
-        match self.wait(|named| match named.get(name) {
+        match self.wait(|s| match s.named.get(name) {
             Some(v) => (v.qos == qos).then_some(true),
             None => Some(false),
         }) {
@@ -312,7 +325,7 @@ impl Admin {
         if !self.handle.request(command) {
             return (503, "the node is stopping\n".into());
         }
-        match self.wait(|named| (!named.contains_key(name)).then_some(true)) {
+        match self.wait(|s| (!s.named.contains_key(name)).then_some(true)) {
             Some(_) => (200, format!("volume {name:?} deleted\n")),
             None => (
                 504,
@@ -322,13 +335,10 @@ impl Admin {
     }
 
     /// Poll the node's map until `done` says something, or time out.
-    fn wait<R>(
-        &self,
-        done: impl Fn(&std::collections::BTreeMap<String, NamedVolume>) -> Option<R>,
-    ) -> Option<R> {
+    fn wait<R>(&self, done: impl Fn(&ClusterState) -> Option<R>) -> Option<R> {
         let deadline = Instant::now() + COMMIT_WAIT;
         while Instant::now() < deadline {
-            if let Some(r) = done(&self.handle.report().state.named) {
+            if let Some(r) = done(&self.handle.report().state) {
                 return Some(r);
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -398,6 +408,8 @@ impl Admin {
         out
     }
 }
+
+mod nodes;
 
 #[cfg(test)]
 mod tests {

@@ -93,3 +93,41 @@ pub fn metric(addr: &str, name: &str) -> Result<Option<u64>, AdminError> {
         .lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()))
 }
+
+/// Follow node `id`'s removal at the node at `addr`: print its replicas left
+/// whenever that changes, until it has left the cluster. (Ctrl-C stops the
+/// watching, not the removal.)
+pub fn follow_removal(addr: &str, token: Option<&str>, id: u32) -> Result<(), AdminError> {
+    let me = format!("n{id} ");
+    // The node leaving never hears that it has left (the group stops
+    // sending to it): asked itself, it is followed until it holds nothing.
+    let asked_itself = get(addr, token, "/status")?
+        .lines()
+        .next()
+        .is_some_and(|l| l.trim() == format!("node n{id}"));
+    let mut last = String::new();
+    loop {
+        let list = get(addr, token, "/nodes")?;
+        let Some(line) = list.lines().find(|l| l.starts_with(&me)) else {
+            println!("n{id} left the cluster");
+            return Ok(());
+        };
+        if asked_itself && line.contains(" replicas=0 moving=0") {
+            println!(
+                "n{id} holds no replicas and leaves the cluster next; it will not hear \
+                 that it has left: ask another node (weir node list --admin ...)"
+            );
+            return Ok(());
+        }
+        let progress: String = line
+            .split(' ')
+            .filter(|w| w.starts_with("replicas=") || w.starts_with("moving="))
+            .collect::<Vec<_>>()
+            .join(" ");
+        if progress != last {
+            println!("n{id}: {progress}");
+            last = progress;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

@@ -4,17 +4,22 @@
 //!
 //! ```toml
 //! [node]
-//! id = 1                      # this node's id, one of cluster.members
+//! id = 1                      # this node's id, one of cluster.members, or a
+//!                             # node that joins later (weir node add)
 //! data_dir = "data/node1"     # Raft log and (by default) the device file; default:
 //!                             # the directory holding this file
+//! # addr = "10.0.0.4:7404"    # a joining node's replication address (the
+//!                             # first members' is in cluster.members)
 //!
 //! [cluster]
 //! id = 1                      # connections from other clusters are refused
 //! replicas = 3                # replicas per extent (at most the member count)
 //! pool_size = "64G"           # the replicated pool that volumes are carved from
 //! extent_size = "64M"         # unit of placement, replication and rebuild
-//! members = [                 # every node: id and its replication address; the
-//!   { id = 1, addr = "127.0.0.1:7401" },   # first 5 (all, up to 5) vote in Raft
+//! members = [                 # the first members: id and replication address,
+//!   { id = 1, addr = "127.0.0.1:7401" },   # the same list on every node; the
+//!                             # first 3 or 5 vote in Raft. Nodes added later
+//!                             # (weir node add) are learned from the map
 //!   { id = 2, addr = "127.0.0.1:7402" },
 //!   { id = 3, addr = "127.0.0.1:7403" },
 //! ]
@@ -260,10 +265,13 @@ pub enum TransportKind {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeSection {
-    /// This node's id (one of the members).
+    /// This node's id (one of the members, or a node that joins later).
     pub id: u32,
     /// Where the Raft log and the default device file live.
     pub data_dir: Option<PathBuf>,
+    /// A joining node's replication address (a first member's is in
+    /// `cluster.members`).
+    pub addr: Option<SocketAddr>,
 }
 
 /// `[cluster]`
@@ -578,10 +586,29 @@ impl Config {
                 format!("ids must be below {}", crate::CLIENT_ID_BASE),
             );
         }
-        if !ids.contains(&self.node.id) {
+        match (ids.contains(&self.node.id), self.node.addr) {
+            (false, None) => {
+                return bad(
+                    "node.id",
+                    format!(
+                        "{} is not one of cluster.members {ids:?}; a node that joins later \
+                         names its own replication address (node.addr)",
+                        self.node.id
+                    ),
+                )
+            }
+            (true, Some(_)) => {
+                return bad(
+                    "node.addr",
+                    "a first member's address is its entry in cluster.members".into(),
+                )
+            }
+            _ => {}
+        }
+        if self.node.id == 0 || self.node.id >= crate::CLIENT_ID_BASE {
             return bad(
                 "node.id",
-                format!("{} is not one of cluster.members {ids:?}", self.node.id),
+                format!("must be 1 to {}", crate::CLIENT_ID_BASE - 1),
             );
         }
         let r = usize::from(self.cluster.replicas);
@@ -739,12 +766,17 @@ impl Config {
 
     /// This node's replication address.
     pub fn my_addr(&self) -> SocketAddr {
-        self.cluster
-            .members
-            .iter()
-            .find(|m| m.id == self.node.id)
-            .expect("checked: node.id is a member")
-            .addr
+        let member = self.cluster.members.iter().find(|m| m.id == self.node.id);
+        match (member, self.node.addr) {
+            (Some(m), _) => m.addr,
+            (None, Some(addr)) => addr,
+            (None, None) => unreachable!("checked: a joining node names its address"),
+        }
+    }
+
+    /// Whether this node joins a running cluster (it is not a first member).
+    pub fn joins(&self) -> bool {
+        !self.cluster.members.iter().any(|m| m.id == self.node.id)
     }
 }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 use weir_core::client::Volume;
 use weir_core::control::{ControlPlane, Timeouts};
 use weir_core::map::VolumeSpec;
-use weir_core::node::{EventLog, Events, Node};
+use weir_core::node::{EventLog, Events, Node, NodeHandle};
 use weir_core::replication::ReplicationConfig;
 use weir_core::sched::SchedConfig;
 use weir_core::{BlockDevice, ClusterMap, DevCommand, NodeId, VolumeId};
@@ -241,6 +241,11 @@ pub async fn run_on(
     .with_held_payloads(held.clone());
     let handle = node.handle();
     let mut node_task = tokio_real::spawn(node.run());
+    let peers_task = tokio_real::spawn(learn_peers(
+        me,
+        handle.clone(),
+        [transport.clone(), client.clone()],
+    ));
 
     let volume = Volume::open_with(
         client_side,
@@ -318,6 +323,7 @@ pub async fn run_on(
         },
     };
     nbd_task.abort();
+    peers_task.abort();
     server.unblock();
     // The block versions the device holds are written down, so the restarted node
     // is sent only what is written while it is away.
@@ -342,4 +348,31 @@ pub async fn run_on(
     let _ = admin_thread.join();
     let _ = std::fs::remove_file(dir.join("weir.pid"));
     outcome
+}
+
+/// How often a node looks for members' addresses it has not used yet.
+const PEERS_EVERY: Duration = Duration::from_millis(200);
+
+/// Give `nets` the address of every member that joined (the map holds them;
+/// the first members' come from the config), as the map learns them.
+async fn learn_peers(me: NodeId, handle: NodeHandle, nets: [Arc<Net>; 2]) {
+    let mut known: BTreeMap<NodeId, String> = BTreeMap::new();
+    loop {
+        let state = handle.report().state;
+        for (&node, addr) in &state.addrs {
+            if node == me || known.get(&node) == Some(addr) {
+                continue;
+            }
+            let Ok(at) = addr.parse::<std::net::SocketAddr>() else {
+                tracing::warn!(%node, addr, "a member's address is no IP:PORT; not dialed");
+                known.insert(node, addr.clone());
+                continue;
+            };
+            if nets.iter().all(|n| n.set_peer(node, at)) {
+                tracing::info!(%node, %at, "member address learned");
+                known.insert(node, addr.clone());
+            }
+        }
+        tokio_real::time::sleep(PEERS_EVERY).await;
+    }
 }

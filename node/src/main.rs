@@ -18,11 +18,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run one node (control plane member, replica server, NBD server, /metrics).
+    /// Run one node (`weir node --config F`: control plane member, replica
+    /// server, NBD server, /metrics), or add, remove and list nodes.
+    #[command(args_conflicts_with_subcommands = true)]
     Node {
+        #[command(subcommand)]
+        command: Option<NodeCmd>,
         /// The node's config file (TOML; see the README for every key).
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
     /// A local cluster on loopback with file-backed devices.
     Cluster {
@@ -33,22 +39,8 @@ enum Cmd {
     Volume {
         #[command(subcommand)]
         command: VolumeCmd,
-        /// A node's admin address.
-        #[arg(
-            long,
-            global = true,
-            env = "WEIR_ADMIN",
-            default_value = "127.0.0.1:9401"
-        )]
-        admin: String,
-        /// The node's admin token (a local cluster's: DIR/admin.token).
-        #[arg(
-            long,
-            global = true,
-            env = "WEIR_ADMIN_TOKEN_FILE",
-            default_value = "./weir-data/admin.token"
-        )]
-        token_file: PathBuf,
+        #[command(flatten)]
+        admin: AdminArgs,
     },
     /// The cluster as a node sees it.
     Status {
@@ -63,6 +55,52 @@ enum Cmd {
         )]
         token_file: PathBuf,
     },
+}
+
+/// Which node's admin endpoint to ask, and its token.
+#[derive(clap::Args)]
+struct AdminArgs {
+    /// A node's admin address.
+    #[arg(
+        long,
+        global = true,
+        env = "WEIR_ADMIN",
+        default_value = "127.0.0.1:9401"
+    )]
+    admin: String,
+    /// The node's admin token (a local cluster's: DIR/admin.token).
+    #[arg(
+        long,
+        global = true,
+        env = "WEIR_ADMIN_TOKEN_FILE",
+        default_value = "./weir-data/admin.token"
+    )]
+    token_file: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum NodeCmd {
+    /// Add a node: start it first with a config naming the cluster's first
+    /// members and its own address (`[node] addr`); replicas move to it as
+    /// nodes leave or are replaced.
+    Add {
+        /// Its node id.
+        id: u32,
+        /// Its replication address, IP:PORT.
+        addr: String,
+    },
+    /// Remove a node: its replicas move to the others (each new copy in sync
+    /// before the old one goes), its vote to another node, then it leaves.
+    /// Shows the progress until it has left.
+    Remove {
+        /// Its node id.
+        id: u32,
+        /// Return once it is leaving; `weir node list` shows the progress.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// The members: up or down, vote, replicas held, leaving.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -205,11 +243,49 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
-        Cmd::Node { config } => {
+        Cmd::Node {
+            command: None,
+            config: Some(config),
+            ..
+        } => {
             let config = config::Config::load(&config)?;
             let rt = runtime()?;
             let stop = signalled(&rt);
             rt.block_on(daemon::run(config, stop))
+        }
+        Cmd::Node {
+            command: None,
+            config: None,
+            ..
+        } => anyhow::bail!("say what to do: weir node --config FILE, or weir node add|remove|list"),
+        Cmd::Node {
+            command: Some(command),
+            admin,
+            ..
+        } => {
+            let token = admin_client::read_token(&admin.token_file);
+            let (addr, token) = (admin.admin.as_str(), token.as_deref());
+            match command {
+                NodeCmd::Add { id, addr: at } => {
+                    at.parse::<std::net::SocketAddr>()
+                        .map_err(|e| anyhow::anyhow!("address {at:?}: {e} (IP:PORT)"))?;
+                    print!(
+                        "{}",
+                        admin_client::post(addr, token, &format!("/nodes/{id}?addr={at}"))?
+                    );
+                }
+                NodeCmd::Remove { id, no_wait } => {
+                    print!(
+                        "{}",
+                        admin_client::delete(addr, token, &format!("/nodes/{id}"))?
+                    );
+                    if !no_wait {
+                        admin_client::follow_removal(addr, token, id)?;
+                    }
+                }
+                NodeCmd::List => print!("{}", admin_client::get(addr, token, "/nodes")?),
+            }
+            Ok(())
         }
         Cmd::Cluster {
             command:
@@ -274,8 +350,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Volume {
             command,
-            admin,
-            token_file,
+            admin: AdminArgs { admin, token_file },
         } => {
             let token = admin_client::read_token(&token_file);
             let token = token.as_deref();

@@ -25,6 +25,18 @@ impl Net {
         }
     }
 
+    /// Learn a peer's replication address (a node that joined); false if the
+    /// endpoint could not take it now (ask again).
+    pub fn set_peer(&self, node: weir_core::NodeId, addr: std::net::SocketAddr) -> bool {
+        match self {
+            Net::Tcp(t) => {
+                t.set_peer(node, addr);
+                true
+            }
+            Net::Rdma(t) => t.set_peer(node, addr),
+        }
+    }
+
     /// Close every connection and end the endpoint's tasks.
     pub fn close(&self) {
         match self {

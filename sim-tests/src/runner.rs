@@ -135,7 +135,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     let kills = plan::KillLog::default();
     plan.inject(
         &cluster.fabric,
-        &cluster.hosts,
+        (&cluster.hosts, &cluster.handles),
         (&cluster.events, &kills, cluster.start),
     );
 
@@ -164,7 +164,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         cluster.map.clone(),
         &ops,
         replicas,
-        plan.live(&nodes),
+        (plan.live(&nodes), plan.removed()),
     )
     .await;
     let history = History {

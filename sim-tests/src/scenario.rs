@@ -98,6 +98,15 @@ pub struct FaultSpec {
     /// run (every command fails): the node stays up but stops heartbeating, is
     /// declared down, and its replicas move to spares.
     pub device_losses: u32,
+    /// Nodes that join during the run (`weir node add`): they run from the
+    /// start as joining nodes (ids after the first members') and are added at
+    /// a random time in the first half; they take the replicas of leaving
+    /// nodes and the places of nodes given up on.
+    pub node_adds: u32,
+    /// Members removed during the run (`weir node remove`), at a random time in
+    /// the first half, each a node no other fault strikes: their replicas move
+    /// to other nodes, their vote to another node, and they leave the cluster.
+    pub node_removals: u32,
 }
 
 impl FaultSpec {
@@ -139,6 +148,8 @@ impl Default for FaultSpec {
             media_errors: 0,
             device_losses: 0,
             restart_ms: 200,
+            node_adds: 0,
+            node_removals: 0,
         }
     }
 }
@@ -314,6 +325,11 @@ mod volumes;
 pub use volumes::{QosSpec, VolumeSpecToml};
 
 impl Scenario {
+    /// Storage hosts: the first members and the nodes that join.
+    pub fn storage_hosts(&self) -> u32 {
+        self.cluster.nodes + self.faults.node_adds
+    }
+
     /// Client hosts in all.
     pub fn client_hosts(&self) -> u32 {
         self.workload.clients + self.extra_clients.iter().map(|e| e.clients).sum::<u32>()
@@ -780,6 +796,19 @@ impl Scenario {
             return bad(
                 "faults.node_crashes/node_pauses/partitions/device_hangs/node_restarts/power_losses/media_errors/device_losses",
                 "together must be fewer than cluster.replicas",
+            );
+        }
+        if x.node_adds > 4 {
+            return bad("faults.node_adds", "must be at most 4");
+        }
+        // The nodes that stay hold every copy, and each removal takes a node no
+        // other fault strikes.
+        if u64::from(c.nodes + x.node_adds) < u64::from(x.node_removals) + u64::from(c.replicas)
+            || x.faulty_nodes() + u64::from(x.node_removals) > u64::from(c.nodes)
+        {
+            return bad(
+                "faults.node_removals",
+                "must leave cluster.replicas nodes (with those added), each a node no other fault strikes",
             );
         }
         if (x.node_pauses > 0 && x.pause_ms == 0) || (x.partitions > 0 && x.partition_ms == 0) {

@@ -352,9 +352,9 @@ fn ignoring_the_lease_margin_is_caught_when_clocks_disagree() {
 
 #[test]
 fn accepting_a_stale_epoch_is_caught_and_named() {
-    // Seed 25 (seed 1 caught it until 2026-12-04, when its draw gave it QoS
-    // and a lighter load).
-    let first = first_violation(25, |s| s.bugs.accept_stale_epoch = true, "epochs only grow");
+    // Seed 1 (seed 25 caught it from 2026-12-04 until 2026-12-05, when the
+    // Raft group's genesis entry and the membership draws changed the runs).
+    let first = first_violation(1, |s| s.bugs.accept_stale_epoch = true, "epochs only grow");
     assert!(
         first.contains("took a write of") && first.contains("its map was at"),
         "unreadable violation: {first}"

@@ -429,7 +429,8 @@ fn test(root: &Path) -> Result<(), String> {
         cargo(root, true, &sim_tests),
     )?;
     // One seed of the default scenario, and a faulty seed: campaign seed 19
-    // pauses a node, crashes the Raft leader and restarts it, and flaps a link.
+    // crashes a voter that restarts past the replacement timeout (spares take
+    // its replicas, a learner its vote), pauses another node and flaps links.
     for sim_args in [
         &["--seed", "1", "--duration-ms", "50"][..],
         &["--campaign", "--seed", "19"][..],

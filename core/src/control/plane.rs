@@ -34,7 +34,7 @@
 //! Time comes in with every call (`now_ns`); the driver ticks at a fixed interval.
 
 use super::raft::{MapRaft, RaftAction, RaftError};
-use super::state::{ClusterState, Command, NodeStatus};
+use super::state::{ClusterState, Command, ConfRole, NodeStatus};
 use crate::ids::{Epoch, ExtentId, NodeId};
 use crate::wire::Message;
 use bytes::Bytes;
@@ -42,6 +42,12 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Ticks between a restarted node's requests for `Restarted`.
 const RESTART_ASK_TICKS: u32 = 5;
+/// Most replicas moving off leaving nodes at once (each move rebuilds a whole
+/// extent on its new node).
+pub const MOVES_MAX: usize = 4;
+/// Ticks the leader waits after a configuration change was refused before it
+/// proposes another (a refusal means the map changed under it).
+const CONF_BACKOFF_TICKS: u32 = 10;
 
 /// Something the driver must do.
 #[derive(Debug)]
@@ -79,7 +85,6 @@ pub struct ControlPlane {
     bootstrap: Vec<Command>,
     bootstrap_term: Option<u64>,
     timeouts: Timeouts,
-    voters: Vec<NodeId>,
     /// Leader only: when each node was last heard from healthy.
     last_seen: BTreeMap<NodeId, u64>,
     /// Leader only: when each node was last heard from at all (for the quorum the
@@ -97,6 +102,10 @@ pub struct ControlPlane {
     proposed: BTreeSet<(NodeId, bool)>,
     /// Replacements in flight.
     replacing: BTreeSet<NodeId>,
+    /// Leader only: extents with a move (its start or finish) proposed.
+    moves_proposed: BTreeSet<ExtentId>,
+    /// Leader only: ticks before the next configuration change.
+    conf_backoff: u32,
     actions: VecDeque<PlaneAction>,
     /// The epochs of the map this node had when it restarted (None: a new node).
     restored: Option<BTreeMap<ExtentId, Epoch>>,
@@ -146,23 +155,16 @@ impl ControlPlane {
             // leader after one round trip instead of after an election timeout.
             raft.campaign()?;
         }
-        Ok(Self::with_raft(me, raft, members, bootstrap, timeouts))
+        Ok(Self::with_raft(me, raft, bootstrap, timeouts))
     }
 
-    fn with_raft(
-        me: NodeId,
-        raft: MapRaft,
-        members: &[NodeId],
-        bootstrap: Vec<Command>,
-        timeouts: Timeouts,
-    ) -> Self {
+    fn with_raft(me: NodeId, raft: MapRaft, bootstrap: Vec<Command>, timeouts: Timeouts) -> Self {
         ControlPlane {
             me,
             raft,
             bootstrap,
             bootstrap_term: None,
             timeouts,
-            voters: super::raft::voters_of(members),
             last_seen: BTreeMap::new(),
             heard: BTreeMap::new(),
             voter_sent: BTreeMap::new(),
@@ -171,6 +173,8 @@ impl ControlPlane {
             leader_since_ns: None,
             proposed: BTreeSet::new(),
             replacing: BTreeSet::new(),
+            moves_proposed: BTreeSet::new(),
+            conf_backoff: 0,
             actions: VecDeque::new(),
             restored: None,
             restart_pending: false,
@@ -198,13 +202,15 @@ impl ControlPlane {
         if members.first() == Some(&me) && replayed.records == 0 {
             raft.campaign()?;
         }
-        let mut plane = Self::with_raft(me, raft, members, bootstrap, timeouts);
+        let mut plane = Self::with_raft(me, raft, bootstrap, timeouts);
         // The replayed commands first: a `Restarted` of an earlier incarnation
         // among them must not count as this one's.
         plane.drain_raft();
         // Never 0 (a node that never asked): this process's own nonce.
         plane.boot = seed | 1;
-        if replayed.records > 0 {
+        // A node that joined and restarted before the group took it holds
+        // nothing yet: it starts again as a joining node.
+        if replayed.records > 0 && plane.state().nodes.contains_key(&me) {
             let epochs = plane
                 .state()
                 .extents
@@ -252,6 +258,11 @@ impl ControlPlane {
     /// The applied cluster state.
     pub fn state(&self) -> &ClusterState {
         self.raft.state()
+    }
+
+    /// The Raft group's voters, as the map records them.
+    fn voters(&self) -> &BTreeSet<NodeId> {
+        &self.raft.state().voters
     }
 
     /// The Raft leader this node knows of.
@@ -335,6 +346,8 @@ impl ControlPlane {
                 | Command::SetQos { .. }
                 | Command::DeleteNamed { .. }),
             ) => self.propose(&cmd),
+            // An operator adds or removes a node through any member.
+            Ok(cmd @ (Command::JoinNode { .. } | Command::RemoveNode { .. })) => self.propose(&cmd),
             // A node says it restarted, for itself only.
             Ok(cmd @ Command::Restarted { node, .. }) if node == from => self.propose(&cmd),
             Ok(other) => tracing::warn!(%from, ?other, "command not taken from a member"),
@@ -360,7 +373,7 @@ impl ControlPlane {
             return;
         }
         self.heard.insert(from, now_ns);
-        if self.voters.contains(&from) {
+        if self.voters().contains(&from) {
             // A voter that follows this leader backs its lease, healthy or not. A
             // stamp from the future (a skewed or hostile clock) counts as now.
             let sent = sent_ns.min(now_ns);
@@ -398,7 +411,7 @@ impl ControlPlane {
             // one's, before a restart): that lease was not granted to this one.
             return;
         }
-        if !self.voters.contains(&from) {
+        if !self.voters().contains(&from) {
             tracing::warn!(%from, "lease from a node that cannot lead; ignored");
             return;
         }
@@ -415,7 +428,7 @@ impl ControlPlane {
             return 0;
         }
         let mut sent: Vec<u64> = self
-            .voters
+            .voters()
             .iter()
             .map(|v| {
                 if *v == self.me {
@@ -426,7 +439,7 @@ impl ControlPlane {
             })
             .collect();
         sent.sort_unstable_by(|a, b| b.cmp(a));
-        let quorum = self.voters.len() / 2 + 1;
+        let quorum = self.voters().len() / 2 + 1;
         match sent.get(quorum - 1) {
             Some(&t) if t > 0 => t + self.timeouts.lease_ns,
             _ => 0,
@@ -473,6 +486,7 @@ impl ControlPlane {
             self.leader_since_ns = None;
             self.proposed.clear();
             self.replacing.clear();
+            self.moves_proposed.clear();
             return;
         }
         if self.leader_since_ns.is_none() {
@@ -485,7 +499,7 @@ impl ControlPlane {
         if !self.healthy {
             // Hand over to the voter heard from most recently.
             let heir = self
-                .voters
+                .voters()
                 .iter()
                 .filter(|&&v| v != self.me)
                 .max_by_key(|v| self.voter_sent.get(v).copied().unwrap_or(0))
@@ -508,6 +522,160 @@ impl ControlPlane {
             }
         }
         self.detect(now_ns, since);
+        if !self.state().volumes.is_empty() {
+            self.move_replicas(now_ns);
+            self.reconfigure(now_ns, since);
+        }
+    }
+
+    /// Leader: move replicas off leaving nodes, at most [`MOVES_MAX`] at once:
+    /// start a move to the up, staying node that holds the fewest replicas (the
+    /// lowest id on ties), and finish it once the new replica is in sync.
+    fn move_replicas(&mut self, now_ns: u64) {
+        let state = self.state();
+        if state.leaving.is_empty() && state.extents.values().all(|e| e.moving.is_none()) {
+            return;
+        }
+        let mut load = state.spare_load();
+        let mut under_way = state
+            .extents
+            .values()
+            .filter(|e| e.moving.is_some())
+            .count();
+        under_way += self
+            .moves_proposed
+            .iter()
+            .filter(|e| state.extents.get(e).is_some_and(|x| x.moving.is_none()))
+            .count();
+        let mut proposals = Vec::new();
+        for (&id, ext) in &state.extents {
+            if self.moves_proposed.contains(&id) {
+                continue;
+            }
+            if let Some(m) = ext.moving {
+                if ext.in_sync.contains(&m.to) {
+                    // Every lease the old primary may hold ends within a lease
+                    // of now: any it gets later needs this map.
+                    let serve_after_ns = now_ns.saturating_add(self.timeouts.lease_ns);
+                    proposals.push(Command::FinishMove {
+                        extent: id,
+                        epoch: ext.epoch,
+                        serve_after_ns,
+                    });
+                }
+                continue;
+            }
+            let Some(&from) = ext.replicas.iter().find(|r| state.leaving.contains(r)) else {
+                continue;
+            };
+            if under_way >= MOVES_MAX || ext.in_sync.is_empty() {
+                continue;
+            }
+            if let Some(to) = super::state::take_spare(&mut load, ext) {
+                under_way += 1;
+                proposals.push(Command::MoveReplica {
+                    extent: id,
+                    epoch: ext.epoch,
+                    from,
+                    to,
+                });
+            }
+        }
+        for cmd in proposals {
+            if let Command::MoveReplica { extent, .. } | Command::FinishMove { extent, .. } = cmd {
+                self.moves_proposed.insert(extent);
+            }
+            self.propose(&cmd);
+        }
+    }
+
+    /// Leader: one step towards the Raft group the map calls for, when no
+    /// configuration change is under way. A joined node becomes a learner; a
+    /// learner that may vote (up, heard from, caught up, not leaving) becomes a
+    /// voter while fewer than [`super::state::voter_target`] of those that may
+    /// vote do; a voter that may not (leaving, or down past the replacement
+    /// timeout: gone for good) becomes a learner once the group is over that
+    /// target (so a vote is always added before one is taken away); a leaving
+    /// learner that holds nothing leaves. The leader never demotes itself: it
+    /// hands leadership over first.
+    fn reconfigure(&mut self, now_ns: u64, leader_since_ns: u64) {
+        if self.conf_backoff > 0 {
+            self.conf_backoff -= 1;
+            return;
+        }
+        if self.raft.conf_pending() {
+            return;
+        }
+        let state = self.state();
+        let heard = |n: &NodeId| {
+            *n == self.me
+                || self
+                    .last_seen
+                    .get(n)
+                    .is_some_and(|&t| now_ns.saturating_sub(t) <= self.timeouts.detect_ns)
+        };
+        let gone_for_good = |n: &NodeId| {
+            let last = self
+                .last_seen
+                .get(n)
+                .copied()
+                .unwrap_or(0)
+                .max(leader_since_ns);
+            *n != self.me
+                && self.timeouts.replace_ns > 0
+                && state.nodes.get(n) == Some(&NodeStatus::Down)
+                && now_ns.saturating_sub(last) > self.timeouts.replace_ns
+        };
+        let may_vote = |n: &NodeId| !state.leaving.contains(n) && !gone_for_good(n);
+        let step = if let Some(&node) = state
+            .nodes
+            .keys()
+            .find(|n| !state.voters.contains(n) && !state.learners.contains(n))
+        {
+            Some((node, ConfRole::Learner))
+        } else {
+            let target =
+                super::state::voter_target(state.nodes.keys().filter(|n| may_vote(n)).count());
+            let voting = state.voters.iter().filter(|n| may_vote(n)).count();
+            let candidate = state.learners.iter().copied().find(|n| {
+                may_vote(n)
+                    && state.nodes.get(n) == Some(&NodeStatus::Up)
+                    && heard(n)
+                    && self.raft.caught_up(*n)
+            });
+            let demote = state.voters.iter().copied().find(|n| !may_vote(n));
+            let leave = state
+                .leaving
+                .iter()
+                .copied()
+                .find(|n| !state.voters.contains(n) && !state.holds_replicas(*n));
+            match (candidate, demote, leave) {
+                (Some(c), ..) if voting < target => Some((c, ConfRole::Voter)),
+                (_, Some(d), _) if state.voters.len() > target.max(1) => {
+                    Some((d, ConfRole::Learner))
+                }
+                (.., Some(l)) => Some((l, ConfRole::Gone)),
+                _ => None,
+            }
+        };
+        let Some((node, role)) = step else {
+            return;
+        };
+        if node == self.me && role != ConfRole::Voter {
+            // Hand over to a voter that may vote and has been heard from.
+            let heir = state
+                .voters
+                .iter()
+                .copied()
+                .find(|v| *v != self.me && may_vote(v) && heard(v) && self.raft.caught_up(*v));
+            if let Some(heir) = heir {
+                tracing::info!(%heir, "leaving the vote; handing leadership over");
+                self.raft.transfer_leader(heir);
+                self.drain_raft();
+            }
+            return;
+        }
+        self.propose(&Command::Conf { node, role });
     }
 
     /// The leader's failure detector. It judges only while a majority of voters
@@ -522,7 +690,7 @@ impl ControlPlane {
             self.propose(&Command::NodeUp { node: self.me });
         }
         let fresh = self
-            .voters
+            .voters()
             .iter()
             .filter(|&&v| {
                 v == self.me
@@ -532,7 +700,7 @@ impl ControlPlane {
                         .is_some_and(|&t| now_ns.saturating_sub(t) <= self.timeouts.detect_ns)
             })
             .count();
-        if fresh < self.voters.len() / 2 + 1 {
+        if fresh < self.voters().len() / 2 + 1 {
             tracing::debug!(fresh, "too few voters heard from to judge anyone");
             return;
         }
@@ -625,11 +793,20 @@ impl ControlPlane {
                     if let Command::ReplaceNode { node } = &command {
                         self.replacing.remove(node);
                     }
+                    if let Command::MoveReplica { extent, .. }
+                    | Command::FinishMove { extent, .. } = &command
+                    {
+                        self.moves_proposed.remove(extent);
+                    }
+                    if matches!(command, Command::Conf { .. }) && outcome.is_err() {
+                        self.conf_backoff = CONF_BACKOFF_TICKS;
+                    }
                     match outcome {
                         Ok(changes) => {
                             // Every member applies the command; the leader reports it.
                             if self.raft.is_leader() {
-                                if let Some(event) = describe(&command, &changes) {
+                                if let Some(event) = describe(&command, &changes, self.raft.state())
+                                {
                                     self.actions.push_back(PlaneAction::Event(event));
                                 }
                             }
@@ -653,16 +830,21 @@ impl ControlPlane {
 
 /// The event of an applied `command` that changed the map, if it is one worth
 /// reporting.
-fn describe(command: &Command, changes: &[super::state::Change]) -> Option<crate::events::Event> {
+fn describe(
+    command: &Command,
+    changes: &[super::state::Change],
+    state: &ClusterState,
+) -> Option<crate::events::Event> {
     use super::state::Change;
-    use crate::events::Event;
+    use crate::events::{Event, MemberChange};
+    let member = |node, change| Event::Member { node, change };
     let (mut failovers, mut replicas, mut unavailable) = (0, 0, 0);
     for c in changes {
         match c {
             Change::Failover(f) => failovers += f.len(),
             Change::Replicas(r) => replicas += r.len(),
             Change::Unavailable(u) => unavailable += u.len(),
-            Change::Membership => {}
+            Change::Membership | Change::Moved { .. } => {}
         }
     }
     match command {
@@ -700,23 +882,53 @@ fn describe(command: &Command, changes: &[super::state::Change]) -> Option<crate
             node: *node,
             rebuilding: replicas,
         }),
+        Command::JoinNode { node, .. } => Some(member(*node, MemberChange::Joined)),
+        Command::RemoveNode { node } => Some(member(
+            *node,
+            MemberChange::Leaving {
+                extents: state.replicas_on(*node).0,
+            },
+        )),
+        Command::MoveReplica {
+            extent, from, to, ..
+        } => Some(member(
+            *from,
+            MemberChange::MoveStarted {
+                extent: *extent,
+                to: *to,
+            },
+        )),
+        Command::FinishMove { .. } => changes.iter().find_map(|c| match c {
+            Change::Moved { extent, from, to } => Some(member(
+                *from,
+                MemberChange::Moved {
+                    extent: *extent,
+                    to: *to,
+                },
+            )),
+            _ => None,
+        }),
+        Command::Conf { node, role } => Some(member(
+            *node,
+            match role {
+                ConfRole::Voter => MemberChange::Voter,
+                ConfRole::Learner => MemberChange::Learner,
+                ConfRole::Gone => MemberChange::Gone,
+            },
+        )),
         _ => None,
     }
 }
 
-/// The commands that build `map` from an empty log: its members, then its volume
-/// with `replicas` replicas per extent (the map every node starts with).
+/// The commands that build `map` from the group's genesis (which holds its
+/// members, [`ClusterState::genesis`]): its volume with `replicas` replicas per
+/// extent and its named volumes (the map every node starts with).
 pub fn bootstrap(map: &crate::map::ClusterMap, replicas: u8) -> Vec<Command> {
-    let mut commands: Vec<Command> = map
-        .nodes()
-        .iter()
-        .map(|&node| Command::AddNode { node })
-        .collect();
-    commands.push(Command::CreateVolume {
+    let mut commands = vec![Command::CreateVolume {
         volume: map.volume().id,
         extents: map.extent_count(),
         replicas,
-    });
+    }];
     // A static map's named volumes, in the order they took their extents.
     let mut named: Vec<_> = map.state().named.iter().collect();
     named.sort_by_key(|(_, v)| v.first);

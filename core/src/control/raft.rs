@@ -28,12 +28,14 @@
 //! [`SNAPSHOT_RETRY_TICKS`] (lost with a connection, or its receiver crashed
 //! during the install) is sent again.
 
-use super::state::{Change, ClusterState, Command, MapDecodeError, Refusal};
+use super::state::{Change, ClusterState, Command, ConfRole, MapDecodeError, Refusal};
 use crate::ids::NodeId;
 use bytes::Bytes;
 use protobuf::Message as _;
 use raft::prelude::Snapshot;
-use raft::prelude::{ConfState, Entry, EntryType, Message as RaftMessage};
+use raft::prelude::{
+    ConfChange, ConfChangeType, ConfState, Entry, EntryType, Message as RaftMessage,
+};
 use raft::{Config, ProgressState, RawNode, SnapshotStatus, StateRole, Storage as _};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -120,19 +122,20 @@ pub enum RaftAction {
 /// all of fewer than 3. More voters only slow commits and elections; the others
 /// are learners, which get every command but neither vote nor lead.
 pub fn voters_of(members: &[NodeId]) -> Vec<NodeId> {
-    let n = match members.len() {
-        0..=2 => members.len(),
-        3..=4 => 3,
-        _ => 5,
+    members[..super::state::voter_target(members.len())].to_vec()
+}
+
+/// The Raft configuration a map records.
+fn conf_of(state: &ClusterState) -> ConfState {
+    let ids = |set: &std::collections::BTreeSet<NodeId>| -> Vec<u64> {
+        set.iter().map(|n| u64::from(n.0)).collect()
     };
-    members[..n].to_vec()
+    ConfState::from((ids(&state.voters), ids(&state.learners)))
 }
 
 /// One member's Raft engine and its applied cluster state.
 pub struct MapRaft {
     me: NodeId,
-    /// Every member, voters and learners.
-    members: Vec<NodeId>,
     node: RawNode<MapStorage>,
     state: ClusterState,
     rng: SmallRng,
@@ -148,6 +151,9 @@ pub struct MapRaft {
     snapshot_waits: BTreeMap<u64, u32>,
     /// Snapshots taken here, and installed from a leader.
     snapshots: SnapshotCounts,
+    /// Take a snapshot at once (a learner joined: the one the leader sends it
+    /// must hold its place in the group).
+    snapshot_now: bool,
 }
 
 /// How many snapshots a member took and installed.
@@ -172,8 +178,12 @@ impl std::fmt::Debug for MapRaft {
 }
 
 impl MapRaft {
-    /// Member `me` of a group of `members` ([`voters_of`] them vote, the others
-    /// learn), starting from an empty log, with election jitter drawn from `seed`.
+    /// Member `me` of a group whose first members are `members` ([`voters_of`]
+    /// them vote, the others learn), starting from an empty log, with election
+    /// jitter drawn from `seed`. A first member starts from the group's genesis
+    /// (a snapshot at index 1 of [`ClusterState::genesis`]); a node that is not
+    /// one joins later: it starts with no configuration and waits for the
+    /// leader's snapshot once the group takes it as a learner.
     pub fn new(me: NodeId, members: &[NodeId], seed: u64) -> Result<Self, RaftError> {
         Self::build(me, members, seed, None)
     }
@@ -209,24 +219,25 @@ impl MapRaft {
             ..Config::default()
         };
         config.validate()?;
-        let voters = voters_of(members);
-        let ids = |nodes: &mut dyn Iterator<Item = &NodeId>| -> Vec<u64> {
-            nodes.map(|n| u64::from(n.0)).collect()
-        };
-        let learners = ids(&mut members.iter().filter(|n| !voters.contains(n)));
-        let conf = ConfState::from((ids(&mut voters.iter()), learners));
-        let mut storage = MapStorage::new(conf.clone());
+        let mut storage = MapStorage::new(ConfState::default());
         let mut state = ClusterState::default();
         let mut applied_index = 0;
+        let snapshot = durable.and_then(|r| r.snapshot.as_ref());
+        if let Some((index, term, data)) = snapshot {
+            // Only this member wrote the file; a snapshot in it that does not
+            // decode is corruption, which stops the member rather than let it
+            // rejoin with a map it never had.
+            state = decode_map(data)?;
+            storage.install(snapshot_of(*index, *term, conf_of(&state), data.clone()));
+            applied_index = *index;
+        } else if members.contains(&me) {
+            // The genesis: entry 1, which every first member holds alike.
+            state = ClusterState::genesis(members);
+            storage.install(snapshot_of(1, 1, conf_of(&state), state.encode()));
+            applied_index = 1;
+        }
+        let genesis = snapshot.is_none() && applied_index == 1;
         if let Some(replayed) = durable {
-            if let Some((index, term, data)) = &replayed.snapshot {
-                // Only this member wrote the file; a snapshot in it that does not
-                // decode is corruption, which stops the member rather than let it
-                // rejoin with a map it never had.
-                state = decode_map(data)?;
-                storage.install(snapshot_of(*index, *term, conf, data.clone()));
-                applied_index = *index;
-            }
             storage.append(&replayed.entries)?;
             let mut hs = replayed.hard_state.clone();
             hs.commit = hs.commit.max(applied_index);
@@ -236,7 +247,6 @@ impl MapRaft {
         let node = RawNode::new(&config, storage, &logger)?;
         let mut raft = MapRaft {
             me,
-            members: members.to_vec(),
             last_role: (node.raft.term, node.raft.state),
             node,
             state,
@@ -247,8 +257,14 @@ impl MapRaft {
             snapshot_entries: SNAPSHOT_ENTRIES,
             snapshot_waits: BTreeMap::new(),
             snapshots: SnapshotCounts::default(),
+            snapshot_now: false,
         };
         raft.jitter();
+        if genesis {
+            // The file starts with the genesis, so its entries (from 2) follow
+            // a snapshot when replayed.
+            raft.rewrite();
+        }
         // A replayed log's committed commands are applied at once.
         raft.drain_ready();
         Ok(raft)
@@ -295,6 +311,33 @@ impl MapRaft {
             "a snapshot holds only applied entries"
         );
         assert!(self.applied_index <= store.hard_state().commit.max(self.snapshot_index()));
+        let conf = self.node.raft.prs().conf().to_conf_state();
+        let (mut voters, mut learners) = (conf.voters.clone(), conf.learners.clone());
+        voters.sort_unstable();
+        learners.sort_unstable();
+        let map = conf_of(&self.state);
+        assert_eq!(
+            (voters, learners),
+            (map.voters, map.learners),
+            "the map records the group's configuration"
+        );
+    }
+
+    /// Leader: whether `node`'s log holds every committed entry (a learner
+    /// promoted before it does could hold up commits).
+    pub fn caught_up(&self, node: NodeId) -> bool {
+        let committed = self.node.raft.raft_log.committed;
+        self.node
+            .raft
+            .prs()
+            .get(u64::from(node.0))
+            .is_some_and(|p| p.matched >= committed)
+    }
+
+    /// Whether a configuration change is proposed and not yet applied (the
+    /// group takes one at a time).
+    pub fn conf_pending(&self) -> bool {
+        self.node.raft.has_pending_conf()
     }
 
     /// The leader this member knows of.
@@ -365,7 +408,12 @@ impl MapRaft {
 
     /// A Raft message from `from`.
     pub fn handle_message(&mut self, from: NodeId, bytes: &[u8]) -> Result<(), RaftError> {
-        if !self.members.contains(&from) {
+        // A member of the map, or anyone while this node has no map yet (it
+        // joins: the leader's first messages come before it knows the group).
+        let known = self.state.nodes.contains_key(&from)
+            || self.state.voters.contains(&from)
+            || self.state.learners.contains(&from);
+        if !known && !self.state.nodes.is_empty() {
             return Err(RaftError::Stranger(from));
         }
         let msg = RaftMessage::parse_from_bytes(bytes)?;
@@ -449,11 +497,16 @@ impl MapRaft {
         if meta.index == 0 || meta.term == 0 || meta.term > msg.term {
             return Err(RaftError::Impossible("snapshot at no entry"));
         }
-        if meta.get_conf_state() != self.node.store().conf_state() {
-            return Err(RaftError::Impossible("snapshot of another group"));
-        }
-        if decode_map(&snap.data).is_err() {
+        let Ok(map) = decode_map(&snap.data) else {
             return Err(RaftError::Impossible("snapshot is not a valid map"));
+        };
+        let mut conf = meta.get_conf_state().clone();
+        conf.voters.sort_unstable();
+        conf.learners.sort_unstable();
+        if conf != conf_of(&map) || map.voters.is_empty() {
+            return Err(RaftError::Impossible(
+                "snapshot's configuration is not its map's",
+            ));
         }
         Ok(())
     }
@@ -472,13 +525,23 @@ impl MapRaft {
         self.after_input();
     }
 
-    /// Propose `command` (leader only).
+    /// Propose `command` (leader only). A [`Command::Conf`] goes as a Raft
+    /// configuration change (one at a time: raft-rs turns one proposed while
+    /// another is pending into an empty entry, and the proposer asks again).
     pub fn propose(&mut self, command: &Command) -> Result<(), RaftError> {
         if !self.is_leader() {
             return Err(RaftError::NotLeader(self.leader()));
         }
         let data = postcard::to_allocvec(command).expect("commands always encode");
-        self.node.propose(vec![], data)?;
+        if let Command::Conf { node, role } = command {
+            let mut cc = ConfChange::default();
+            cc.set_change_type(change_type(*role));
+            cc.node_id = u64::from(node.0);
+            cc.context = data.into();
+            self.node.propose_conf_change(vec![], cc)?;
+        } else {
+            self.node.propose(vec![], data)?;
+        }
         self.after_input();
         Ok(())
     }
@@ -580,7 +643,9 @@ impl MapRaft {
     /// [`Self::set_snapshot_entries`] entries were applied since the last one.
     fn maybe_snapshot(&mut self) {
         let last = self.snapshot_index();
-        if self.snapshot_entries == 0 || self.applied_index < last + self.snapshot_entries {
+        let due = self.snapshot_entries > 0 && self.applied_index >= last + self.snapshot_entries;
+        let now = std::mem::take(&mut self.snapshot_now) && self.applied_index > last;
+        if !due && !now {
             return;
         }
         let index = self.applied_index;
@@ -593,7 +658,12 @@ impl MapRaft {
         let data = self.state.encode();
         let store = self.node.mut_store();
         store.set_snapshot(snapshot_of(index, term, conf, data));
-        let keep = self.snapshot_entries / 2;
+        let keep = if self.snapshot_entries == 0 {
+            // Never compacted: the snapshot is only for a joining learner.
+            index
+        } else {
+            self.snapshot_entries / 2
+        };
         if let Err(e) = store.compact(index.saturating_sub(keep)) {
             debug_assert!(false, "compaction below the applied index: {e}");
         }
@@ -633,6 +703,10 @@ impl MapRaft {
                 continue; // In the snapshot the map came from.
             }
             self.applied_index = entry.index;
+            if entry.get_entry_type() == EntryType::EntryConfChange {
+                self.apply_conf(&entry);
+                continue;
+            }
             if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
                 continue; // The leader's empty entry of a new term.
             }
@@ -645,10 +719,77 @@ impl MapRaft {
                     continue;
                 }
             };
-            let outcome = self.state.apply(&command);
+            let outcome = match command {
+                Command::Conf { node, role } => {
+                    // Only a configuration entry changes the group.
+                    self.state.applied += 1;
+                    Err(Refusal::BadConf {
+                        node,
+                        role,
+                        why: "not in a configuration entry",
+                    })
+                }
+                _ => self.state.apply(&command),
+            };
             self.actions
                 .push_back(RaftAction::Applied { command, outcome });
         }
+    }
+
+    /// Apply a configuration entry: the map's change and raft-rs's together, or
+    /// neither (every member decides alike, from the same map and group).
+    fn apply_conf(&mut self, entry: &Entry) {
+        let decoded = ConfChange::parse_from_bytes(&entry.data)
+            .ok()
+            .and_then(|cc| Some((postcard::from_bytes::<Command>(&cc.context).ok()?, cc)));
+        let Some((command, cc)) = decoded else {
+            tracing::error!(
+                index = entry.index,
+                "undecodable configuration entry skipped"
+            );
+            return;
+        };
+        let matches = match &command {
+            Command::Conf { node, role } => {
+                cc.node_id == u64::from(node.0) && cc.get_change_type() == change_type(*role)
+            }
+            _ => false,
+        };
+        let joins = !(self.state.voters.contains(&NodeId(cc.node_id as u32))
+            || self.state.learners.contains(&NodeId(cc.node_id as u32)));
+        let mut next = self.state.clone();
+        let outcome = match (matches, next.apply(&command)) {
+            (false, _) => Err(Refusal::Invariant(
+                "a configuration entry that says two things".into(),
+            )),
+            (true, Err(refusal)) => Err(refusal),
+            (true, Ok(changes)) => match self.node.apply_conf_change(&cc) {
+                Ok(conf) => {
+                    self.node.mut_store().set_conf_state(conf);
+                    self.state = next;
+                    self.snapshot_now |= joins;
+                    Ok(changes)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, ?command, "raft refused a configuration change");
+                    Err(Refusal::Invariant(format!("raft refused it: {e}")))
+                }
+            },
+        };
+        if outcome.is_err() {
+            self.state.applied += 1;
+        }
+        self.actions
+            .push_back(RaftAction::Applied { command, outcome });
+    }
+}
+
+/// raft-rs's change for a role.
+fn change_type(role: ConfRole) -> ConfChangeType {
+    match role {
+        ConfRole::Voter => ConfChangeType::AddNode,
+        ConfRole::Learner => ConfChangeType::AddLearnerNode,
+        ConfRole::Gone => ConfChangeType::RemoveNode,
     }
 }
 

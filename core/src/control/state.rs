@@ -23,6 +23,11 @@
 //! primary's lease has surely run out.
 
 pub use super::qos::{Qos, QosError};
+pub use command::{Command, ConfRole, Refusal};
+pub use members::{take_spare, voter_target, MAX_ADDR_BYTES};
+
+mod command;
+mod members;
 use crate::ids::{Epoch, ExtentId, NodeId, VolumeId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -58,202 +63,18 @@ pub struct ExtentState {
     /// The primary may not serve before this time (ns, control-plane clock): the
     /// previous primary's lease has run out by then.
     pub serve_after_ns: u64,
+    /// A replica being moved off a leaving node ([`Command::MoveReplica`]).
+    pub moving: Option<Move>,
 }
 
-/// A command of the control-plane log.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Command {
-    /// A node joins the cluster.
-    AddNode {
-        /// The node.
-        node: NodeId,
-    },
-    /// A volume is created with `extents` extents of `replicas` replicas each,
-    /// placed round robin over the up nodes (primaries spread).
-    CreateVolume {
-        /// Volume id.
-        volume: VolumeId,
-        /// Number of extents.
-        extents: u64,
-        /// Replicas per extent.
-        replicas: u8,
-    },
-    /// A node stopped heartbeating at `silent_since_ns`; its lease expires at
-    /// `lease_expires_ns`. It leaves every in-sync set; extents it was primary of
-    /// fail over to an in-sync replica, which may serve after the lease expiry.
-    NodeDown {
-        /// The node.
-        node: NodeId,
-        /// Control-plane time its lease runs out.
-        lease_expires_ns: u64,
-    },
-    /// A node that was down is back: its replicas start rebuilding.
-    NodeUp {
-        /// The node.
-        node: NodeId,
-    },
-    /// The primary of `extent` at `epoch` asks to drop a replica that did not
-    /// acknowledge a write in time, so it can acknowledge without it.
-    DropReplica {
-        /// The extent.
-        extent: ExtentId,
-        /// The epoch the primary is at.
-        epoch: Epoch,
-        /// The silent replica.
-        node: NodeId,
-    },
-    /// A rebuilding replica has caught up at `epoch`: it joins the in-sync set.
-    RebuildDone {
-        /// The extent.
-        extent: ExtentId,
-        /// The epoch the rebuild finished in.
-        epoch: Epoch,
-        /// The replica.
-        node: NodeId,
-    },
-    /// A node restarted and lost what it held in memory (the versions it gave or
-    /// saw): every extent it holds a replica of moves to a new epoch, so versions it
-    /// hands out from now on are above any it gave before, and it serves as a
-    /// primary only at an epoch it has not served in. Where another replica is in
-    /// sync it leaves the in-sync set and rebuilds (its device may have lost
-    /// unflushed writes, or missed one it forwarded); extents it led fail over.
-    ///
-    /// It applies once per incarnation: a `Restarted` whose incarnation is not
-    /// above the node's last applied one is a repeat (the request asked again
-    /// before the node saw it applied, or a late copy of an earlier
-    /// incarnation's) and is refused.
-    Restarted {
-        /// The node.
-        node: NodeId,
-        /// Its incarnation: above every one of its `Restarted` applied so far.
-        incarnation: u64,
-        /// The asking process's nonce: a restarted process takes as its own
-        /// only the `Restarted` that carries it (an earlier process's, applied
-        /// after this one opened its log, is not this one's).
-        boot: u64,
-    },
-    /// A node down past the replacement timeout is given up on: in every extent
-    /// it holds a replica of, a spare takes its place and rebuilds from the
-    /// primary (see [`ClusterState::replacements`]). If it comes back it holds
-    /// nothing and serves as a spare itself.
-    ReplaceNode {
-        /// The node.
-        node: NodeId,
-    },
-    /// A named volume of `size_bytes` takes the next `extents` free extents of the
-    /// pool.
-    CreateNamed {
-        /// The volume's name.
-        name: String,
-        /// Size the users see, in bytes.
-        size_bytes: u64,
-        /// Pool extents it needs (the proposer rounds the size up to extents).
-        extents: u64,
-        /// Its quality of service.
-        qos: Qos,
-    },
-    /// A named volume's quality of service changes.
-    SetQos {
-        /// The volume's name.
-        name: String,
-        /// The new setting.
-        qos: Qos,
-    },
-    /// A named volume is deleted (its extents are not handed out again).
-    DeleteNamed {
-        /// The volume's name.
-        name: String,
-    },
-}
-
-/// Why a command was refused (it changes nothing).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-pub enum Refusal {
-    /// A `Restarted` of an incarnation already applied, or an earlier one.
-    #[error("{node}'s restart {incarnation} is a repeat (restart {last} is applied)")]
-    RepeatedRestart {
-        /// The node.
-        node: NodeId,
-        /// The incarnation named.
-        incarnation: u64,
-        /// The node's last applied incarnation.
-        last: u64,
-    },
-    /// The node is already a member.
-    #[error("{0} is already a member")]
-    KnownNode(NodeId),
-    /// No such node.
-    #[error("{0} is not a member")]
-    UnknownNode(NodeId),
-    /// The volume exists.
-    #[error("{0} already exists")]
-    KnownVolume(VolumeId),
-    /// Not enough up nodes for the replica count.
-    #[error("{replicas} replicas need {replicas} up nodes, {up} are up")]
-    TooFewNodes {
-        /// Replicas asked for.
-        replicas: u8,
-        /// Nodes up.
-        up: usize,
-    },
-    /// No such extent.
-    #[error("{0} does not exist")]
-    UnknownExtent(ExtentId),
-    /// The command names an older epoch than the extent's.
-    #[error("stale epoch {got}, extent is at {current}")]
-    StaleEpoch {
-        /// Epoch named.
-        got: Epoch,
-        /// Current epoch.
-        current: Epoch,
-    },
-    /// The command does not apply to the node's current role.
-    #[error("{node} is not {role} of {extent}")]
-    WrongRole {
-        /// The node.
-        node: NodeId,
-        /// The role it should have had.
-        role: &'static str,
-        /// The extent.
-        extent: ExtentId,
-    },
-    /// Dropping this replica would leave the extent with no in-sync replica.
-    #[error("{0} would lose its last in-sync replica")]
-    LastReplica(ExtentId),
-    /// The node's status already is what the command asks.
-    #[error("{0} is already in that state")]
-    NoChange(NodeId),
-    /// A named volume of that name exists.
-    #[error("volume {0:?} already exists")]
-    KnownName(String),
-    /// No named volume of that name.
-    #[error("no volume named {0:?}")]
-    UnknownName(String),
-    /// The pool has too few free extents for the volume.
-    #[error("the pool has {free} free extents, the volume needs {needed}")]
-    NoSpace {
-        /// Extents asked for.
-        needed: u64,
-        /// Extents free.
-        free: u64,
-    },
-    /// The command applies to down nodes only.
-    #[error("{0} is not down")]
-    NotDown(NodeId),
-    /// The name or size is not acceptable.
-    #[error("bad volume: {0}")]
-    BadName(&'static str),
-    /// A QoS setting that cannot be kept.
-    #[error("bad QoS: {0}")]
-    BadQos(QosError),
-    /// The command would take the map past one of its bounds.
-    #[error("past a bound of the map: {0}")]
-    TooLarge(&'static str),
-    /// Applying the command broke an invariant of the map: a bug in weir, not in
-    /// the command. Every member applies it alike, so they stay in step; the
-    /// error is logged and the debug build stops on it.
-    #[error("cluster state invariant broken: {0}")]
-    Invariant(String),
+/// A replica moving from a leaving node to another: both are replicas until
+/// [`Command::FinishMove`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Move {
+    /// The leaving replica.
+    pub from: NodeId,
+    /// The replica taking its place (rebuilding until in sync).
+    pub to: NodeId,
 }
 
 /// Most members the map holds.
@@ -302,6 +123,15 @@ pub enum Change {
     Failover(Vec<(ExtentId, NodeId, NodeId, Epoch)>),
     /// Extents whose replica sets changed without a new primary.
     Replicas(Vec<(ExtentId, Epoch)>),
+    /// A replica moved off a leaving node: `to` took `from`'s place.
+    Moved {
+        /// The extent.
+        extent: ExtentId,
+        /// The leaving node.
+        from: NodeId,
+        /// The new replica.
+        to: NodeId,
+    },
     /// A node went down and every one of an extent's in-sync replicas is gone: the
     /// extent is unavailable until one comes back (never silently served stale).
     Unavailable(Vec<ExtentId>),
@@ -326,6 +156,16 @@ pub struct ClusterState {
     /// Each restarted node's last applied incarnation (see
     /// [`Command::Restarted`]); a node never restarted has none.
     pub incarnations: BTreeMap<NodeId, u64>,
+    /// The Raft group's voters, as its configuration entries left it (empty in
+    /// a static map, which no Raft group replicates).
+    pub voters: BTreeSet<NodeId>,
+    /// The Raft group's learners.
+    pub learners: BTreeSet<NodeId>,
+    /// Members being removed ([`Command::RemoveNode`]).
+    pub leaving: BTreeSet<NodeId>,
+    /// The replication addresses of members that joined ([`Command::JoinNode`]);
+    /// the first members' come from every node's configuration.
+    pub addrs: BTreeMap<NodeId, String>,
     /// Volumes: first extent id and extent count.
     pub volumes: BTreeMap<VolumeId, (ExtentId, u64)>,
     /// Every extent, by id.
@@ -403,6 +243,20 @@ impl ClusterState {
                 Some(_) => Ok(vec![Change::Membership]),
                 None => Err(Refusal::UnknownName(name.clone())),
             },
+            Command::JoinNode { node, addr } => self.join_node(*node, addr),
+            Command::RemoveNode { node } => self.remove_node(*node),
+            Command::MoveReplica {
+                extent,
+                epoch,
+                from,
+                to,
+            } => self.move_replica(*extent, *epoch, *from, *to),
+            Command::FinishMove {
+                extent,
+                epoch,
+                serve_after_ns,
+            } => self.finish_move(*extent, *epoch, *serve_after_ns),
+            Command::Conf { node, role } => self.conf(*node, *role),
         };
         // Commands check their preconditions, so none breaks an invariant; if one
         // did, the map from the log is still the same on every member: say so,
@@ -458,6 +312,7 @@ impl ClusterState {
                 epoch: Epoch(1),
                 primary_since: Epoch(1),
                 serve_after_ns: 0,
+                moving: None,
             };
             self.extents.insert(ExtentId(first + i), state);
         }
@@ -721,29 +576,17 @@ impl ClusterState {
         if self.nodes.get(&node) != Some(&NodeStatus::Down) {
             return Vec::new();
         }
-        let mut load: BTreeMap<NodeId, u64> = self.up_nodes().into_iter().map(|n| (n, 0)).collect();
-        for ext in self.extents.values() {
-            for r in &ext.replicas {
-                if let Some(c) = load.get_mut(r) {
-                    *c += 1;
-                }
-            }
-        }
+        let mut load = self.spare_load();
         let mut plan = Vec::new();
         for (&id, ext) in &self.extents {
             let Some(pos) = ext.replicas.iter().position(|&r| r == node) else {
                 continue;
             };
-            if ext.in_sync.is_empty() {
+            // A leaving node's replica already has a node taking its place.
+            if ext.in_sync.is_empty() || ext.moving.is_some_and(|m| m.from == node) {
                 continue;
             }
-            let spare = load
-                .iter()
-                .filter(|(n, _)| !ext.replicas.contains(n))
-                .min_by_key(|(&n, &c)| (c, n))
-                .map(|(&n, _)| n);
-            if let Some((spare, count)) = spare.and_then(|n| Some((n, load.get_mut(&n)?))) {
-                *count += 1;
+            if let Some(spare) = take_spare(&mut load, ext) {
                 plan.push((id, pos, spare));
             }
         }
@@ -769,6 +612,9 @@ impl ClusterState {
             // sync: the node was neither.
             debug_assert!(ext.primary != node && !ext.in_sync.contains(&node));
             ext.replicas[pos] = spare;
+            if let Some(m) = ext.moving.as_mut().filter(|m| m.to == node) {
+                m.to = spare;
+            }
             ext.rebuilding.remove(&node);
             ext.rebuilding.insert(spare);
             ext.epoch = ext.epoch.next();
@@ -828,7 +674,16 @@ impl ClusterState {
             {
                 return Err(format!("{id}: down node {n} in sync"));
             }
+            if let Some(m) = ext.moving {
+                if m.from == m.to
+                    || !ext.replicas.contains(&m.from)
+                    || !ext.replicas.contains(&m.to)
+                {
+                    return Err(format!("{id}: a move between non-replicas"));
+                }
+            }
         }
+        self.validate_members()?;
         if self.next_free_extent > self.extents.len() as u64 {
             return Err("named volumes past the pool's end".into());
         }

@@ -15,7 +15,7 @@ use weir_core::congestion::dcqcn::CnpMode;
 use weir_core::congestion::tcp::Algorithm;
 use weir_core::control::{ControlPlane, Timeouts};
 use weir_core::map::{ClusterMap, VolumeSpec};
-use weir_core::node::{AuditLog, EventLog, Events, Node};
+use weir_core::node::{AuditLog, EventLog, Events, Node, NodeHandle};
 use weir_core::replication::ReplicationConfig;
 use weir_core::time::Skew;
 use weir_core::{BufPool, NodeId, VolumeId};
@@ -53,7 +53,13 @@ pub(super) struct Cluster {
     pub(super) cpus: HostCpus,
     /// When the cluster started.
     pub(super) start: Instant,
+    /// Each storage node's handle (its latest incarnation's), when the run
+    /// changes membership (an operator asks a node for it).
+    pub(super) handles: Handles,
 }
+
+/// The storage nodes' handles, by node.
+pub(super) type Handles = Arc<Mutex<std::collections::BTreeMap<NodeId, NodeHandle>>>;
 
 impl Cluster {
     /// Build and start the cluster of `scenario`, then wait out the warm-up.
@@ -78,13 +84,14 @@ impl Cluster {
         let audit: AuditLog = Arc::default();
         let mut skews = Vec::new();
         let mut cpus = Vec::new();
+        let handles = Handles::default();
         let hosts = start_nodes(
             &fabric,
             &map,
             config,
             scenario,
             (&events, start),
-            &audit,
+            (&audit, &handles),
             (&mut skews, &mut cpus),
         );
         // Every host attaches before traffic starts.
@@ -114,6 +121,7 @@ impl Cluster {
             clients,
             cpus,
             start,
+            handles,
         }
     }
 }
@@ -211,7 +219,7 @@ fn fabric_config(scenario: &Scenario) -> FabricConfig {
         "tcp-cubic" => FabricConfig::tcp(rate_bps, Algorithm::Cubic),
         _ => FabricConfig::at_rate(rate_bps),
     };
-    let hosts = scenario.cluster.nodes + scenario.client_hosts() + 1;
+    let hosts = scenario.storage_hosts() + scenario.client_hosts() + 1;
     config.topology = Topology::Star {
         hosts: hosts as usize,
     };
@@ -296,15 +304,16 @@ fn timeouts(s: &Scenario) -> Timeouts {
     }
 }
 
-/// Start every storage node (data path + control plane); returns the madsim node of
-/// each, for crash faults.
+/// Start every storage node (data path + control plane): the map's members,
+/// then the nodes that join later (which know the first members, not the map);
+/// returns the madsim node of each, for crash faults.
 fn start_nodes(
     fabric: &Arc<Fabric>,
     map: &ClusterMap,
     config: ReplicationConfig,
     s: &Scenario,
     (events, cluster_start): (&EventLog, Instant),
-    audit: &AuditLog,
+    (audit, handles): (&AuditLog, &Handles),
     (skews, cpus): (&mut Vec<(NodeId, Skew)>, &mut HostCpus),
 ) -> Vec<Host> {
     let voters = map.nodes().to_vec();
@@ -320,7 +329,8 @@ fn start_nodes(
         ..weir_core::sched::AdmitConfig::default()
     };
     let since_ns = weir_core::time::cluster_ns();
-    for &id in map.nodes() {
+    let membership = s.faults.node_adds + s.faults.node_removals > 0;
+    for id in (1..=s.storage_hosts()).map(NodeId) {
         let transport = Arc::new(fabric.endpoint(id).expect("new host"));
         // The node's clock, the same in every incarnation (it is the host's).
         let skew = Skew {
@@ -365,7 +375,7 @@ fn start_nodes(
         let snapshot_entries = s.cluster.raft_snapshot_entries;
         let grain_blocks = config.grain_blocks(map.volume());
         let (map, voters, bootstrap) = (map.clone(), voters.clone(), bootstrap.clone());
-        let (events, audit) = (events.clone(), audit.clone());
+        let (events, audit, handles) = (events.clone(), audit.clone(), handles.clone());
         // Run at start and again at every restart: a new incarnation of the node
         // from what survived.
         let incarnation = move || {
@@ -394,7 +404,7 @@ fn start_nodes(
             )
             .expect("valid raft group");
             let plane = plane.with_snapshot_entries(snapshot_entries);
-            let node = Node::new(
+            let mut node = Node::new(
                 transport.clone(),
                 ssd.clone(),
                 map.clone(),
@@ -412,6 +422,9 @@ fn start_nodes(
             .with_audit(audit.clone())
             .with_log_store(Box::new(log.clone()))
             .with_version_store(Box::new(versions.clone()), device, restored);
+            if membership {
+                handles.lock().expect("handles").insert(id, node.handle());
+            }
             async move {
                 if let Err(e) = node.run().await {
                     tracing::error!(error = %e, "node stopped");

@@ -15,6 +15,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
+use weir_core::control::{ClusterState, Command};
 use weir_core::map::ClusterMap;
 use weir_core::node::EventLog;
 use weir_core::{Event, Lba, NodeId};
@@ -90,6 +91,17 @@ pub enum Fault {
         /// Blocks in the run.
         blocks: u64,
     },
+    /// An operator adds a node that was started to join (`weir node add`).
+    Join {
+        /// The node.
+        node: NodeId,
+    },
+    /// An operator removes a member (`weir node remove`): its replicas move
+    /// away, then it leaves.
+    Remove {
+        /// The node.
+        node: NodeId,
+    },
 }
 
 impl Fault {
@@ -103,7 +115,9 @@ impl Fault {
             | Fault::DeviceHang { node, .. }
             | Fault::Restart { node, .. }
             | Fault::DeviceLoss { node }
-            | Fault::MediaErrors { node, .. } => Some(*node),
+            | Fault::MediaErrors { node, .. }
+            | Fault::Join { node }
+            | Fault::Remove { node } => Some(*node),
         }
     }
 
@@ -163,6 +177,8 @@ impl fmt::Display for Fault {
                 )
             }
             Fault::DeviceLoss { node } => write!(f, "the SSD of {node} disappears"),
+            Fault::Join { node } => write!(f, "node {node} is added"),
+            Fault::Remove { node } => write!(f, "node {node} is removed"),
             Fault::MediaErrors {
                 node,
                 first,
@@ -198,14 +214,37 @@ pub type KillLog = Arc<Mutex<Vec<(NodeId, u64)>>>;
 /// A storage host of the run: its id, its madsim node and its SSD.
 pub type Host = (NodeId, madsim::task::NodeId, Arc<SimSsd>);
 
+/// Ticks of an operator's membership request: it asks again every
+/// [`ASK_EVERY`] until the map shows the change (a request can be lost with
+/// a leader), at most this many times.
+const ASKS_MAX: u32 = 100;
+/// Time between an operator's requests.
+const ASK_EVERY: Duration = Duration::from_millis(50);
+
 impl FaultPlan {
     /// Draw the scenario's faults from the seed. Fabric faults strike the links
     /// that carry `links` (no host links); node faults each strike a distinct
     /// storage node of `nodes` (the scenario keeps them fewer than the replicas,
     /// so every extent keeps an in-sync copy), at times in the first half of the
     /// run; a crash of "the leader" strikes the first node (the first voter,
-    /// which stands for election at once).
+    /// which stands for election at once). Each node after the map's members
+    /// is added, and removals strike nodes of their own.
     pub fn draw(
+        links: &[(usize, String)],
+        nodes: &[NodeId],
+        s: &Scenario,
+        map: &ClusterMap,
+    ) -> FaultPlan {
+        let mut plan = Self::draw_faults(links, map.nodes(), s, map);
+        for &node in nodes.iter().filter(|n| !map.nodes().contains(n)) {
+            let at_us = thread_rng().gen_range(0..(s.workload.duration_ms * 500).max(1));
+            plan.push(at_us, Fault::Join { node });
+        }
+        plan.self_check();
+        plan
+    }
+
+    fn draw_faults(
         links: &[(usize, String)],
         nodes: &[NodeId],
         s: &Scenario,
@@ -313,7 +352,10 @@ impl FaultPlan {
                 },
             );
         }
-        plan.self_check();
+        for _ in 0..f.node_removals {
+            let node = victim(false);
+            plan.push(first_half_us(), Fault::Remove { node });
+        }
         plan
     }
 
@@ -328,14 +370,26 @@ impl FaultPlan {
         assert_eq!(distinct.len(), struck.len(), "one node fault per node");
     }
 
-    /// The nodes of `nodes` that end the run alive and with a device.
+    /// The nodes removed from the cluster.
+    pub fn removed(&self) -> Vec<NodeId> {
+        self.faults
+            .iter()
+            .filter_map(|p| match p.fault {
+                Fault::Remove { node } => Some(node),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The nodes of `nodes` that end the run alive, with a device, and members.
     pub fn live(&self, nodes: &[NodeId]) -> Vec<NodeId> {
-        let lost: Vec<NodeId> = self
+        let mut lost: Vec<NodeId> = self
             .faults
             .iter()
             .filter(|p| p.fault.loses_node())
             .filter_map(|p| p.fault.node())
             .collect();
+        lost.extend(self.removed());
         nodes
             .iter()
             .copied()
@@ -378,7 +432,7 @@ impl FaultPlan {
     pub fn inject(
         &self,
         fabric: &Fabric,
-        hosts: &[Host],
+        (hosts, handles): (&[Host], &super::cluster::Handles),
         (events, kills, cluster_start): (&EventLog, &KillLog, Instant),
     ) {
         use weir_transport_sim::fabric::Fault as Link;
@@ -501,7 +555,50 @@ impl FaultPlan {
                         ssd.media_error(Lba(first), blocks);
                     });
                 }
+                Fault::Join { node } => {
+                    let command = Command::JoinNode {
+                        node,
+                        addr: String::new(),
+                    };
+                    let done = move |s: &ClusterState| s.nodes.contains_key(&node);
+                    tokio::spawn(operator(handles.clone(), at(at_us), command, done));
+                }
+                Fault::Remove { node } => {
+                    let command = Command::RemoveNode { node };
+                    let done = move |s: &ClusterState| {
+                        s.leaving.contains(&node) || !s.nodes.contains_key(&node)
+                    };
+                    tokio::spawn(operator(handles.clone(), at(at_us), command, done));
+                }
             }
         }
+    }
+}
+
+/// An operator's membership request: at `after`, ask a node (the first whose
+/// handle takes it) to commit `command`, and ask again until a node's map
+/// shows it `done` (at most [`ASKS_MAX`] times; the liveness checker sees a
+/// change that never came).
+async fn operator(
+    handles: super::cluster::Handles,
+    after: Duration,
+    command: Command,
+    done: impl Fn(&ClusterState) -> bool,
+) {
+    tokio::time::sleep(after).await;
+    for _ in 0..ASKS_MAX {
+        let handles: Vec<_> = handles.lock().expect("handles").values().cloned().collect();
+        // The latest map any node has applied.
+        let latest = handles
+            .iter()
+            .map(|h| h.report().state)
+            .max_by_key(|s| s.applied);
+        if latest.is_some_and(|s| s.applied > 0 && done(&s)) {
+            return;
+        }
+        if let Some(h) = handles.iter().find(|h| h.report().leader.is_some()) {
+            h.request(command.clone());
+        }
+        tokio::time::sleep(ASK_EVERY).await;
     }
 }

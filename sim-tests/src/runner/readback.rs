@@ -33,8 +33,13 @@ const LIVENESS_BOUND: Duration = Duration::from_secs(2);
 /// node is still
 /// rebuilding an extent, and every extent has `replicas` in-sync copies, or one on
 /// every up node where fewer are up (a spare replaced every node down past the
-/// replacement timeout).
-async fn await_in_sync(volume: &Volume<SimTransport>, replicas: usize, live: &[NodeId]) -> Verdict {
+/// replacement timeout), and every `removed` node has left the map (its
+/// replicas moved away).
+async fn await_in_sync(
+    volume: &Volume<SimTransport>,
+    replicas: usize,
+    (live, removed): (&[NodeId], &[NodeId]),
+) -> Verdict {
     use weir_core::control::NodeStatus;
     let start = Instant::now();
     loop {
@@ -60,8 +65,24 @@ async fn await_in_sync(volume: &Volume<SimTransport>, replicas: usize, live: &[N
             state
                 .nodes
                 .iter()
-                .filter(|(n, s)| **s == NodeStatus::Up && !live.contains(n))
+                .filter(|(n, s)| **s == NodeStatus::Up && !live.contains(n) && !removed.contains(n))
                 .map(|(n, _)| format!("{n}, lost for good, is still up")),
+        );
+        behind.extend(
+            removed
+                .iter()
+                .filter(|n| state.nodes.contains_key(n))
+                .map(|n| {
+                    let (held, moving) = state.replicas_on(*n);
+                    format!("{n}, removed, is still a member ({held} replicas, {moving} moving)")
+                }),
+        );
+        behind.extend(
+            state
+                .extents
+                .iter()
+                .filter(|(_, e)| e.moving.is_some())
+                .map(|(id, _)| format!("{id} is still moving")),
         );
         behind.extend(
             state
@@ -103,7 +124,7 @@ pub(super) async fn read_back(
     map: ClusterMap,
     ops: &[OpRecord],
     replicas: usize,
-    live: Vec<NodeId>,
+    (live, removed): (Vec<NodeId>, Vec<NodeId>),
 ) -> (Vec<ReplicaRead>, BTreeMap<u64, usize>, Verdict) {
     let written: BTreeSet<u64> = ops
         .iter()
@@ -113,7 +134,7 @@ pub(super) async fn read_back(
     let host = Handle::current().create_node().name("checker").build();
     host.spawn(async move {
         let volume = Volume::open(transport, map, thread_rng().gen());
-        let liveness = await_in_sync(&volume, replicas, &live).await;
+        let liveness = await_in_sync(&volume, replicas, (&live, &removed)).await;
         // Read back from the replicas the final map counts as in sync: the ones that
         // must hold every acknowledged write.
         volume.refresh().await;

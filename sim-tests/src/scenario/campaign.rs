@@ -174,6 +174,15 @@ impl Scenario {
                 s.flow.increase_bytes = 4096;
             }
         }
+        // A quarter of the seeds add a node, and half of those remove another
+        // (its replicas move to the others, its vote to another node) while the
+        // faults and the workload go on.
+        if pick(45, 4) == 0 {
+            s.faults.node_adds = 1;
+            if pick(46, 2) == 0 && s.faults.faulty_nodes() < u64::from(s.cluster.nodes) {
+                s.faults.node_removals = 1;
+            }
+        }
         s
     }
 }

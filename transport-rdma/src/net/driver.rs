@@ -48,6 +48,8 @@ pub(super) enum Event {
     Ready { key: u32 },
     /// The side channel of connection `key` ended.
     Closed { key: u32 },
+    /// The application learned a peer's address (a node that joined).
+    SetPeer { node: NodeId, addr: SocketAddr },
 }
 
 /// Which side opened a connection.
@@ -594,6 +596,12 @@ impl<N: Nic> Driver<N> {
             Event::Dialed { key, result } => self.dialed(key, result),
             Event::Ready { key } => self.ready(key),
             Event::Closed { key } => self.close(key, false),
+            Event::SetPeer { node, addr } => {
+                if node != self.me {
+                    // Dialed from the next frame on; a live connection stays.
+                    self.peer(node).addr = Some(addr);
+                }
+            }
         }
     }
 

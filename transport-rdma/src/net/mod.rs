@@ -237,6 +237,8 @@ struct Shared {
 pub struct RdmaTransport {
     me: NodeId,
     cfg: RdmaConfig,
+    /// The driver's event queue (for peers learned later).
+    events: mpsc::Sender<driver::Event>,
     shared: Arc<Shared>,
     inbox: tokio::sync::Mutex<mpsc::Receiver<(NodeId, Frame)>>,
     local_addr: Option<SocketAddr>,
@@ -289,13 +291,14 @@ impl RdmaTransport {
             nic,
             shared.clone(),
             peers,
-            events_tx,
+            events_tx.clone(),
             inbox_tx,
         );
         tokio::spawn(driver.run(events_rx, shutdown_rx));
         Ok(Arc::new(RdmaTransport {
             me,
             cfg,
+            events: events_tx,
             shared,
             inbox: tokio::sync::Mutex::new(inbox_rx),
             local_addr,
@@ -306,6 +309,15 @@ impl RdmaTransport {
     /// The address its side channels listen on.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.local_addr
+    }
+
+    /// Add a peer's side-channel address, or replace it (a node that joined
+    /// the cluster); dialed when first sent to. False if the driver's event
+    /// queue is full or it has stopped (the caller asks again later).
+    pub fn set_peer(&self, node: NodeId, addr: SocketAddr) -> bool {
+        self.events
+            .try_send(driver::Event::SetPeer { node, addr })
+            .is_ok()
     }
 
     /// Whether a peer's queue refused a frame and has not had room since.

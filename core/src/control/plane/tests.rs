@@ -390,3 +390,5 @@ fn states_round_trip_and_garbage_is_an_error() {
         Err(crate::control::state::MapDecodeError::Invalid(_))
     ));
 }
+
+mod members;

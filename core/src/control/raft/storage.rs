@@ -55,9 +55,14 @@ impl MapStorage {
         self.hard_state.commit = commit;
     }
 
-    /// The group's configuration (static in weir: the members never change).
+    /// The group's configuration as of the last entry applied.
     pub fn conf_state(&self) -> &ConfState {
         &self.conf_state
+    }
+
+    /// A configuration change was applied.
+    pub fn set_conf_state(&mut self, conf: ConfState) {
+        self.conf_state = conf;
     }
 
     /// The latest snapshot.

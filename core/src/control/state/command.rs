@@ -1,0 +1,288 @@
+//! The commands of the control-plane log, and why one is refused.
+
+use super::{Qos, QosError};
+use crate::ids::{Epoch, ExtentId, NodeId, VolumeId};
+use serde::{Deserialize, Serialize};
+
+/// A command of the control-plane log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A node joins the cluster.
+    AddNode {
+        /// The node.
+        node: NodeId,
+    },
+    /// A volume is created with `extents` extents of `replicas` replicas each,
+    /// placed round robin over the up nodes (primaries spread).
+    CreateVolume {
+        /// Volume id.
+        volume: VolumeId,
+        /// Number of extents.
+        extents: u64,
+        /// Replicas per extent.
+        replicas: u8,
+    },
+    /// A node stopped heartbeating at `silent_since_ns`; its lease expires at
+    /// `lease_expires_ns`. It leaves every in-sync set; extents it was primary of
+    /// fail over to an in-sync replica, which may serve after the lease expiry.
+    NodeDown {
+        /// The node.
+        node: NodeId,
+        /// Control-plane time its lease runs out.
+        lease_expires_ns: u64,
+    },
+    /// A node that was down is back: its replicas start rebuilding.
+    NodeUp {
+        /// The node.
+        node: NodeId,
+    },
+    /// The primary of `extent` at `epoch` asks to drop a replica that did not
+    /// acknowledge a write in time, so it can acknowledge without it.
+    DropReplica {
+        /// The extent.
+        extent: ExtentId,
+        /// The epoch the primary is at.
+        epoch: Epoch,
+        /// The silent replica.
+        node: NodeId,
+    },
+    /// A rebuilding replica has caught up at `epoch`: it joins the in-sync set.
+    RebuildDone {
+        /// The extent.
+        extent: ExtentId,
+        /// The epoch the rebuild finished in.
+        epoch: Epoch,
+        /// The replica.
+        node: NodeId,
+    },
+    /// A node restarted and lost what it held in memory (the versions it gave or
+    /// saw): every extent it holds a replica of moves to a new epoch, so versions it
+    /// hands out from now on are above any it gave before, and it serves as a
+    /// primary only at an epoch it has not served in. Where another replica is in
+    /// sync it leaves the in-sync set and rebuilds (its device may have lost
+    /// unflushed writes, or missed one it forwarded); extents it led fail over.
+    ///
+    /// It applies once per incarnation: a `Restarted` whose incarnation is not
+    /// above the node's last applied one is a repeat (the request asked again
+    /// before the node saw it applied, or a late copy of an earlier
+    /// incarnation's) and is refused.
+    Restarted {
+        /// The node.
+        node: NodeId,
+        /// Its incarnation: above every one of its `Restarted` applied so far.
+        incarnation: u64,
+        /// The asking process's nonce: a restarted process takes as its own
+        /// only the `Restarted` that carries it (an earlier process's, applied
+        /// after this one opened its log, is not this one's).
+        boot: u64,
+    },
+    /// A node down past the replacement timeout is given up on: in every extent
+    /// it holds a replica of, a spare takes its place and rebuilds from the
+    /// primary (see [`ClusterState::replacements`]). If it comes back it holds
+    /// nothing and serves as a spare itself.
+    ReplaceNode {
+        /// The node.
+        node: NodeId,
+    },
+    /// A named volume of `size_bytes` takes the next `extents` free extents of the
+    /// pool.
+    CreateNamed {
+        /// The volume's name.
+        name: String,
+        /// Size the users see, in bytes.
+        size_bytes: u64,
+        /// Pool extents it needs (the proposer rounds the size up to extents).
+        extents: u64,
+        /// Its quality of service.
+        qos: Qos,
+    },
+    /// A named volume's quality of service changes.
+    SetQos {
+        /// The volume's name.
+        name: String,
+        /// The new setting.
+        qos: Qos,
+    },
+    /// A named volume is deleted (its extents are not handed out again).
+    DeleteNamed {
+        /// The volume's name.
+        name: String,
+    },
+    /// A new node joins (`weir node add`): a member, down until the leader
+    /// hears from it, holding no replica; the leader then adds it to the Raft
+    /// group as a learner ([`Command::Conf`]).
+    JoinNode {
+        /// The node.
+        node: NodeId,
+        /// Its replication address (host:port; empty where the transport
+        /// needs none, as in the simulator).
+        addr: String,
+    },
+    /// A member is to leave (`weir node remove`): the leader moves its
+    /// replicas to other nodes ([`Command::MoveReplica`]), hands its vote to
+    /// another node, and once it holds nothing, removes it ([`ConfRole::Gone`]).
+    RemoveNode {
+        /// The node.
+        node: NodeId,
+    },
+    /// Start moving `extent`'s replica on `from` (a leaving node) to `to`: `to`
+    /// becomes a replica and rebuilds from the primary while `from` keeps its
+    /// copy, so the extent never has fewer copies than it had.
+    MoveReplica {
+        /// The extent.
+        extent: ExtentId,
+        /// The epoch the leader saw.
+        epoch: Epoch,
+        /// The leaving replica.
+        from: NodeId,
+        /// The node taking its place.
+        to: NodeId,
+    },
+    /// Finish `extent`'s move: its new replica is in sync, so the leaving one
+    /// gives up its place (and its primacy: the new primary serves from
+    /// `serve_after_ns`, when every lease the old one may still hold has run
+    /// out).
+    FinishMove {
+        /// The extent.
+        extent: ExtentId,
+        /// The epoch the leader saw.
+        epoch: Epoch,
+        /// Control-plane time from which a new primary may serve.
+        serve_after_ns: u64,
+    },
+    /// A Raft configuration change (only ever applied from a configuration
+    /// entry, together with raft-rs's own change: the map's `voters` and
+    /// `learners` are always the Raft group's).
+    Conf {
+        /// The node.
+        node: NodeId,
+        /// Its new place in the group.
+        role: ConfRole,
+    },
+}
+
+/// A node's place in the Raft group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConfRole {
+    /// Votes (and may lead).
+    Voter,
+    /// Receives every command, votes for nothing.
+    Learner,
+    /// Out of the group and of the map: a leaving node that holds nothing.
+    Gone,
+}
+
+/// Why a command was refused (it changes nothing).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum Refusal {
+    /// A `Restarted` of an incarnation already applied, or an earlier one.
+    #[error("{node}'s restart {incarnation} is a repeat (restart {last} is applied)")]
+    RepeatedRestart {
+        /// The node.
+        node: NodeId,
+        /// The incarnation named.
+        incarnation: u64,
+        /// The node's last applied incarnation.
+        last: u64,
+    },
+    /// The node is already a member.
+    #[error("{0} is already a member")]
+    KnownNode(NodeId),
+    /// No such node.
+    #[error("{0} is not a member")]
+    UnknownNode(NodeId),
+    /// The volume exists.
+    #[error("{0} already exists")]
+    KnownVolume(VolumeId),
+    /// Not enough up nodes for the replica count.
+    #[error("{replicas} replicas need {replicas} up nodes, {up} are up")]
+    TooFewNodes {
+        /// Replicas asked for.
+        replicas: u8,
+        /// Nodes up.
+        up: usize,
+    },
+    /// No such extent.
+    #[error("{0} does not exist")]
+    UnknownExtent(ExtentId),
+    /// The command names an older epoch than the extent's.
+    #[error("stale epoch {got}, extent is at {current}")]
+    StaleEpoch {
+        /// Epoch named.
+        got: Epoch,
+        /// Current epoch.
+        current: Epoch,
+    },
+    /// The command does not apply to the node's current role.
+    #[error("{node} is not {role} of {extent}")]
+    WrongRole {
+        /// The node.
+        node: NodeId,
+        /// The role it should have had.
+        role: &'static str,
+        /// The extent.
+        extent: ExtentId,
+    },
+    /// Dropping this replica would leave the extent with no in-sync replica.
+    #[error("{0} would lose its last in-sync replica")]
+    LastReplica(ExtentId),
+    /// The node's status already is what the command asks.
+    #[error("{0} is already in that state")]
+    NoChange(NodeId),
+    /// A named volume of that name exists.
+    #[error("volume {0:?} already exists")]
+    KnownName(String),
+    /// No named volume of that name.
+    #[error("no volume named {0:?}")]
+    UnknownName(String),
+    /// The pool has too few free extents for the volume.
+    #[error("the pool has {free} free extents, the volume needs {needed}")]
+    NoSpace {
+        /// Extents asked for.
+        needed: u64,
+        /// Extents free.
+        free: u64,
+    },
+    /// The command applies to down nodes only.
+    #[error("{0} is not down")]
+    NotDown(NodeId),
+    /// The name or size is not acceptable.
+    #[error("bad volume: {0}")]
+    BadName(&'static str),
+    /// A QoS setting that cannot be kept.
+    #[error("bad QoS: {0}")]
+    BadQos(QosError),
+    /// The command would take the map past one of its bounds.
+    #[error("past a bound of the map: {0}")]
+    TooLarge(&'static str),
+    /// Not an acceptable node for the map.
+    #[error("{0}: {1}")]
+    BadNode(NodeId, &'static str),
+    /// The node is already leaving.
+    #[error("{0} is already leaving")]
+    Leaving(NodeId),
+    /// A move that cannot start or finish in this map.
+    #[error("{extent} cannot move: {why}")]
+    BadMove {
+        /// The extent.
+        extent: ExtentId,
+        /// Why.
+        why: &'static str,
+    },
+    /// A Raft configuration change that does not apply to the map (or a
+    /// [`Command::Conf`] outside a configuration entry).
+    #[error("{node} cannot become {role:?}: {why}")]
+    BadConf {
+        /// The node.
+        node: NodeId,
+        /// The role asked.
+        role: ConfRole,
+        /// Why.
+        why: &'static str,
+    },
+    /// Applying the command broke an invariant of the map: a bug in weir, not in
+    /// the command. Every member applies it alike, so they stay in step; the
+    /// error is logged and the debug build stops on it.
+    #[error("cluster state invariant broken: {0}")]
+    Invariant(String),
+}
