@@ -497,18 +497,14 @@ impl ControlPlane {
         }
         let mine = self.leader_lease(now_ns);
         if !self.healthy {
-            // Hand over to the voter heard from most recently.
-            let heir = self
-                .voters()
-                .iter()
-                .filter(|&&v| v != self.me)
-                .max_by_key(|v| self.voter_sent.get(v).copied().unwrap_or(0))
-                .copied();
-            if let Some(heir) = heir {
-                tracing::info!(%heir, "device stalled; handing leadership over");
-                self.raft.transfer_leader(heir);
-                self.drain_raft();
-            }
+            self.hand_over("device stalled");
+            return;
+        }
+        if !self.voters().is_empty() && !self.voters().contains(&self.me) {
+            // Demoted by an earlier leader's change, committed in this reign:
+            // a leader that cannot vote gets no lease answered, nor do the
+            // nodes whose heartbeats it answers.
+            self.hand_over("leading without a vote");
             return;
         }
         self.lease_until_ns = self.lease_until_ns.max(mine);
@@ -583,9 +579,35 @@ impl ControlPlane {
         }
         for cmd in proposals {
             if let Command::MoveReplica { extent, .. } | Command::FinishMove { extent, .. } = cmd {
+                // Marked first (a one-voter group applies it within the call);
+                // unmarked if raft-rs dropped it (during a leader transfer).
                 self.moves_proposed.insert(extent);
+                if !self.try_propose(&cmd) {
+                    self.moves_proposed.remove(&extent);
+                }
             }
-            self.propose(&cmd);
+        }
+    }
+
+    /// Leader: hand leadership to the voter that stays (not leaving) heard from
+    /// most recently, preferring one whose log is complete.
+    fn hand_over(&mut self, why: &str) {
+        let state = self.raft.state();
+        let heir = state
+            .voters
+            .iter()
+            .filter(|&&v| v != self.me && !state.leaving.contains(&v))
+            .max_by_key(|v| {
+                (
+                    self.raft.caught_up(**v),
+                    self.voter_sent.get(v).copied().unwrap_or(0),
+                )
+            })
+            .copied();
+        if let Some(heir) = heir {
+            tracing::info!(%heir, why, "handing leadership over");
+            self.raft.transfer_leader(heir);
+            self.drain_raft();
         }
     }
 
@@ -593,11 +615,13 @@ impl ControlPlane {
     /// configuration change is under way. A joined node becomes a learner; a
     /// learner that may vote (up, heard from, caught up, not leaving) becomes a
     /// voter while fewer than [`super::state::voter_target`] of those that may
-    /// vote do; a voter that may not (leaving, or down past the replacement
-    /// timeout: gone for good) becomes a learner once the group is over that
-    /// target (so a vote is always added before one is taken away); a leaving
-    /// learner that holds nothing leaves. The leader never demotes itself: it
-    /// hands leadership over first.
+    /// vote do; a voter that may not becomes a learner once the group is over
+    /// that target: a leaving one always (it must go; a vote is added first
+    /// where a learner can take it), one down past the replacement timeout (gone
+    /// for good) only from an even group, where it lowers the quorum (from an
+    /// odd one it would not, and it could no longer help a quorum if it came
+    /// back); a leaving learner that holds nothing leaves. The leader never
+    /// demotes itself: it hands leadership over first.
     fn reconfigure(&mut self, now_ns: u64, leader_since_ns: u64) {
         if self.conf_backoff > 0 {
             self.conf_backoff -= 1;
@@ -643,7 +667,16 @@ impl ControlPlane {
                     && heard(n)
                     && self.raft.caught_up(*n)
             });
-            let demote = state.voters.iter().copied().find(|n| !may_vote(n));
+            let leaving_voter = state
+                .voters
+                .iter()
+                .copied()
+                .find(|n| state.leaving.contains(n));
+            let demote = leaving_voter.or_else(|| {
+                let even = state.voters.len().is_multiple_of(2);
+                even.then(|| state.voters.iter().copied().find(|n| !may_vote(n)))
+                    .flatten()
+            });
             let leave = state
                 .leaving
                 .iter()
@@ -662,17 +695,7 @@ impl ControlPlane {
             return;
         };
         if node == self.me && role != ConfRole::Voter {
-            // Hand over to a voter that may vote and has been heard from.
-            let heir = state
-                .voters
-                .iter()
-                .copied()
-                .find(|v| *v != self.me && may_vote(v) && heard(v) && self.raft.caught_up(*v));
-            if let Some(heir) = heir {
-                tracing::info!(%heir, "leaving the vote; handing leadership over");
-                self.raft.transfer_leader(heir);
-                self.drain_raft();
-            }
+            self.hand_over("leaving the vote");
             return;
         }
         self.propose(&Command::Conf { node, role });
@@ -686,8 +709,9 @@ impl ControlPlane {
     fn detect(&mut self, now_ns: u64, leader_since_ns: u64) {
         if self.state().nodes.get(&self.me) == Some(&NodeStatus::Down)
             && self.proposed.insert((self.me, false))
+            && !self.try_propose(&Command::NodeUp { node: self.me })
         {
-            self.propose(&Command::NodeUp { node: self.me });
+            self.proposed.remove(&(self.me, false));
         }
         let fresh = self
             .voters()
@@ -727,7 +751,9 @@ impl ControlPlane {
                 && !self.state().replacements(node).is_empty()
             {
                 self.replacing.insert(node);
-                self.propose(&Command::ReplaceNode { node });
+                if !self.try_propose(&Command::ReplaceNode { node }) {
+                    self.replacing.remove(&node);
+                }
             }
             let cmd = match status {
                 NodeStatus::Up if silent => Command::NodeDown {
@@ -742,17 +768,26 @@ impl ControlPlane {
                 }
                 _ => continue,
             };
-            if self.proposed.insert((node, status == NodeStatus::Up)) {
-                self.propose(&cmd);
+            let key = (node, status == NodeStatus::Up);
+            if self.proposed.insert(key) && !self.try_propose(&cmd) {
+                self.proposed.remove(&key);
             }
         }
     }
 
     fn propose(&mut self, cmd: &Command) {
-        if let Err(e) = self.raft.propose(cmd) {
+        self.try_propose(cmd);
+    }
+
+    /// Propose `cmd`; false if raft-rs did not take it (not the leader, or a
+    /// leadership transfer under way): the caller asks again later.
+    fn try_propose(&mut self, cmd: &Command) -> bool {
+        let taken = self.raft.propose(cmd);
+        if let Err(e) = &taken {
             tracing::debug!(error = %e, ?cmd, "proposal not taken");
         }
         self.drain_raft();
+        taken.is_ok()
     }
 
     /// Carry out what the Raft member asks. The map goes to the data path once,

@@ -749,26 +749,32 @@ impl MapRaft {
             );
             return;
         };
-        let matches = match &command {
-            Command::Conf { node, role } => {
-                cc.node_id == u64::from(node.0) && cc.get_change_type() == change_type(*role)
+        let conf = match &command {
+            Command::Conf { node, role }
+                if cc.node_id == u64::from(node.0)
+                    && cc.get_change_type() == change_type(*role) =>
+            {
+                Some((*node, *role))
             }
-            _ => false,
+            _ => None,
         };
         let joins = !(self.state.voters.contains(&NodeId(cc.node_id as u32))
             || self.state.learners.contains(&NodeId(cc.node_id as u32)));
-        let mut next = self.state.clone();
-        let outcome = match (matches, next.apply(&command)) {
-            (false, _) => Err(Refusal::Invariant(
+        let applied_before = self.state.applied;
+        // Checked against the map first, then raft-rs takes it, then the map:
+        // both change, or neither.
+        let outcome = match conf.map(|(node, role)| self.state.check_conf(node, role)) {
+            None => Err(Refusal::Invariant(
                 "a configuration entry that says two things".into(),
             )),
-            (true, Err(refusal)) => Err(refusal),
-            (true, Ok(changes)) => match self.node.apply_conf_change(&cc) {
+            Some(Err(refusal)) => Err(refusal),
+            Some(Ok(())) => match self.node.apply_conf_change(&cc) {
                 Ok(conf) => {
                     self.node.mut_store().set_conf_state(conf);
-                    self.state = next;
                     self.snapshot_now |= joins;
-                    Ok(changes)
+                    let applied = self.state.apply(&command);
+                    debug_assert!(applied.is_ok(), "a checked change applies");
+                    applied
                 }
                 Err(e) => {
                     tracing::error!(error = %e, ?command, "raft refused a configuration change");
@@ -776,7 +782,8 @@ impl MapRaft {
                 }
             },
         };
-        if outcome.is_err() {
+        if outcome.is_err() && applied_before == self.state.applied {
+            // A refused entry counts as applied, as a refused command does.
             self.state.applied += 1;
         }
         self.actions

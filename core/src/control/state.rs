@@ -270,6 +270,12 @@ impl ClusterState {
     }
 
     fn add_node(&mut self, node: NodeId) -> Result<Vec<Change>, Refusal> {
+        if node.0 == 0 || node.0 >= crate::front_end::FRONT_END_ID_BASE {
+            return Err(Refusal::BadNode(
+                node,
+                "node ids are 1 up to the front ends' ids",
+            ));
+        }
         if self.nodes.contains_key(&node) {
             return Err(Refusal::KnownNode(node));
         }

@@ -105,8 +105,11 @@ impl ClusterState {
     }
 
     pub(super) fn join_node(&mut self, node: NodeId, addr: &str) -> Result<Vec<Change>, Refusal> {
-        if node.0 == 0 {
-            return Err(Refusal::BadNode(node, "node ids start at 1"));
+        if node.0 == 0 || node.0 >= crate::front_end::FRONT_END_ID_BASE {
+            return Err(Refusal::BadNode(
+                node,
+                "node ids are 1 up to the front ends' ids",
+            ));
         }
         if addr.len() > MAX_ADDR_BYTES {
             return Err(Refusal::BadNode(node, "its address is past 256 bytes"));
@@ -244,43 +247,40 @@ impl ClusterState {
         ])
     }
 
-    /// A Raft configuration change, applied with raft-rs's own.
-    pub(super) fn conf(&mut self, node: NodeId, role: ConfRole) -> Result<Vec<Change>, Refusal> {
+    /// Whether a Raft configuration change applies to this map (checked
+    /// before raft-rs takes it: then both change, or neither).
+    pub fn check_conf(&self, node: NodeId, role: ConfRole) -> Result<(), Refusal> {
         let bad = |why| Err(Refusal::BadConf { node, role, why });
         if !self.nodes.contains_key(&node) {
             return bad("not a member");
         }
         match role {
+            ConfRole::Voter if self.leaving.contains(&node) => bad("it is leaving"),
+            ConfRole::Voter if self.voters.contains(&node) => bad("it votes already"),
+            ConfRole::Learner if self.learners.contains(&node) => bad("it learns already"),
+            ConfRole::Learner if self.voters.contains(&node) && self.voters.len() == 1 => {
+                bad("it is the last voter")
+            }
+            ConfRole::Gone if !self.leaving.contains(&node) => bad("it is not leaving"),
+            ConfRole::Gone if self.voters.contains(&node) => bad("it votes"),
+            ConfRole::Gone if self.holds_replicas(node) => bad("it holds replicas"),
+            _ => Ok(()),
+        }
+    }
+
+    /// A Raft configuration change, applied with raft-rs's own.
+    pub(super) fn conf(&mut self, node: NodeId, role: ConfRole) -> Result<Vec<Change>, Refusal> {
+        self.check_conf(node, role)?;
+        match role {
             ConfRole::Voter => {
-                if self.leaving.contains(&node) {
-                    return bad("it is leaving");
-                }
-                if self.voters.contains(&node) {
-                    return bad("it votes already");
-                }
                 self.learners.remove(&node);
                 self.voters.insert(node);
             }
             ConfRole::Learner => {
-                if self.learners.contains(&node) {
-                    return bad("it learns already");
-                }
-                if self.voters.contains(&node) && self.voters.len() == 1 {
-                    return bad("it is the last voter");
-                }
                 self.voters.remove(&node);
                 self.learners.insert(node);
             }
             ConfRole::Gone => {
-                if !self.leaving.contains(&node) {
-                    return bad("it is not leaving");
-                }
-                if self.voters.contains(&node) {
-                    return bad("it votes");
-                }
-                if self.holds_replicas(node) {
-                    return bad("it holds replicas");
-                }
                 self.nodes.remove(&node);
                 self.leaving.remove(&node);
                 self.learners.remove(&node);
@@ -309,6 +309,12 @@ impl ClusterState {
         }
         if self.voters.is_empty() && !self.learners.is_empty() {
             return Err("a Raft group of learners only".into());
+        }
+        if let Some(n) = members
+            .iter()
+            .find(|n| n.0 == 0 || n.0 >= crate::front_end::FRONT_END_ID_BASE)
+        {
+            return Err(format!("{n} is no node id"));
         }
         for (n, addr) in &self.addrs {
             if !members.contains(n) || addr.is_empty() || addr.len() > MAX_ADDR_BYTES {

@@ -160,3 +160,25 @@ fn a_removal_the_others_cannot_hold_is_refused() {
     assert!(after.leaving.is_empty());
     assert_eq!(after.applied, before.applied + 1, "applied as a refusal");
 }
+
+#[test]
+fn a_voter_gone_for_good_keeps_its_vote_where_no_learner_can_take_it() {
+    // Three voters and no learner: taking the dead one's vote would not lower
+    // the quorum (2 of 3, 2 of 2), and it could no longer help one if it came
+    // back.
+    let mut p = planes_with(3, 300);
+    let mut events = Vec::new();
+    run(&mut p, 0, 30, &[], &mut events);
+    let leader = p[&NodeId(1)].leader().unwrap();
+    let dead = *p[&leader]
+        .state()
+        .voters
+        .iter()
+        .find(|&&v| v != leader)
+        .unwrap();
+    run(&mut p, 30, 80, &[dead], &mut events);
+    let s = p[&leader].state();
+    assert_eq!(s.nodes[&dead], NodeStatus::Down);
+    assert_eq!(s.voters.len(), 3, "{events:?}");
+    assert!(member_events(&events, dead).is_empty());
+}

@@ -59,11 +59,13 @@ fn a_joining_node_is_down_and_holds_nothing_until_the_group_takes_it() {
         addr: String::new(),
     });
     assert_eq!(again, Err(Refusal::KnownNode(NodeId(4))));
-    let zero = s.apply(&Command::JoinNode {
-        node: NodeId(0),
-        addr: String::new(),
-    });
-    assert!(matches!(zero, Err(Refusal::BadNode(..))));
+    for bad in [0, crate::front_end::FRONT_END_ID_BASE] {
+        let r = s.apply(&Command::JoinNode {
+            node: NodeId(bad),
+            addr: String::new(),
+        });
+        assert!(matches!(r, Err(Refusal::BadNode(..))), "{bad}: {r:?}");
+    }
     let long = s.apply(&Command::JoinNode {
         node: NodeId(5),
         addr: "x".repeat(300),
