@@ -286,11 +286,23 @@ struct MemBackend {
 
 impl Backend for MemBackend {
     fn exports(&self) -> Vec<Export> {
-        vec![Export {
-            name: "v".into(),
-            size: 1 << 20,
-            base: 0,
-        }]
+        vec![
+            Export {
+                name: "v".into(),
+                size: 1 << 20,
+                base: 0,
+                key: None,
+                locked: None,
+            },
+            // One that refuses to open, so option sequences reach that reply.
+            Export {
+                name: "sealed".into(),
+                size: 1 << 20,
+                base: 0,
+                key: None,
+                locked: Some("locked".into()),
+            },
+        ]
     }
     async fn read(&self, _: &Export, offset: u64, len: u32) -> Result<Bytes, u32> {
         let d = self.data.lock().unwrap();

@@ -8,6 +8,10 @@
 //! - `POST /volumes/NAME?size=SIZE`: create a volume (`SIZE` like `10G`); answers
 //!   once the control plane has committed it.
 //! - `DELETE /volumes/NAME`: delete a volume.
+//! - `POST /volumes/NAME/key` with the key (128 hex digits) as the body:
+//!   unlock an encrypted volume on this node (the key stays in its memory;
+//!   one that is not the volume's is refused). `POST /volumes/NAME?size=..
+//!   &key_check=HEX` creates one: the map holds the check value, never the key.
 //! - `GET /nodes`: one line per member: id, up or down, its vote, its address
 //!   (for nodes that joined), the replicas it holds, and whether it is leaving.
 //! - `POST /nodes/ID?addr=HOST:PORT`: add a node ([`nodes`]).
@@ -57,47 +61,20 @@ pub struct Admin {
     pub rdma: Box<dyn Fn() -> Option<weir_transport_rdma::net::Counters> + Send>,
     /// The TCP transport's connections refused at set-up.
     pub tcp_refused: Box<dyn Fn() -> u64 + Send>,
+    /// The encrypted volumes' keys this node was given (shared with the NBD
+    /// backend).
+    pub keys: crate::backend::Keys,
 }
+
+/// Longest request body taken (a volume key is 128 hex digits).
+const BODY_MAX: u64 = 4096;
 
 /// Bytes of randomness in a token (256 bits), written as hex.
 const TOKEN_BYTES: usize = 32;
 
 /// The admin token in `path`, made (random, mode 0600) if the file is missing.
 pub fn load_or_create_token(path: &std::path::Path) -> std::io::Result<String> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let token = text.trim().to_string();
-            if token.len() < 2 * TOKEN_BYTES || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!(
-                        "{}: not an admin token ({} hex digits expected); delete it to make a new one",
-                        path.display(),
-                        2 * TOKEN_BYTES
-                    ),
-                ));
-            }
-            Ok(token)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let bytes: [u8; TOKEN_BYTES] = rand::random();
-            let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)?;
-            writeln!(f, "{token}")?;
-            f.sync_all()?;
-            Ok(token)
-        }
-        Err(e) => Err(e),
-    }
+    crate::secret::load_or_create_hex(path, TOKEN_BYTES, "an admin token")
 }
 
 /// Whether `given` is `token`, in time that depends on the length only.
@@ -136,7 +113,7 @@ fn parse_qos(query: &str, base: Qos, sized: bool) -> Result<Qos, String> {
                 .map_err(|_| format!("{key}: {value:?} is not a whole number\n"))
         };
         match key {
-            "size" if sized => {}
+            "size" | "key_check" if sized => {}
             "iops_limit" => qos.iops_limit = number()?,
             "iops_reservation" => qos.iops_reservation = number()?,
             "bw_limit" => {
@@ -156,8 +133,8 @@ fn parse_qos(query: &str, base: Qos, sized: bool) -> Result<Qos, String> {
 
 /// Serve on `server` until it is unblocked; one thread.
 pub fn serve(server: Arc<Server>, admin: Admin) {
-    for request in server.incoming_requests() {
-        let (code, body) = admin.route(&request);
+    for mut request in server.incoming_requests() {
+        let (code, body) = admin.route(&mut request);
         let response = Response::from_string(body).with_status_code(code);
         if let Err(e) = request.respond(response) {
             tracing::debug!(error = %e, "admin reply not sent");
@@ -166,7 +143,7 @@ pub fn serve(server: Arc<Server>, admin: Admin) {
 }
 
 impl Admin {
-    fn route(&self, request: &Request) -> (u16, String) {
+    fn route(&self, request: &mut Request) -> (u16, String) {
         if needs_token(request) && !carries(request, &self.token) {
             tracing::info!(
                 method = %request.method(),
@@ -188,7 +165,21 @@ impl Admin {
             (Method::Get, "/status") => (200, self.status()),
             (Method::Get, "/volumes") => (200, self.list()),
             (Method::Post, p) if p.starts_with("/volumes/") => {
-                self.create(&p["/volumes/".len()..], query)
+                let rest = &p["/volumes/".len()..];
+                match rest.strip_suffix("/key") {
+                    Some(name) => {
+                        let mut body = String::new();
+                        let read = std::io::Read::read_to_string(
+                            &mut std::io::Read::take(request.as_reader(), BODY_MAX),
+                            &mut body,
+                        );
+                        match read {
+                            Ok(_) => self.unlock(name, &body),
+                            Err(_) => (400, "the body is not text\n".into()),
+                        }
+                    }
+                    None => self.create(rest, query),
+                }
             }
             (Method::Put, p) if p.starts_with("/volumes/") => {
                 self.set_qos(&p["/volumes/".len()..], query)
@@ -213,15 +204,50 @@ impl Admin {
 
     fn list(&self) -> String {
         let report = self.handle.report();
+        let keys = self.keys.lock().expect("keys");
         let mut out = String::new();
         for (name, v) in &report.state.named {
-            match v.qos.is_set() {
-                true => writeln!(out, "{name} {} {}", v.size_bytes, v.qos),
-                false => writeln!(out, "{name} {}", v.size_bytes),
+            let _ = write!(out, "{name} {}", v.size_bytes);
+            if v.qos.is_set() {
+                let _ = write!(out, " {}", v.qos);
             }
-            .expect("writing to a String cannot fail");
+            if v.key_check.is_some() {
+                let here = if keys.contains_key(name) {
+                    "unlocked here"
+                } else {
+                    "locked here"
+                };
+                let _ = write!(out, " encrypted ({here})");
+            }
+            out.push('\n');
         }
         out
+    }
+
+    /// Give this node an encrypted volume's key (checked against the map).
+    fn unlock(&self, name: &str, key_hex: &str) -> (u16, String) {
+        if let Err(e) = check_name(name) {
+            return (400, format!("{e}\n"));
+        }
+        let state = self.handle.report().state;
+        let Some(volume) = state.named.get(name) else {
+            return (404, format!("no volume named {name:?}\n"));
+        };
+        let Some(check) = volume.key_check else {
+            return (409, format!("volume {name:?} is not encrypted\n"));
+        };
+        let key = crate::crypt::VolumeKey::from_hex(key_hex).and_then(|k| k.verified(&check, name));
+        match key {
+            Ok(key) => {
+                self.keys
+                    .lock()
+                    .expect("keys")
+                    .insert(name.to_string(), Arc::new(key));
+                tracing::info!(volume = name, "encrypted volume unlocked");
+                (200, format!("volume {name:?} unlocked on {}\n", self.me))
+            }
+            Err(e) => (403, format!("{e}\n")),
+        }
     }
 
     fn create(&self, name: &str, query: &str) -> (u16, String) {
@@ -247,6 +273,16 @@ impl Admin {
             Ok(q) => q,
             Err(e) => return (400, e),
         };
+        let key_check = match query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("key_check="))
+        {
+            None => None,
+            Some(hex) => match crate::crypt::check_from_hex(hex) {
+                Some(check) => Some(check),
+                None => return (400, "key_check is 32 hex digits\n".into()),
+            },
+        };
         let extents = size.div_ceil(self.extent_bytes);
         let state = self.handle.report().state;
         if state.named.contains_key(name) {
@@ -268,6 +304,7 @@ impl Admin {
             size_bytes: size,
             extents,
             qos,
+            key_check,
         };
         if !self.handle.request(command) {
             return (503, "the node is stopping\n".into());

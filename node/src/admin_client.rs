@@ -44,12 +44,26 @@ pub fn read_token(path: &std::path::Path) -> Option<String> {
 }
 
 fn call(method: &str, addr: &str, token: Option<&str>, path: &str) -> Result<String, AdminError> {
+    call_with(method, addr, token, path, None)
+}
+
+fn call_with(
+    method: &str,
+    addr: &str,
+    token: Option<&str>,
+    path: &str,
+    body: Option<&str>,
+) -> Result<String, AdminError> {
     let url = format!("http://{addr}{path}");
     let mut request = agent().request(method, &url);
     if let Some(token) = token {
         request = request.set("Authorization", &format!("Bearer {token}"));
     }
-    match request.call() {
+    let sent = match body {
+        Some(body) => request.send_string(body),
+        None => request.call(),
+    };
+    match sent {
         Ok(r) => Ok(r.into_string().unwrap_or_default()),
         Err(ureq::Error::Status(401, _)) => Err(AdminError::Unauthorized {
             addr: addr.to_string(),
@@ -73,6 +87,16 @@ pub fn get(addr: &str, token: Option<&str>, path: &str) -> Result<String, AdminE
 /// POST to `path` at `addr`.
 pub fn post(addr: &str, token: Option<&str>, path: &str) -> Result<String, AdminError> {
     call("POST", addr, token, path)
+}
+
+/// POST `body` to `path` at `addr` (a secret goes in a body, never a URL).
+pub fn post_body(
+    addr: &str,
+    token: Option<&str>,
+    path: &str,
+    body: &str,
+) -> Result<String, AdminError> {
+    call_with("POST", addr, token, path, Some(body))
 }
 
 /// PUT to `path` at `addr`.

@@ -12,11 +12,17 @@
 //!   below an advertised minimum) and a preferred size of 4 KiB.
 //! - TRIM and WRITE_ZEROES write zeroes (replicated like any write), so a trimmed
 //!   range reads back as zeroes everywhere.
+//! - An encrypted volume's blocks are encrypted here before they leave the node
+//!   and decrypted here after they arrive ([`crate::crypt`]), with the key this
+//!   node was given ([`Keys`]); a volume whose key this node lacks is not
+//!   exported (its `GO` is refused with the reason).
 
+use crate::crypt::VolumeKey;
 use crate::metrics::Metrics;
 use crate::nbd::{errno, Backend, Export};
 use bytes::{Bytes, BytesMut};
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use weir_core::client::{ClientError, Volume};
 use weir_core::node::NodeHandle;
 use weir_core::{Lba, Transport, WeirError};
@@ -28,12 +34,18 @@ const BS: u64 = 4096;
 /// Zeroes for TRIM and WRITE_ZEROES: one request's worth.
 static ZEROES: [u8; crate::nbd::MAX_IO as usize] = [0; crate::nbd::MAX_IO as usize];
 
+/// The keys of the encrypted volumes this node was given, by volume name (at
+/// most one per volume of the map: a key is checked against the map's check
+/// value when it is given, and a deleted volume's goes with it).
+pub type Keys = Arc<Mutex<BTreeMap<String, Arc<VolumeKey>>>>;
+
 /// NBD on weir volumes.
 pub struct WeirBackend<T> {
     volume: Arc<Volume<T>>,
     handle: NodeHandle,
     extent_bytes: u64,
     metrics: Arc<Metrics>,
+    keys: Keys,
     /// Serializes read-modify-write of partial blocks.
     rmw: tokio_real::sync::Mutex<()>,
 }
@@ -44,13 +56,14 @@ impl<T: Transport> WeirBackend<T> {
         volume: Arc<Volume<T>>,
         handle: NodeHandle,
         extent_bytes: u64,
-        metrics: Arc<Metrics>,
+        (metrics, keys): (Arc<Metrics>, Keys),
     ) -> Self {
         WeirBackend {
             volume,
             handle,
             extent_bytes,
             metrics,
+            keys,
             rmw: tokio_real::sync::Mutex::new(()),
         }
     }
@@ -66,9 +79,28 @@ impl<T: Transport> WeirBackend<T> {
         }
     }
 
-    /// Read whole blocks `[start, start + len)` of the pool (aligned), concurrently
-    /// in pieces.
-    async fn read_aligned(&self, start: u64, len: u64) -> Result<Bytes, ClientError> {
+    /// Read whole blocks `[start, start + len)` of the pool (aligned) of
+    /// `export`, concurrently in pieces, decrypted if it is encrypted.
+    async fn read_aligned(
+        &self,
+        export: &Export,
+        start: u64,
+        len: u64,
+    ) -> Result<Bytes, ClientError> {
+        let data = self.read_pool(start, len).await?;
+        let Some(key) = &export.key else {
+            return Ok(data);
+        };
+        if data.len() as u64 != len {
+            return Ok(data); // The caller refuses a short read.
+        }
+        let mut plain = BytesMut::from(&data[..]);
+        key.decrypt(&mut plain, (start - export.base) / BS);
+        Ok(plain.freeze())
+    }
+
+    /// Read whole blocks `[start, start + len)` of the pool as they are.
+    async fn read_pool(&self, start: u64, len: u64) -> Result<Bytes, ClientError> {
         let pieces = pieces(start, len);
         if pieces.len() == 1 {
             return self.volume.read(Lba(start / BS), len / BS).await;
@@ -88,8 +120,23 @@ impl<T: Transport> WeirBackend<T> {
         Ok(out.freeze())
     }
 
-    /// Write whole blocks at `start` (aligned), concurrently in pieces.
-    async fn write_aligned(&self, start: u64, data: Bytes, fua: bool) -> Result<(), ClientError> {
+    /// Write whole blocks at `start` (aligned) of `export`, encrypted if it is,
+    /// concurrently in pieces.
+    async fn write_aligned(
+        &self,
+        export: &Export,
+        start: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), ClientError> {
+        let data = match &export.key {
+            Some(key) => {
+                let mut sealed = BytesMut::from(&data[..]);
+                key.encrypt(&mut sealed, (start - export.base) / BS);
+                sealed.freeze()
+            }
+            None => data,
+        };
         let pieces = pieces(start, data.len() as u64);
         if pieces.len() == 1 {
             return self.volume.write(Lba(start / BS), data, fua).await;
@@ -113,25 +160,34 @@ impl<T: Transport> WeirBackend<T> {
         result
     }
 
-    /// Write `data` at byte `start` of the pool, merging partial edge blocks.
-    async fn write_any(&self, start: u64, data: Bytes, fua: bool) -> Result<(), ClientError> {
+    /// Write `data` at byte `start` of the pool (in `export`), merging partial
+    /// edge blocks.
+    async fn write_any(
+        &self,
+        export: &Export,
+        start: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), ClientError> {
         let end = start + data.len() as u64;
         if start.is_multiple_of(BS) && end.is_multiple_of(BS) {
-            return self.write_aligned(start, data, fua).await;
+            return self.write_aligned(export, start, data, fua).await;
         }
         let _serial = self.rmw.lock().await;
         let (lo, hi) = (start / BS * BS, end.div_ceil(BS) * BS);
-        let mut merged = BytesMut::from(&self.read_edges(lo, hi, start, end).await?[..]);
+        let edges = self.read_edges(export, (lo, hi), start, end).await?;
+        let mut merged = BytesMut::from(&edges[..]);
         let at = (start - lo) as usize;
         merged[at..at + data.len()].copy_from_slice(&data);
-        self.write_aligned(lo, merged.freeze(), fua).await
+        self.write_aligned(export, lo, merged.freeze(), fua).await
     }
 
-    /// The blocks `[lo, hi)`, of which only the partial first and last matter.
+    /// The blocks `[lo, hi)` of `export`, of which only the partial first and
+    /// last matter.
     async fn read_edges(
         &self,
-        lo: u64,
-        hi: u64,
+        export: &Export,
+        (lo, hi): (u64, u64),
         start: u64,
         end: u64,
     ) -> Result<BytesMut, ClientError> {
@@ -144,11 +200,11 @@ impl<T: Transport> WeirBackend<T> {
                 ))
         };
         if !start.is_multiple_of(BS) {
-            let head = block(self.volume.read(Lba(lo / BS), 1).await?)?;
+            let head = block(self.read_aligned(export, lo, BS).await?)?;
             out[..BS as usize].copy_from_slice(&head);
         }
         if !end.is_multiple_of(BS) && (hi - BS >= lo + BS || start.is_multiple_of(BS)) {
-            let tail = block(self.volume.read(Lba(hi / BS - 1), 1).await?)?;
+            let tail = block(self.read_aligned(export, hi - BS, BS).await?)?;
             let at = (hi - lo - BS) as usize;
             out[at..].copy_from_slice(&tail);
         }
@@ -171,14 +227,35 @@ fn pieces(start: u64, len: u64) -> Vec<(u64, u64)> {
 impl<T: Transport> Backend for WeirBackend<T> {
     fn exports(&self) -> Vec<Export> {
         let report = self.handle.report();
+        let mut keys = self.keys.lock().expect("keys");
+        // A deleted volume's key goes; so does one of an earlier volume of
+        // the same name.
+        keys.retain(|name, key| {
+            report
+                .state
+                .named
+                .get(name)
+                .is_some_and(|v| v.key_check == Some(key.check()))
+        });
         report
             .state
             .named
             .iter()
-            .map(|(name, v)| Export {
-                name: name.clone(),
-                size: v.size_bytes,
-                base: v.first.0 * self.extent_bytes,
+            .map(|(name, v)| {
+                let key = keys.get(name).cloned();
+                let locked = (v.key_check.is_some() && key.is_none()).then(|| {
+                    format!(
+                        "volume {name:?} is encrypted and this node has not been given its key \
+                         (weir volume unlock {name} --key-file F)"
+                    )
+                });
+                Export {
+                    name: name.clone(),
+                    size: v.size_bytes,
+                    base: v.first.0 * self.extent_bytes,
+                    key,
+                    locked,
+                }
             })
             .collect()
     }
@@ -187,7 +264,7 @@ impl<T: Transport> Backend for WeirBackend<T> {
         let start = export.base + offset;
         let end = start + u64::from(len);
         let (lo, hi) = (start / BS * BS, end.div_ceil(BS) * BS);
-        match self.read_aligned(lo, hi - lo).await {
+        match self.read_aligned(export, lo, hi - lo).await {
             Ok(data) if data.len() as u64 == hi - lo => {
                 Ok(data.slice((start - lo) as usize..(end - lo) as usize))
             }
@@ -204,7 +281,7 @@ impl<T: Transport> Backend for WeirBackend<T> {
     }
 
     async fn write(&self, export: &Export, offset: u64, data: Bytes, fua: bool) -> Result<(), u32> {
-        self.write_any(export.base + offset, data, fua)
+        self.write_any(export, export.base + offset, data, fua)
             .await
             .map_err(|e| self.error("write", &e))
     }
@@ -223,7 +300,7 @@ impl<T: Transport> Backend for WeirBackend<T> {
         let (mut at, end) = (export.base + offset, export.base + offset + u64::from(len));
         while at < end {
             let n = (end - at).min(ZEROES.len() as u64) as usize;
-            self.write_any(at, Bytes::from_static(&ZEROES[..n]), fua)
+            self.write_any(export, at, Bytes::from_static(&ZEROES[..n]), fua)
                 .await
                 .map_err(|e| self.error("write_zeroes", &e))?;
             at += n as u64;

@@ -260,11 +260,12 @@ pub async fn run_on(
         let volume = volume.clone();
         Box::new(move || volume.read_flow())
     };
+    let keys = crate::backend::Keys::default();
     let backend = Arc::new(WeirBackend::new(
         volume,
         handle.clone(),
         extent_bytes,
-        metrics.clone(),
+        (metrics.clone(), keys.clone()),
     ));
     let nbd = tokio_real::net::TcpListener::bind(config.nbd.listen)
         .await
@@ -296,6 +297,7 @@ pub async fn run_on(
             let (t, c) = (transport.clone(), client.clone());
             Box::new(move || crate::net::tcp_refused(&[&t, &c]))
         },
+        keys,
     };
     let admin_server = server.clone();
     let admin_thread = std::thread::Builder::new()

@@ -12,6 +12,7 @@ pub mod backend;
 pub mod certs;
 pub mod cluster;
 pub mod config;
+pub mod crypt;
 pub mod daemon;
 pub mod device;
 pub mod logfile;
@@ -19,6 +20,7 @@ pub mod metrics;
 pub mod nbd;
 pub mod net;
 pub mod rdma;
+pub mod secret;
 pub mod splice;
 
 /// Node ids from here up are the NBD front ends' client endpoints (node `n`'s is

@@ -152,6 +152,23 @@ enum VolumeCmd {
         size: String,
         #[command(flatten)]
         qos: QosArgs,
+        /// Encrypt it at rest (XTS-AES-256) with the key in --key-file, made
+        /// there (mode 0600) if the file does not exist. The node asked is
+        /// unlocked; others need `weir volume unlock`.
+        #[arg(long, requires = "key_file")]
+        encrypt: bool,
+        /// The volume's key: 128 hex digits (512 bits).
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+    },
+    /// Give a node an encrypted volume's key, so its NBD front end serves the
+    /// volume (until it restarts; the key stays in its memory only).
+    Unlock {
+        /// Its name.
+        name: String,
+        /// The volume's key file.
+        #[arg(long)]
+        key_file: PathBuf,
     },
     /// Change a volume's QoS (the settings given; the rest stay).
     Set {
@@ -360,12 +377,36 @@ fn main() -> anyhow::Result<()> {
                     .map_err(|e| anyhow::anyhow!("volume name {name:?}: {e}"))
             };
             let out = match command {
-                VolumeCmd::Create { name, size, qos } => {
+                VolumeCmd::Create {
+                    name,
+                    size,
+                    qos,
+                    encrypt,
+                    key_file,
+                } => {
                     check(&name)?;
                     let bytes =
                         config::parse_size(&size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
-                    let path = format!("/volumes/{name}?size={bytes}{}", qos.query()?);
-                    admin_client::post(&admin, token, &path)
+                    let mut path = format!("/volumes/{name}?size={bytes}{}", qos.query()?);
+                    let key = match (encrypt, &key_file) {
+                        (true, Some(f)) => Some(read_key(f, true)?),
+                        (false, Some(_)) => anyhow::bail!("--key-file goes with --encrypt"),
+                        _ => None,
+                    };
+                    if let Some((hex, key)) = &key {
+                        path +=
+                            &format!("&key_check={}", weir_node::crypt::check_hex(&key.check()));
+                        let made = admin_client::post(&admin, token, &path)?;
+                        let path = format!("/volumes/{name}/key");
+                        made + &admin_client::post_body(&admin, token, &path, hex)?
+                    } else {
+                        admin_client::post(&admin, token, &path)?
+                    }
+                }
+                VolumeCmd::Unlock { name, key_file } => {
+                    check(&name)?;
+                    let (hex, _) = read_key(&key_file, false)?;
+                    admin_client::post_body(&admin, token, &format!("/volumes/{name}/key"), &hex)?
                 }
                 VolumeCmd::Set { name, qos } => {
                     check(&name)?;
@@ -374,14 +415,14 @@ fn main() -> anyhow::Result<()> {
                         anyhow::bail!("say what to set: --iops-limit, --bw-limit, --iops-reservation or --weight");
                     }
                     let path = format!("/volumes/{name}?{}", &query[1..]);
-                    admin_client::put(&admin, token, &path)
+                    admin_client::put(&admin, token, &path)?
                 }
-                VolumeCmd::List => admin_client::get(&admin, token, "/volumes"),
+                VolumeCmd::List => admin_client::get(&admin, token, "/volumes")?,
                 VolumeCmd::Delete { name } => {
                     check(&name)?;
-                    admin_client::delete(&admin, token, &format!("/volumes/{name}"))
+                    admin_client::delete(&admin, token, &format!("/volumes/{name}"))?
                 }
-            }?;
+            };
             print!("{out}");
             Ok(())
         }
@@ -394,6 +435,29 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// A volume key from `path` (made there first if `make` and it is missing):
+/// its hex and the key.
+fn read_key(
+    path: &std::path::Path,
+    make: bool,
+) -> anyhow::Result<(String, weir_node::crypt::VolumeKey)> {
+    use weir_node::crypt::{VolumeKey, KEY_BYTES};
+    if !make && !path.exists() {
+        anyhow::bail!("{}: no such key file", path.display());
+    }
+    let existed = path.exists();
+    let hex = weir_node::secret::load_or_create_hex(path, KEY_BYTES, "a volume key")
+        .with_context(|| format!("the key file {}", path.display()))?;
+    if !existed {
+        eprintln!(
+            "{}: a new volume key (keep it: without it the volume cannot be read)",
+            path.display()
+        );
+    }
+    let key = VolumeKey::from_hex(&hex).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok((hex, key))
 }
 
 fn runtime() -> anyhow::Result<tokio_real::runtime::Runtime> {

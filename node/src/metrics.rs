@@ -644,6 +644,7 @@ mod volume_tests {
                 extents: 2,
                 size_bytes: 1 << 20,
                 qos: Default::default(),
+                key_check: None,
             },
         );
         report.volume_sched = vec![(

@@ -69,6 +69,7 @@ const REP_ACK: u32 = 1;
 const REP_SERVER: u32 = 2;
 const REP_INFO: u32 = 3;
 const REP_ERR_UNSUP: u32 = (1 << 31) | 1;
+const REP_ERR_POLICY: u32 = (1 << 31) | 2;
 const REP_ERR_INVALID: u32 = (1 << 31) | 3;
 const REP_ERR_TLS_REQD: u32 = (1 << 31) | 5;
 const REP_ERR_UNKNOWN: u32 = (1 << 31) | 6;
@@ -128,6 +129,12 @@ pub struct Export {
     pub size: u64,
     /// Where it starts in the backend's address space (the backend's business).
     pub base: u64,
+    /// An encrypted volume's key, when this node has it (the backend's
+    /// business).
+    pub key: Option<Arc<crate::crypt::VolumeKey>>,
+    /// Why it cannot be opened here, if it cannot (`GO` and `INFO` answer
+    /// `NBD_REP_ERR_POLICY` with this).
+    pub locked: Option<String>,
 }
 
 /// What the NBD server serves. Offsets and lengths are checked against the
@@ -379,6 +386,9 @@ async fn handshake<B: Backend>(
                         let msg = format!("no volume named {name:?}");
                         reply(&mut w, option, REP_ERR_UNKNOWN, msg.as_bytes()).await?
                     }
+                    Some(Export {
+                        locked: Some(why), ..
+                    }) => reply(&mut w, option, REP_ERR_POLICY, why.as_bytes()).await?,
                     Some(export) => {
                         let mut info = INFO_EXPORT.to_be_bytes().to_vec();
                         info.extend_from_slice(&export.size.to_be_bytes());

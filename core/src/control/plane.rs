@@ -972,6 +972,7 @@ pub fn bootstrap(map: &crate::map::ClusterMap, replicas: u8) -> Vec<Command> {
         size_bytes: v.size_bytes,
         extents: v.extents,
         qos: v.qos,
+        key_check: v.key_check,
     }));
     commands
 }

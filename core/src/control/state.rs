@@ -112,6 +112,8 @@ pub struct NamedVolume {
     pub size_bytes: u64,
     /// Its quality of service.
     pub qos: Qos,
+    /// Encrypted: its key's check value (see [`Command::CreateNamed`]).
+    pub key_check: Option<[u8; 16]>,
 }
 
 /// What a command changed, for the log and the report.
@@ -228,7 +230,8 @@ impl ClusterState {
                 size_bytes,
                 extents,
                 qos,
-            } => self.create_named(name, *size_bytes, *extents, *qos),
+                key_check,
+            } => self.create_named(name, (*size_bytes, *extents), *qos, *key_check),
             Command::SetQos { name, qos } => {
                 qos.check().map_err(Refusal::BadQos)?;
                 match self.named.get_mut(name) {
@@ -384,9 +387,9 @@ impl ClusterState {
     fn create_named(
         &mut self,
         name: &str,
-        size_bytes: u64,
-        extents: u64,
+        (size_bytes, extents): (u64, u64),
         qos: Qos,
+        key_check: Option<[u8; 16]>,
     ) -> Result<Vec<Change>, Refusal> {
         check_name(name)?;
         qos.check().map_err(Refusal::BadQos)?;
@@ -408,6 +411,7 @@ impl ClusterState {
             extents,
             size_bytes,
             qos,
+            key_check,
         };
         self.next_free_extent += extents;
         self.named.insert(name.to_string(), volume);

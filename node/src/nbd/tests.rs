@@ -17,11 +17,22 @@ impl Backend for Memory {
                 name: "disk".into(),
                 size: self.data.lock().unwrap().len() as u64,
                 base: 0,
+                key: None,
+                locked: None,
             },
             Export {
                 name: "other".into(),
                 size: 4096,
                 base: 0,
+                key: None,
+                locked: None,
+            },
+            Export {
+                name: "sealed".into(),
+                size: 4096,
+                base: 0,
+                key: None,
+                locked: Some("no key here".into()),
             },
         ]
     }
@@ -161,9 +172,13 @@ async fn list_info_and_go_then_every_command() {
             other => panic!("{other:?}"),
         }
     }
-    assert_eq!(names, vec!["disk", "other"]);
+    assert_eq!(names, vec!["disk", "other", "sealed"]);
     option(&mut s, OPT_INFO, &go_payload("nope")).await;
     assert_eq!(option_reply(&mut s, OPT_INFO).await.0, REP_ERR_UNKNOWN);
+    // A volume that cannot be opened here says why.
+    option(&mut s, OPT_GO, &go_payload("sealed")).await;
+    let (kind, why) = option_reply(&mut s, OPT_GO).await;
+    assert_eq!((kind, &why[..]), (REP_ERR_POLICY, &b"no key here"[..]));
     option(&mut s, OPT_INFO, &[0, 0, 0, 9, 1]).await;
     assert_eq!(option_reply(&mut s, OPT_INFO).await.0, REP_ERR_INVALID);
     option(&mut s, 8, &[]).await; // STRUCTURED_REPLY: not offered

@@ -285,6 +285,7 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
             size_bytes: share * (c.extent_mib << 20),
             extents: share,
             qos,
+            key_check: None,
         };
         map = map.with_named(&create).expect("validated scenario");
     }

@@ -95,6 +95,9 @@ pub enum Command {
         extents: u64,
         /// Its quality of service.
         qos: Qos,
+        /// An encrypted volume's key check value (the key is never in the
+        /// map: its owner's front ends encrypt, and refuse another key).
+        key_check: Option<[u8; 16]>,
     },
     /// A named volume's quality of service changes.
     SetQos {

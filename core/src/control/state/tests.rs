@@ -230,6 +230,7 @@ fn named_volumes_take_disjoint_runs_and_are_refused_clearly() {
         size_bytes: extents * 4096,
         extents,
         qos: Qos::default(),
+        key_check: None,
     };
     s.apply(&create("a", 4)).unwrap();
     s.apply(&create("b", 5)).unwrap();
@@ -427,6 +428,7 @@ fn any_command() -> impl Strategy<Value = Command> {
                     iops_reservation: 1000,
                     weight,
                 },
+                key_check: None,
             }
         ),
         ("[a-c]{0,2}", 0u64..3, 0u64..3).prop_map(|(name, limit, reservation)| {
