@@ -596,9 +596,13 @@ async fn operator(
         if latest.is_some_and(|s| s.applied > 0 && done(&s)) {
             return;
         }
-        if let Some(h) = handles.iter().find(|h| h.report().leader.is_some()) {
-            h.request(command.clone());
-        }
+        // The first node that knows a leader and takes the request (a
+        // crashed node's handle still shows its last report, but takes
+        // nothing).
+        let _ = handles
+            .iter()
+            .filter(|h| h.report().leader.is_some())
+            .any(|h| h.request(command.clone()));
         tokio::time::sleep(ASK_EVERY).await;
     }
 }
