@@ -74,7 +74,8 @@ const TOKEN_BYTES: usize = 32;
 
 /// The admin token in `path`, made (random, mode 0600) if the file is missing.
 pub fn load_or_create_token(path: &std::path::Path) -> std::io::Result<String> {
-    crate::secret::load_or_create_hex(path, TOKEN_BYTES, "an admin token")
+    use crate::secret::{load_or_create_hex, Length};
+    load_or_create_hex(path, (TOKEN_BYTES, Length::AtLeast), "an admin token")
 }
 
 /// Whether `given` is `token`, in time that depends on the length only.
@@ -204,7 +205,8 @@ impl Admin {
 
     fn list(&self) -> String {
         let report = self.handle.report();
-        let keys = self.keys.lock().expect("keys");
+        let mut keys = self.keys.lock().expect("keys");
+        crate::backend::prune_keys(&mut keys, &report.state);
         let mut out = String::new();
         for (name, v) in &report.state.named {
             let _ = write!(out, "{name} {}", v.size_bytes);
@@ -239,10 +241,9 @@ impl Admin {
         let key = crate::crypt::VolumeKey::from_hex(key_hex).and_then(|k| k.verified(&check, name));
         match key {
             Ok(key) => {
-                self.keys
-                    .lock()
-                    .expect("keys")
-                    .insert(name.to_string(), Arc::new(key));
+                let mut keys = self.keys.lock().expect("keys");
+                crate::backend::prune_keys(&mut keys, &state);
+                keys.insert(name.to_string(), Arc::new(key));
                 tracing::info!(volume = name, "encrypted volume unlocked");
                 (200, format!("volume {name:?} unlocked on {}\n", self.me))
             }
@@ -273,15 +274,22 @@ impl Admin {
             Ok(q) => q,
             Err(e) => return (400, e),
         };
-        let key_check = match query
+        // Given at most once, and then well formed: never an unencrypted
+        // volume for a request that asked for an encrypted one.
+        let given: Vec<&str> = query
             .split('&')
-            .find_map(|kv| kv.strip_prefix("key_check="))
-        {
-            None => None,
-            Some(hex) => match crate::crypt::check_from_hex(hex) {
+            .filter(|kv| kv.split('=').next() == Some("key_check"))
+            .collect();
+        let key_check = match given[..] {
+            [] => None,
+            [kv] => match kv
+                .strip_prefix("key_check=")
+                .and_then(crate::crypt::check_from_hex)
+            {
                 Some(check) => Some(check),
                 None => return (400, "key_check is 32 hex digits\n".into()),
             },
+            _ => return (400, "key_check is given once\n".into()),
         };
         let extents = size.div_ceil(self.extent_bytes);
         let state = self.handle.report().state;

@@ -24,6 +24,7 @@ use bytes::{Bytes, BytesMut};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use weir_core::client::{ClientError, Volume};
+use weir_core::control::ClusterState;
 use weir_core::node::NodeHandle;
 use weir_core::{Lba, Transport, WeirError};
 
@@ -38,6 +39,18 @@ static ZEROES: [u8; crate::nbd::MAX_IO as usize] = [0; crate::nbd::MAX_IO as usi
 /// most one per volume of the map: a key is checked against the map's check
 /// value when it is given, and a deleted volume's goes with it).
 pub type Keys = Arc<Mutex<BTreeMap<String, Arc<VolumeKey>>>>;
+
+/// Drop the keys of volumes `state` no longer holds, and of earlier volumes
+/// of the same name (another check value): every key left is a volume's of
+/// the map, so the table is bounded by the map's volumes.
+pub fn prune_keys(keys: &mut BTreeMap<String, Arc<VolumeKey>>, state: &ClusterState) {
+    keys.retain(|name, key| {
+        state
+            .named
+            .get(name)
+            .is_some_and(|v| v.key_check == Some(key.check()))
+    });
+}
 
 /// NBD on weir volumes.
 pub struct WeirBackend<T> {
@@ -228,15 +241,7 @@ impl<T: Transport> Backend for WeirBackend<T> {
     fn exports(&self) -> Vec<Export> {
         let report = self.handle.report();
         let mut keys = self.keys.lock().expect("keys");
-        // A deleted volume's key goes; so does one of an earlier volume of
-        // the same name.
-        keys.retain(|name, key| {
-            report
-                .state
-                .named
-                .get(name)
-                .is_some_and(|v| v.key_check == Some(key.check()))
-        });
+        prune_keys(&mut keys, &report.state);
         report
             .state
             .named
@@ -261,6 +266,9 @@ impl<T: Transport> Backend for WeirBackend<T> {
     }
 
     async fn read(&self, export: &Export, offset: u64, len: u32) -> Result<Bytes, u32> {
+        if export.locked.is_some() {
+            return Err(errno::EPERM); // Never opened so; refused all the same.
+        }
         let start = export.base + offset;
         let end = start + u64::from(len);
         let (lo, hi) = (start / BS * BS, end.div_ceil(BS) * BS);
@@ -281,6 +289,9 @@ impl<T: Transport> Backend for WeirBackend<T> {
     }
 
     async fn write(&self, export: &Export, offset: u64, data: Bytes, fua: bool) -> Result<(), u32> {
+        if export.locked.is_some() {
+            return Err(errno::EPERM);
+        }
         self.write_any(export, export.base + offset, data, fua)
             .await
             .map_err(|e| self.error("write", &e))
@@ -294,6 +305,9 @@ impl<T: Transport> Backend for WeirBackend<T> {
     }
 
     async fn zero(&self, export: &Export, offset: u64, len: u32, fua: bool) -> Result<(), u32> {
+        if export.locked.is_some() {
+            return Err(errno::EPERM);
+        }
         // TRIM and WRITE_ZEROES carry no payload, so their length may exceed the
         // request limit: zero it in turns of at most the static zeroes' length
         // (whose pages are never touched, so they cost no memory).

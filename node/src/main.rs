@@ -398,7 +398,14 @@ fn main() -> anyhow::Result<()> {
                             &format!("&key_check={}", weir_node::crypt::check_hex(&key.check()));
                         let made = admin_client::post(&admin, token, &path)?;
                         let path = format!("/volumes/{name}/key");
-                        made + &admin_client::post_body(&admin, token, &path, hex)?
+                        let unlocked =
+                            admin_client::post_body(&admin, token, &path, hex).map_err(|e| {
+                                anyhow::anyhow!(
+                                    "volume {name:?} was created, encrypted, but the node was not \
+                                     given its key ({e}); weir volume unlock {name} --key-file ..."
+                                )
+                            })?;
+                        made + &unlocked
                     } else {
                         admin_client::post(&admin, token, &path)?
                     }
@@ -448,7 +455,8 @@ fn read_key(
         anyhow::bail!("{}: no such key file", path.display());
     }
     let existed = path.exists();
-    let hex = weir_node::secret::load_or_create_hex(path, KEY_BYTES, "a volume key")
+    use weir_node::secret::{load_or_create_hex, Length};
+    let hex = load_or_create_hex(path, (KEY_BYTES, Length::Exact), "a volume key")
         .with_context(|| format!("the key file {}", path.display()))?;
     if !existed {
         eprintln!(

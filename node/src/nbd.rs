@@ -96,6 +96,8 @@ const CMD_FLAG_NO_HOLE: u16 = 2;
 
 /// NBD error numbers (the protocol's, not the host's).
 pub mod errno {
+    /// Operation not permitted (a volume this node cannot open).
+    pub const EPERM: u32 = 1;
     /// Input/output error.
     pub const EIO: u32 = 5;
     /// Out of memory.
@@ -354,6 +356,11 @@ async fn handshake<B: Backend>(
                 let Some(export) = find(backend, &name) else {
                     return Err(ConnError::Protocol(format!("unknown export {name:?}")));
                 };
+                // This option has no error reply: a volume that cannot be
+                // opened here ends the connection, with its reason logged.
+                if let Some(why) = &export.locked {
+                    return Err(ConnError::Protocol(why.clone()));
+                }
                 w.write_u64(export.size).await?;
                 w.write_u16(transmission_flags()).await?;
                 if !no_zeroes {

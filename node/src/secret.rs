@@ -5,13 +5,30 @@ use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+/// How long a secret read from a file may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Length {
+    /// Exactly the bytes asked for (a key).
+    Exact,
+    /// At least them (a token an operator may have made longer).
+    AtLeast,
+}
+
 /// The hex secret of `bytes` random bytes in `path`, made if the file is
 /// missing; `what` names it in the error for a file that holds something else.
-pub fn load_or_create_hex(path: &Path, bytes: usize, what: &str) -> std::io::Result<String> {
+pub fn load_or_create_hex(
+    path: &Path,
+    (bytes, length): (usize, Length),
+    what: &str,
+) -> std::io::Result<String> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
             let secret = text.trim().to_string();
-            if secret.len() != 2 * bytes || !secret.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let long_enough = match length {
+                Length::Exact => secret.len() == 2 * bytes,
+                Length::AtLeast => secret.len() >= 2 * bytes,
+            };
+            if !long_enough || !secret.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
                     format!(
