@@ -169,7 +169,7 @@ impl Admin {
                 let rest = &p["/volumes/".len()..];
                 match rest.strip_suffix("/key") {
                     Some(name) => {
-                        let mut body = String::new();
+                        let mut body = zeroize::Zeroizing::new(String::new());
                         let read = std::io::Read::read_to_string(
                             &mut std::io::Read::take(request.as_reader(), BODY_MAX),
                             &mut body,
@@ -295,6 +295,16 @@ impl Admin {
         let state = self.handle.report().state;
         if state.named.contains_key(name) {
             return (409, format!("volume {name:?} already exists\n"));
+        }
+        // One key, one volume: two volumes under one key would show where
+        // they hold the same data at the same block.
+        if let Some((other, _)) =
+            key_check.and_then(|c| state.named.iter().find(|(_, v)| v.key_check == Some(c)))
+        {
+            return (
+                409,
+                format!("that key is volume {other:?}'s; give each volume a key of its own\n"),
+            );
         }
         let free = state.free_extents();
         if extents > free {

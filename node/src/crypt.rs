@@ -4,7 +4,8 @@
 //!
 //! The front end encrypts a write before it leaves the node and decrypts a
 //! read after it arrives, so replicas, devices and the wire carry only
-//! ciphertext. The key (512 bits: XTS's two AES-256 keys) is the user's: it
+//! ciphertext. The key (512 bits: XTS's two AES-256 keys; its bytes and
+//! expanded round keys are wiped when dropped) is the user's: it
 //! lives in a key file (128 hex digits, mode 0600), goes to a node's memory
 //! when the volume is unlocked there, and never into the Raft log or any
 //! message between nodes. The map holds only its check value
@@ -62,13 +63,12 @@ impl VolumeKey {
         if hex.len() != 2 * KEY_BYTES || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(KeyError::Malformed);
         }
-        let mut key = [0u8; KEY_BYTES];
-        for (i, byte) in key.iter_mut().enumerate() {
+        let mut bytes = zeroize::Zeroizing::new([0u8; KEY_BYTES]);
+        for (i, byte) in bytes.iter_mut().enumerate() {
             *byte =
                 u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| KeyError::Malformed)?;
         }
-        let key = VolumeKey::from_bytes(&key);
-        Ok(key)
+        Ok(VolumeKey::from_bytes(&bytes))
     }
 
     /// The key of 64 bytes.

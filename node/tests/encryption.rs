@@ -90,6 +90,21 @@ fn an_encrypted_volume_reads_back_through_qemu_and_no_device_holds_its_plaintext
     );
     let (ok, _) = weir(1, &["volume", "create", "plain", "--size", "64M"]);
     assert!(ok);
+    // A key serves one volume.
+    let (ok, text) = weir(
+        1,
+        &[
+            "volume",
+            "create",
+            "twin",
+            "--size",
+            "64M",
+            "--encrypt",
+            "--key-file",
+            key_arg,
+        ],
+    );
+    assert!(!ok && text.contains("a key of its own"), "{text}");
     let nbd = |n: u16, vol: &str| format!("nbd://127.0.0.1:{}/{vol}", 10808 + n + OFFSET);
     for (vol, byte) in [("sealed", "0xab"), ("plain", "0xcd")] {
         run(
