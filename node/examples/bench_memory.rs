@@ -65,7 +65,13 @@ fn main() {
         .unwrap_or(6);
     let (size, pool) = (format!("{gib}G"), format!("{}G", gib + POOL_EXTRA_GIB));
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-memory");
-    let target = weir_cluster(&weir, &dir, "weir, 1 replica", (1, 5000), (&pool, &size));
+    let target = weir_cluster(
+        &weir,
+        &dir,
+        "weir, 1 replica",
+        (1, 5000),
+        (&pool, &size, false),
+    );
     let pid = node_pid(&dir);
     let before = rss_bytes(pid);
     let mut rows = vec![("before any write", before)];

@@ -1,9 +1,10 @@
 //! `cargo xtask bench nbd`: the same fio jobs through fio's nbd engine against
-//! (a) weir with 1 replica, (b) qemu-nbd serving the same kind of file, and (c) weir
-//! with 3 replicas on loopback, in alternation; prints IOPS, MB/s and P99 latency of
-//! each and the ratios a/b and c/a, and for weir the payload copies per random
-//! write and node (from each node's `/metrics`). A benchmark, not a test: it
-//! asserts nothing.
+//! (a) weir with 1 replica, (b) qemu-nbd serving the same kind of file, (c) weir
+//! with 3 replicas on loopback and (d) the same with the volume encrypted
+//! (XTS-AES-256 in the front end), in alternation; prints IOPS, MB/s and P99
+//! latency of each and the ratios a/b, c/a and d/c, and for weir the payload
+//! copies per random write and node (from each node's `/metrics`). A benchmark,
+//! not a test: it asserts nothing.
 //!
 //! Jobs (QD32, 20 s each; `BENCH_RUNTIME_S` overrides): 4 KiB random read, 4 KiB
 //! random write, 128 KiB sequential read, on a 1 GiB volume first filled with a
@@ -99,7 +100,7 @@ fn main() {
             &work.join("a"),
             "a weir, 1 replica",
             (1, 3000),
-            (POOL, SIZE),
+            (POOL, SIZE, false),
         ),
         qemu_nbd(&work.join("b"), 15809),
         weir_cluster(
@@ -107,7 +108,14 @@ fn main() {
             &work.join("c"),
             "c weir, 3 replicas",
             (3, 4000),
-            (POOL, SIZE),
+            (POOL, SIZE, false),
+        ),
+        weir_cluster(
+            &weir,
+            &work.join("d"),
+            "d weir, 3, encrypted",
+            (3, 4500),
+            (POOL, SIZE, true),
         ),
     ];
     for t in &targets {
@@ -116,7 +124,7 @@ fn main() {
     }
     // Payload copies summed over a weir target's nodes (its port offset and
     // node count); none for qemu-nbd.
-    let weirs: [Option<(u16, u16)>; 3] = [Some((3000, 1)), None, Some((4000, 3))];
+    let weirs: [Option<(u16, u16)>; 4] = [Some((3000, 1)), None, Some((4000, 3)), Some((4500, 3))];
     // (all copies, copies other than a receipt off a socket)
     let copies = |i: usize| {
         weirs[i].map(|(offset, nodes)| {
@@ -131,8 +139,8 @@ fn main() {
                 .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
         })
     };
-    let mut results = vec![[Result::default(); 3]; JOBS.len()];
-    let mut write_copies = [None; 3];
+    let mut results = vec![[Result::default(); 4]; JOBS.len()];
+    let mut write_copies = [None; 4];
     for (j, job) in JOBS.iter().enumerate() {
         for (i, t) in targets.iter().enumerate() {
             eprintln!("bench: {} on {} for {runtime} s", job.name, t.label);
@@ -171,13 +179,14 @@ fn main() {
                 job.name, t.label, r.iops, r.mb_s, r.p99_us
             );
         }
-        let [a, b, c] = results[j];
+        let [a, b, c, d] = results[j];
         println!(
-            "{:<14} {:<20} a/b IOPS {:.2}, c/a IOPS {:.2}",
+            "{:<14} {:<20} a/b IOPS {:.2}, c/a IOPS {:.2}, d/c IOPS {:.2}",
             "",
             "ratios",
             a.iops / b.iops,
-            c.iops / a.iops
+            c.iops / a.iops,
+            d.iops / c.iops
         );
     }
     for (i, t) in targets.iter().enumerate() {

@@ -38,13 +38,14 @@ impl Drop for Target {
 }
 
 /// `weir cluster up` of `nodes` nodes (as many replicas) in `dir`, on ports
-/// moved by `offset`, with a pool of `pool` and one volume of `size`.
+/// moved by `offset`, with a pool of `pool` and one volume of `size`
+/// (encrypted, with a key made in `dir`, if `encrypt`).
 pub(crate) fn weir_cluster(
     weir: &Path,
     dir: &Path,
     label: &'static str,
     (nodes, offset): (u32, u16),
-    (pool, size): (&str, &str),
+    (pool, size, encrypt): (&str, &str, bool),
 ) -> Target {
     let _ = std::fs::remove_dir_all(dir);
     let mut child = Command::new(weir)
@@ -74,12 +75,21 @@ pub(crate) fn weir_cluster(
     }
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     let admin = format!("127.0.0.1:{}", 9401 + offset);
-    let status = Command::new(weir)
+    let mut create = Command::new(weir);
+    create
         .args([
             "volume", "create", VOLUME, "--size", size, "--admin", &admin,
         ])
-        .status()
-        .unwrap();
+        // Mutating admin requests carry the cluster's token.
+        .arg("--token-file")
+        .arg(dir.join("admin.token"));
+    if encrypt {
+        create
+            .arg("--encrypt")
+            .arg("--key-file")
+            .arg(dir.join("bench.key"));
+    }
+    let status = create.status().unwrap();
     assert!(status.success(), "volume create failed");
     Target {
         label,
