@@ -135,8 +135,8 @@ impl ClusterState {
     }
 
     /// Whether [`super::Command::RemoveNode`] of `node` would apply: a member,
-    /// not leaving yet, whose removal leaves nodes enough for every extent's
-    /// copies.
+    /// not leaving yet, whose removal leaves up nodes enough for every
+    /// extent's copies (a node that is down may never come back to take one).
     pub fn check_remove(&self, node: NodeId) -> Result<(), Refusal> {
         if !self.nodes.contains_key(&node) {
             return Err(Refusal::UnknownNode(node));
@@ -144,11 +144,11 @@ impl ClusterState {
         if self.leaving.contains(&node) {
             return Err(Refusal::Leaving(node));
         }
-        // Those that stay must be able to hold every extent's copies.
+        // Those that stay, up, must be able to hold every extent's copies.
         let stay = self
             .nodes
-            .keys()
-            .filter(|n| **n != node && !self.leaving.contains(n))
+            .iter()
+            .filter(|(n, s)| **n != node && !self.leaving.contains(n) && **s == NodeStatus::Up)
             .count();
         let replicas = self
             .extents

@@ -200,6 +200,18 @@ fn the_staying_nodes_must_hold_every_copy() {
     s.apply(&Command::RemoveNode { node: NodeId(1) }).unwrap();
     let r = s.apply(&Command::RemoveNode { node: NodeId(2) });
     assert!(matches!(r, Err(Refusal::TooFewNodes { .. })), "{r:?}");
+    // A node that is down counts for nothing: it may never come back.
+    let mut s = cluster(4, 2);
+    s.apply(&Command::NodeDown {
+        node: NodeId(4),
+        lease_expires_ns: 0,
+    })
+    .unwrap();
+    let r = s.apply(&Command::RemoveNode { node: NodeId(1) });
+    assert!(
+        matches!(r, Err(Refusal::TooFewNodes { up: 2, .. })),
+        "{r:?}"
+    );
 }
 
 #[test]
