@@ -34,7 +34,7 @@
 //! Time comes in with every call (`now_ns`); the driver ticks at a fixed interval.
 
 use super::raft::{MapRaft, RaftAction, RaftError};
-use super::state::{ClusterState, Command, ConfRole, NodeStatus};
+use super::state::{ClusterState, Command, NodeStatus};
 use crate::ids::{Epoch, ExtentId, NodeId};
 use crate::wire::Message;
 use bytes::Bytes;
@@ -524,183 +524,6 @@ impl ControlPlane {
         }
     }
 
-    /// Leader: move replicas off leaving nodes, at most [`MOVES_MAX`] at once:
-    /// start a move to the up, staying node that holds the fewest replicas (the
-    /// lowest id on ties), and finish it once the new replica is in sync.
-    fn move_replicas(&mut self, now_ns: u64) {
-        let state = self.state();
-        if state.leaving.is_empty() && state.extents.values().all(|e| e.moving.is_none()) {
-            return;
-        }
-        let mut load = state.spare_load();
-        let mut under_way = state
-            .extents
-            .values()
-            .filter(|e| e.moving.is_some())
-            .count();
-        under_way += self
-            .moves_proposed
-            .iter()
-            .filter(|e| state.extents.get(e).is_some_and(|x| x.moving.is_none()))
-            .count();
-        let mut proposals = Vec::new();
-        for (&id, ext) in &state.extents {
-            if self.moves_proposed.contains(&id) {
-                continue;
-            }
-            if let Some(m) = ext.moving {
-                if ext.in_sync.contains(&m.to) {
-                    // Every lease the old primary may hold ends within a lease
-                    // of now: any it gets later needs this map.
-                    let serve_after_ns = now_ns.saturating_add(self.timeouts.lease_ns);
-                    proposals.push(Command::FinishMove {
-                        extent: id,
-                        epoch: ext.epoch,
-                        serve_after_ns,
-                    });
-                }
-                continue;
-            }
-            let Some(&from) = ext.replicas.iter().find(|r| state.leaving.contains(r)) else {
-                continue;
-            };
-            if under_way >= MOVES_MAX || ext.in_sync.is_empty() {
-                continue;
-            }
-            if let Some(to) = super::state::take_spare(&mut load, ext) {
-                under_way += 1;
-                proposals.push(Command::MoveReplica {
-                    extent: id,
-                    epoch: ext.epoch,
-                    from,
-                    to,
-                });
-            }
-        }
-        for cmd in proposals {
-            if let Command::MoveReplica { extent, .. } | Command::FinishMove { extent, .. } = cmd {
-                // Marked first (a one-voter group applies it within the call);
-                // unmarked if raft-rs dropped it (during a leader transfer).
-                self.moves_proposed.insert(extent);
-                if !self.try_propose(&cmd) {
-                    self.moves_proposed.remove(&extent);
-                }
-            }
-        }
-    }
-
-    /// Leader: hand leadership to the voter that stays (not leaving) heard from
-    /// most recently, preferring one whose log is complete.
-    fn hand_over(&mut self, why: &str) {
-        let state = self.raft.state();
-        let heir = state
-            .voters
-            .iter()
-            .filter(|&&v| v != self.me && !state.leaving.contains(&v))
-            .max_by_key(|v| {
-                (
-                    self.raft.caught_up(**v),
-                    self.voter_sent.get(v).copied().unwrap_or(0),
-                )
-            })
-            .copied();
-        if let Some(heir) = heir {
-            tracing::info!(%heir, why, "handing leadership over");
-            self.raft.transfer_leader(heir);
-            self.drain_raft();
-        }
-    }
-
-    /// Leader: one step towards the Raft group the map calls for, when no
-    /// configuration change is under way. A joined node becomes a learner; a
-    /// learner that may vote (up, heard from, caught up, not leaving) becomes a
-    /// voter while fewer than [`super::state::voter_target`] of those that may
-    /// vote do; a voter that may not becomes a learner once the group is over
-    /// that target: a leaving one always (it must go; a vote is added first
-    /// where a learner can take it), one down past the replacement timeout (gone
-    /// for good) only from an even group, where it lowers the quorum (from an
-    /// odd one it would not, and it could no longer help a quorum if it came
-    /// back); a leaving learner that holds nothing leaves. The leader never
-    /// demotes itself: it hands leadership over first.
-    fn reconfigure(&mut self, now_ns: u64, leader_since_ns: u64) {
-        if self.conf_backoff > 0 {
-            self.conf_backoff -= 1;
-            return;
-        }
-        if self.raft.conf_pending() {
-            return;
-        }
-        let state = self.state();
-        let heard = |n: &NodeId| {
-            *n == self.me
-                || self
-                    .last_seen
-                    .get(n)
-                    .is_some_and(|&t| now_ns.saturating_sub(t) <= self.timeouts.detect_ns)
-        };
-        let gone_for_good = |n: &NodeId| {
-            let last = self
-                .last_seen
-                .get(n)
-                .copied()
-                .unwrap_or(0)
-                .max(leader_since_ns);
-            *n != self.me
-                && self.timeouts.replace_ns > 0
-                && state.nodes.get(n) == Some(&NodeStatus::Down)
-                && now_ns.saturating_sub(last) > self.timeouts.replace_ns
-        };
-        let may_vote = |n: &NodeId| !state.leaving.contains(n) && !gone_for_good(n);
-        let step = if let Some(&node) = state
-            .nodes
-            .keys()
-            .find(|n| !state.voters.contains(n) && !state.learners.contains(n))
-        {
-            Some((node, ConfRole::Learner))
-        } else {
-            let target =
-                super::state::voter_target(state.nodes.keys().filter(|n| may_vote(n)).count());
-            let voting = state.voters.iter().filter(|n| may_vote(n)).count();
-            let candidate = state.learners.iter().copied().find(|n| {
-                may_vote(n)
-                    && state.nodes.get(n) == Some(&NodeStatus::Up)
-                    && heard(n)
-                    && self.raft.caught_up(*n)
-            });
-            let leaving_voter = state
-                .voters
-                .iter()
-                .copied()
-                .find(|n| state.leaving.contains(n));
-            let demote = leaving_voter.or_else(|| {
-                let even = state.voters.len().is_multiple_of(2);
-                even.then(|| state.voters.iter().copied().find(|n| !may_vote(n)))
-                    .flatten()
-            });
-            let leave = state
-                .leaving
-                .iter()
-                .copied()
-                .find(|n| !state.voters.contains(n) && !state.holds_replicas(*n));
-            match (candidate, demote, leave) {
-                (Some(c), ..) if voting < target => Some((c, ConfRole::Voter)),
-                (_, Some(d), _) if state.voters.len() > target.max(1) => {
-                    Some((d, ConfRole::Learner))
-                }
-                (.., Some(l)) => Some((l, ConfRole::Gone)),
-                _ => None,
-            }
-        };
-        let Some((node, role)) = step else {
-            return;
-        };
-        if node == self.me && role != ConfRole::Voter {
-            self.hand_over("leaving the vote");
-            return;
-        }
-        self.propose(&Command::Conf { node, role });
-    }
-
     /// The leader's failure detector. It judges only while a majority of voters
     /// (itself included) heard from it within the detection timeout: a leader cut
     /// off from the rest would otherwise declare them all down, and those stale
@@ -736,15 +559,10 @@ impl ControlPlane {
             .filter(|(n, _)| *n != self.me)
             .collect();
         for (node, status) in nodes {
-            let last = self
-                .last_seen
-                .get(&node)
-                .copied()
-                .unwrap_or(0)
-                .max(leader_since_ns);
+            let last = self.last_heard_healthy(node, leader_since_ns);
             let silent_ns = now_ns.saturating_sub(last);
             let silent = silent_ns > self.timeouts.detect_ns;
-            let give_up = self.timeouts.replace_ns > 0 && silent_ns > self.timeouts.replace_ns;
+            let give_up = self.gives_up_after(silent_ns);
             if status == NodeStatus::Down
                 && give_up
                 && !self.replacing.contains(&node)
@@ -773,6 +591,22 @@ impl ControlPlane {
                 self.proposed.remove(&key);
             }
         }
+    }
+
+    /// Leader: when `node` was last heard from healthy, or this reign's start
+    /// if later (what it heard before its reign says nothing now).
+    fn last_heard_healthy(&self, node: NodeId, leader_since_ns: u64) -> u64 {
+        self.last_seen
+            .get(&node)
+            .copied()
+            .unwrap_or(0)
+            .max(leader_since_ns)
+    }
+
+    /// Whether a node silent for `silent_ns` is given up on (gone for good:
+    /// replaced by spares, its vote handed over).
+    fn gives_up_after(&self, silent_ns: u64) -> bool {
+        self.timeouts.replace_ns > 0 && silent_ns > self.timeouts.replace_ns
     }
 
     fn propose(&mut self, cmd: &Command) {
@@ -840,7 +674,8 @@ impl ControlPlane {
                         Ok(changes) => {
                             // Every member applies the command; the leader reports it.
                             if self.raft.is_leader() {
-                                if let Some(event) = describe(&command, &changes, self.raft.state())
+                                if let Some(event) =
+                                    describe::describe(&command, &changes, self.raft.state())
                                 {
                                     self.actions.push_back(PlaneAction::Event(event));
                                 }
@@ -860,98 +695,6 @@ impl ControlPlane {
                 restart_pending,
             });
         }
-    }
-}
-
-/// The event of an applied `command` that changed the map, if it is one worth
-/// reporting.
-fn describe(
-    command: &Command,
-    changes: &[super::state::Change],
-    state: &ClusterState,
-) -> Option<crate::events::Event> {
-    use super::state::Change;
-    use crate::events::{Event, MemberChange};
-    let member = |node, change| Event::Member { node, change };
-    let (mut failovers, mut replicas, mut unavailable) = (0, 0, 0);
-    for c in changes {
-        match c {
-            Change::Failover(f) => failovers += f.len(),
-            Change::Replicas(r) => replicas += r.len(),
-            Change::Unavailable(u) => unavailable += u.len(),
-            Change::Membership | Change::Moved { .. } => {}
-        }
-    }
-    match command {
-        Command::NodeDown { node, .. } => Some(Event::NodeDown {
-            node: *node,
-            failovers,
-            lost_replica: replicas,
-            unavailable,
-        }),
-        Command::NodeUp { node } => Some(Event::NodeUp {
-            node: *node,
-            rebuilding: replicas,
-        }),
-        Command::DropReplica { extent, node, .. } => Some(Event::ReplicaDropped {
-            node: *node,
-            extent: *extent,
-        }),
-        Command::CreateNamed {
-            name, size_bytes, ..
-        } => Some(Event::VolumeCreated {
-            name: name.clone(),
-            size_bytes: *size_bytes,
-        }),
-        Command::DeleteNamed { name } => Some(Event::VolumeDeleted { name: name.clone() }),
-        Command::SetQos { name, qos } => Some(Event::VolumeQos {
-            name: name.clone(),
-            qos: *qos,
-        }),
-        Command::Restarted { node, .. } => Some(Event::Restarted {
-            node: *node,
-            moved: replicas + failovers,
-            failovers,
-        }),
-        Command::ReplaceNode { node } => Some(Event::Replaced {
-            node: *node,
-            rebuilding: replicas,
-        }),
-        Command::JoinNode { node, .. } => Some(member(*node, MemberChange::Joined)),
-        Command::RemoveNode { node } => Some(member(
-            *node,
-            MemberChange::Leaving {
-                extents: state.replicas_on(*node).0,
-            },
-        )),
-        Command::MoveReplica {
-            extent, from, to, ..
-        } => Some(member(
-            *from,
-            MemberChange::MoveStarted {
-                extent: *extent,
-                to: *to,
-            },
-        )),
-        Command::FinishMove { .. } => changes.iter().find_map(|c| match c {
-            Change::Moved { extent, from, to } => Some(member(
-                *from,
-                MemberChange::Moved {
-                    extent: *extent,
-                    to: *to,
-                },
-            )),
-            _ => None,
-        }),
-        Command::Conf { node, role } => Some(member(
-            *node,
-            match role {
-                ConfRole::Voter => MemberChange::Voter,
-                ConfRole::Learner => MemberChange::Learner,
-                ConfRole::Gone => MemberChange::Gone,
-            },
-        )),
-        _ => None,
     }
 }
 
@@ -977,5 +720,7 @@ pub fn bootstrap(map: &crate::map::ClusterMap, replicas: u8) -> Vec<Command> {
     commands
 }
 
+mod describe;
+mod members;
 #[cfg(test)]
 mod tests;
