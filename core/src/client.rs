@@ -58,6 +58,17 @@ pub enum ClientError {
     /// No reply in time.
     #[error("no reply within {0:?}")]
     Timeout(Duration),
+    /// A named volume's block has no pool block: its extent was never
+    /// written (a write allocates it first), or the volume is gone.
+    #[error("{0}")]
+    Unmapped(String),
+    /// A named volume's block changed hands while a write of it ran: the
+    /// write is to be sent again, as a new request, where it is now.
+    #[error("the block moved to another pool extent while written")]
+    Moved,
+    /// A named volume's write needs a pool extent and the pool has none.
+    #[error("no space: {0}")]
+    NoSpace(String),
 }
 
 impl ClientError {
@@ -243,6 +254,17 @@ impl<T: Transport> Volume<T> {
         }
     }
 
+    /// Take `state` as the map if it is newer than the client's (a node's
+    /// own front end keeps up with its node's map so).
+    pub fn offer(&self, state: &crate::control::state::ClusterState) {
+        let mut map = self.map.lock().expect("map lock");
+        if state.applied > map.state().applied {
+            if let Ok(newer) = map.with_state(state.clone()) {
+                *map = Arc::new(newer);
+            }
+        }
+    }
+
     /// Fetch the current map from the nodes.
     pub async fn refresh(&self) {
         let _turn = self.refreshing.lock().await;
@@ -315,9 +337,46 @@ impl<T: Transport> Volume<T> {
     /// Write `data` (whole blocks) at `lba`.
     pub async fn write(&self, lba: Lba, data: Bytes, fua: bool) -> Result<(), ClientError> {
         let map = self.map();
+        let bs = self.check_length(&map, data.len())?;
+        let blocks = (data.len() / bs) as u64;
+        for (start, count) in split(&map, lba, blocks)? {
+            let from = ((start.0 - lba.0) as usize) * bs;
+            let chunk = data.slice(from..from + count as usize * bs);
+            self.write_at(|_| Ok(start), chunk, fua).await?;
+        }
+        Ok(())
+    }
+
+    /// Refuse a write of `len` bytes that is not whole blocks; the block size.
+    fn check_length(&self, map: &ClusterMap, len: usize) -> Result<usize, ClientError> {
+        let v = map.volume();
+        if len == 0 || !len.is_multiple_of(v.block_size as usize) {
+            return Err(WeirError::BadLength {
+                len: len as u64,
+                block_size: v.block_size,
+                max_bytes: v.max_request_bytes(),
+            }
+            .into());
+        }
+        Ok(v.block_size as usize)
+    }
+
+    /// Write `data` (whole blocks, one request's worth, within one extent) at
+    /// the block `resolve` finds in each attempt's map (a named volume's block
+    /// may change hands between attempts: see
+    /// [`crate::control::state::volumes`]). A resolution that differs from the
+    /// first attempt's fails with [`ClientError::Moved`].
+    pub async fn write_at(
+        &self,
+        resolve: impl Fn(&ClusterMap) -> Result<Lba, ClientError>,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), ClientError> {
+        let map = self.map();
         let v = *map.volume();
-        let bs = v.block_size as usize;
-        if data.is_empty() || !data.len().is_multiple_of(bs) {
+        let count = (self.check_length(&map, data.len())? / v.block_size as usize) as u64;
+        let start = resolve(&map)?;
+        if split(&map, start, count)?.len() != 1 {
             return Err(WeirError::BadLength {
                 len: data.len() as u64,
                 block_size: v.block_size,
@@ -325,44 +384,41 @@ impl<T: Transport> Volume<T> {
             }
             .into());
         }
-        let blocks = (data.len() / bs) as u64;
-        for (start, count) in split(&map, lba, blocks)? {
-            let from = ((start.0 - lba.0) as usize) * bs;
-            let chunk = data.slice(from..from + count as usize * bs);
-            debug_assert!(count > 0 && count <= u64::from(v.max_request_blocks));
-            // Every attempt of this write carries the same request id.
-            let req = self.new_request();
-            // Held until the write is answered or given up (the guard drops).
-            let _held = match &self.held {
-                Some(held) => Some(held.hold(req, start, chunk.clone()).await),
-                None => None,
-            };
-            self.with_retry(|map| {
-                let chunk = chunk.clone();
-                async move {
-                    let extent = map.extent(map.extent_of(start));
-                    let (to, epoch) = (extent.primary, extent.epoch);
-                    let delta = self.delta(&map, start, to);
-                    let reply = self
-                        .call_as(req, to, |req| Message::Write {
-                            req,
-                            volume: v.id,
-                            epoch,
-                            lba: start,
-                            data: chunk,
-                            fua,
-                            delta,
-                        })
-                        .await?;
-                    match reply {
-                        Message::WriteOk { .. } => Ok(()),
-                        _ => Err(ClientError::UnexpectedReply("to a write")),
-                    }
+        // Every attempt of this write carries the same request id.
+        let req = self.new_request();
+        // Held until the write is answered or given up (the guard drops).
+        let _held = match &self.held {
+            Some(held) => Some(held.hold(req, start, data.clone()).await),
+            None => None,
+        };
+        self.with_retry(|map| {
+            let data = data.clone();
+            let at = resolve(&map);
+            async move {
+                if at? != start {
+                    return Err(ClientError::Moved);
                 }
-            })
-            .await?;
-        }
-        Ok(())
+                let extent = map.extent(map.extent_of(start));
+                let (to, epoch) = (extent.primary, extent.epoch);
+                let delta = self.delta(&map, start, to);
+                let reply = self
+                    .call_as(req, to, |req| Message::Write {
+                        req,
+                        volume: v.id,
+                        epoch,
+                        lba: start,
+                        data,
+                        fua,
+                        delta,
+                    })
+                    .await?;
+                match reply {
+                    Message::WriteOk { .. } => Ok(()),
+                    _ => Err(ClientError::UnexpectedReply("to a write")),
+                }
+            }
+        })
+        .await
     }
 
     /// Read `blocks` blocks at `lba` from the primaries.
@@ -371,41 +427,66 @@ impl<T: Transport> Volume<T> {
         let v = *map.volume();
         let mut out = BytesMut::new();
         for (start, count) in split(&map, lba, blocks)? {
-            let bytes = count * u64::from(v.block_size);
-            let data = self
-                .with_retry(|map| async move {
-                    // Each attempt waits for the read window (if any) and holds
-                    // its turn until answered; dropped with an error (or the
-                    // caller gone), the turn gives its bytes back, so a read
-                    // retrying through a failover holds no one else up.
-                    let turn = match &self.reads {
-                        Some(reads) => Some(reads.turn(bytes).await),
-                        None => None,
-                    };
-                    let extent = map.extent(map.extent_of(start));
-                    let (to, epoch) = (extent.primary, extent.epoch);
-                    let delta = self.delta(&map, start, to);
-                    let reply = self
-                        .call(to, |req| Message::Read {
-                            req,
-                            volume: v.id,
-                            epoch,
-                            lba: start,
-                            blocks: count as u32,
-                            delta,
-                        })
-                        .await?;
-                    if let Some(turn) = turn {
-                        let (marks, rtt) = self.marks_in(&map, to);
-                        turn.answered(marks, rtt);
-                    }
-                    self.expect_data(reply, count)
-                })
-                .await?;
+            let data = self.read_at(|_| Ok(Some(start)), count).await?;
             out.extend_from_slice(&data);
         }
         debug_assert_eq!(out.len() as u64, blocks * u64::from(v.block_size));
         Ok(out.freeze())
+    }
+
+    /// Read `count` blocks (one request's worth, within one extent) at the
+    /// block `resolve` finds in each attempt's map; where it finds none (a
+    /// named volume's extent never written), zeroes.
+    pub async fn read_at(
+        &self,
+        resolve: impl Fn(&ClusterMap) -> Result<Option<Lba>, ClientError>,
+        count: u64,
+    ) -> Result<Bytes, ClientError> {
+        let v = *self.map().volume();
+        let bytes = count * u64::from(v.block_size);
+        self.with_retry(|map| {
+            let at = resolve(&map);
+            async move {
+                let Some(start) = at? else {
+                    return Ok(Bytes::from(vec![0; bytes as usize]));
+                };
+                if split(&map, start, count)?.len() != 1 {
+                    return Err(WeirError::OutOfRange {
+                        lba: start,
+                        blocks: count,
+                        capacity: v.capacity_blocks,
+                    }
+                    .into());
+                }
+                // Each attempt waits for the read window (if any) and holds
+                // its turn until answered; dropped with an error (or the
+                // caller gone), the turn gives its bytes back, so a read
+                // retrying through a failover holds no one else up.
+                let turn = match &self.reads {
+                    Some(reads) => Some(reads.turn(bytes).await),
+                    None => None,
+                };
+                let extent = map.extent(map.extent_of(start));
+                let (to, epoch) = (extent.primary, extent.epoch);
+                let delta = self.delta(&map, start, to);
+                let reply = self
+                    .call(to, |req| Message::Read {
+                        req,
+                        volume: v.id,
+                        epoch,
+                        lba: start,
+                        blocks: count as u32,
+                        delta,
+                    })
+                    .await?;
+                if let Some(turn) = turn {
+                    let (marks, rtt) = self.marks_in(&map, to);
+                    turn.answered(marks, rtt);
+                }
+                self.expect_data(reply, count)
+            }
+        })
+        .await
     }
 
     /// Read `blocks` blocks at `lba` from `node`'s own replica, bypassing the primary.
@@ -452,7 +533,7 @@ impl<T: Transport> Volume<T> {
 
     /// The delta of a request at `lba` to `to` (see [`Deltas`]).
     fn delta(&self, map: &ClusterMap, lba: Lba, to: NodeId) -> u32 {
-        let key: VolKey = map.named_at(map.extent_of(lba)).map(|(first, _)| first);
+        let key: VolKey = map.named_at(map.extent_of(lba)).map(|(volume, _)| volume);
         self.deltas.lock().expect("deltas lock").delta(key, to)
     }
 

@@ -59,17 +59,17 @@ pub struct ClusterMap {
     nodes: Vec<NodeId>,
     volume: VolumeSpec,
     state: ClusterState,
-    /// The named volumes by first extent: (extents, QoS). Built from `state`, so
-    /// a request finds its volume without a scan.
+    /// The named volume holding each allocated pool extent: (its number, its
+    /// QoS). Built from `state`, so a request finds its volume without a scan.
     named: BTreeMap<ExtentId, (u64, Qos)>,
 }
 
-/// The named volumes of `state` by first extent.
+/// The named volume of each allocated pool extent of `state`.
 fn named_index(state: &ClusterState) -> BTreeMap<ExtentId, (u64, Qos)> {
     state
         .named
         .values()
-        .map(|v| (v.first, (v.extents, v.qos)))
+        .flat_map(|v| v.alloc.values().map(|&e| (e, (v.id, v.qos))))
         .collect()
 }
 
@@ -166,15 +166,23 @@ impl ClusterMap {
         self.with_state(state)
     }
 
-    /// The named volume holding `extent`: its first extent and its QoS.
-    pub fn named_at(&self, extent: ExtentId) -> Option<(ExtentId, Qos)> {
-        let (&first, &(extents, qos)) = self.named.range(..=extent).next_back()?;
-        (extent.0 < first.0 + extents).then_some((first, qos))
+    /// The named volume holding pool extent `extent`: its number and its QoS.
+    pub fn named_at(&self, extent: ExtentId) -> Option<(u64, Qos)> {
+        self.named.get(&extent).copied()
+    }
+
+    /// The QoS of the named volume numbered `volume`, if it exists.
+    pub fn qos_of(&self, volume: u64) -> Option<Qos> {
+        self.state
+            .named
+            .values()
+            .find(|v| v.id == volume)
+            .map(|v| v.qos)
     }
 
     /// Whether any named volume asks for QoS.
     pub fn any_qos(&self) -> bool {
-        self.named.values().any(|(_, q)| q.is_set())
+        self.state.named.values().any(|v| v.qos.is_set())
     }
 
     /// The control plane's state behind this map.

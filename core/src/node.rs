@@ -109,12 +109,12 @@ pub struct NodeReport {
     /// ones that found none held (the replica is then dropped and rebuilds): see
     /// [`crate::front_end`].
     pub front_end_payloads: (u64, u64),
-    /// Client requests admitted by dmClock, per named volume (by first extent;
+    /// Client requests admitted by dmClock, per named volume (by number;
     /// `None`: outside every named volume), while any volume asks for QoS.
     pub admission: Vec<(crate::sched::VolKey, crate::sched::VolumeAdmitStats)>,
-    /// The device scheduler's merges and splits per named volume (by first
-    /// extent).
-    pub volume_sched: Vec<(crate::ids::ExtentId, crate::sched::VolumeSchedStats)>,
+    /// The device scheduler's merges and splits per named volume (by
+    /// number).
+    pub volume_sched: Vec<(u64, crate::sched::VolumeSchedStats)>,
 }
 
 /// The daemon's handle on a running node: ask for map changes, watch its reports.
@@ -157,6 +157,11 @@ impl NodeHandle {
     /// The node's latest report.
     pub fn report(&self) -> NodeReport {
         self.reports.borrow().clone()
+    }
+
+    /// The map of the node's latest report (shared, not copied).
+    pub fn state(&self) -> Arc<ClusterState> {
+        self.reports.borrow().state.clone()
     }
 }
 
@@ -796,7 +801,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         let volume = match &cmd {
             IoCmd::Read { lba, .. } | IoCmd::Write { lba, .. } => map
                 .named_at(map.extent_of(Lba(lba.0 / self.scale)))
-                .map(|(first, _)| first),
+                .map(|(volume, _)| volume),
             IoCmd::Flush => None,
         };
         if let Err(e) = self

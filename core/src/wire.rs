@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 /// The two magic bytes that open every frame.
 pub const MAGIC: [u8; 2] = *b"WR";
 /// Current version of the frame and message encoding.
-pub const WIRE_VERSION: u8 = 9;
+pub const WIRE_VERSION: u8 = 10;
 /// Frame header length in bytes.
 pub const HEADER_BYTES: usize = 12;
 /// Largest body accepted: a 1 MiB data payload plus room for the message fields.

@@ -290,7 +290,6 @@ impl Backend for MemBackend {
             Export {
                 name: "v".into(),
                 size: 1 << 20,
-                base: 0,
                 key: None,
                 locked: None,
             },
@@ -298,7 +297,6 @@ impl Backend for MemBackend {
             Export {
                 name: "sealed".into(),
                 size: 1 << 20,
-                base: 0,
                 key: None,
                 locked: Some("locked".into()),
             },

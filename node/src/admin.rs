@@ -209,7 +209,8 @@ impl Admin {
         crate::backend::prune_keys(&mut keys, &report.state);
         let mut out = String::new();
         for (name, v) in &report.state.named {
-            let _ = write!(out, "{name} {}", v.size_bytes);
+            let allocated = v.alloc.len() as u64 * self.extent_bytes;
+            let _ = write!(out, "{name} {} allocated={allocated}", v.size_bytes);
             if v.qos.is_set() {
                 let _ = write!(out, " {}", v.qos);
             }
@@ -306,14 +307,15 @@ impl Admin {
                 format!("that key is volume {other:?}'s; give each volume a key of its own\n"),
             );
         }
-        let free = state.free_extents();
-        if extents > free {
+        // Thin: the pool may be over-committed; a write that finds it full
+        // gets ENOSPC. The table's bound is the only limit.
+        if extents > weir_core::control::state::MAX_VOLUME_EXTENTS {
             return (
-                507,
+                400,
                 format!(
-                    "the pool has room for {} bytes more, the volume needs {}\n",
-                    free * self.extent_bytes,
-                    extents * self.extent_bytes
+                    "a volume spans at most {} extents of {} bytes\n",
+                    weir_core::control::state::MAX_VOLUME_EXTENTS,
+                    self.extent_bytes
                 ),
             );
         }
@@ -323,6 +325,7 @@ impl Admin {
             extents,
             qos,
             key_check,
+            thin: true,
         };
         if !self.handle.request(command) {
             return (503, "the node is stopping\n".into());
@@ -436,14 +439,24 @@ impl Admin {
             self.extent_bytes,
             total - full
         );
+        let (allocated, dirty) = (state.allocated_extents(), state.dirty.len() as u64);
+        let eb = self.extent_bytes;
         let _ = writeln!(
             out,
-            "pool: {} of {total} extents given to volumes",
-            state.next_free_extent
+            "pool: {} of {} bytes allocated to volumes, {} free, {} freed and being zeroed",
+            allocated * eb,
+            total as u64 * eb,
+            state.free_extents() * eb,
+            dirty * eb
         );
         let _ = writeln!(out, "volumes: {}", state.named.len());
         for (name, v) in &state.named {
-            let _ = writeln!(out, "  {name}: {} bytes", v.size_bytes);
+            let _ = writeln!(
+                out,
+                "  {name}: {} bytes, {} allocated",
+                v.size_bytes,
+                v.alloc.len() as u64 * eb
+            );
         }
         for r in &report.rebuilds {
             let _ = writeln!(

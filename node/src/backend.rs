@@ -1,17 +1,26 @@
-//! The NBD server's backend on weir: named volumes are runs of the replicated
-//! pool's extents; their I/O goes through weir-core's client (`Volume`), which
-//! finds each extent's primary and retries through failovers.
+//! The NBD server's backend on weir: a named volume is a table of the
+//! replicated pool's extents, filled at the first write into each (thin
+//! provisioning, see weir-core's `control::state::volumes`); its I/O goes
+//! through weir-core's client (`Volume`), which finds each extent's primary,
+//! retries through failovers, and resolves the volume's block to a pool block
+//! afresh on every attempt.
 //!
 //! - Requests are cut into pieces of at most [`PIECE`] bytes on piece boundaries
 //!   (never across an extent) that run concurrently.
+//! - A read of an extent the volume never wrote is zeroes, sent by no one. A
+//!   write into one first asks the control plane to allocate it (and waits
+//!   until this node's map shows it); with the pool full it fails with ENOSPC,
+//!   and nothing written before is touched.
 //! - A request not aligned to the 4 KiB block reads the edge blocks, merges and
 //!   writes them back; such writes are serialized with each other on this node,
 //!   but not with aligned writes nor across nodes: a client that writes parts of
 //!   one block concurrently may lose one part. The export advertises a minimum
 //!   block size of 1 (nbdfuse passes on unaligned I/O, and libnbd refuses requests
 //!   below an advertised minimum) and a preferred size of 4 KiB.
-//! - TRIM and WRITE_ZEROES write zeroes (replicated like any write), so a trimmed
-//!   range reads back as zeroes everywhere.
+//! - TRIM and WRITE_ZEROES give every whole extent they cover back to the pool
+//!   (it reads as zeroes, and is zeroed before another volume gets it), skip
+//!   extents never written, and write zeroes (replicated like any write) over
+//!   the rest.
 //! - An encrypted volume's blocks are encrypted here before they leave the node
 //!   and decrypted here after they arrive ([`crate::crypt`]), with the key this
 //!   node was given ([`Keys`]); a volume whose key this node lacks is not
@@ -24,7 +33,8 @@ use bytes::{Bytes, BytesMut};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use weir_core::client::{ClientError, Volume};
-use weir_core::control::ClusterState;
+use weir_core::control::{ClusterState, Command};
+use weir_core::map::ClusterMap;
 use weir_core::node::NodeHandle;
 use weir_core::{Lba, Transport, WeirError};
 
@@ -88,19 +98,41 @@ impl<T: Transport> WeirBackend<T> {
             ClientError::Weir(WeirError::OutOfRange { .. } | WeirError::BadLength { .. }) => {
                 errno::EINVAL
             }
+            ClientError::NoSpace(_) => errno::ENOSPC,
             _ => errno::EIO,
         }
     }
 
-    /// Read whole blocks `[start, start + len)` of the pool (aligned) of
-    /// `export`, concurrently in pieces, decrypted if it is encrypted.
+    /// Bring the front end's map up to this node's (a volume created or an
+    /// extent allocated here since shows at once).
+    fn sync(&self) {
+        self.volume.offer(&self.handle.state());
+    }
+
+    /// The pool block of byte `at` of volume `name` in `map`: `None` where its
+    /// extent was never written.
+    fn resolve(&self, map: &ClusterMap, name: &str, at: u64) -> Result<Option<Lba>, ClientError> {
+        let volume = map
+            .state()
+            .named
+            .get(name)
+            .ok_or_else(|| ClientError::Unmapped(format!("volume {name:?} is gone")))?;
+        let index = at / self.extent_bytes;
+        Ok(volume
+            .alloc
+            .get(&index)
+            .map(|e| Lba((e.0 * self.extent_bytes + at % self.extent_bytes) / BS)))
+    }
+
+    /// Read whole blocks `[start, start + len)` (aligned) of `export`,
+    /// concurrently in pieces, decrypted if it is encrypted.
     async fn read_aligned(
         &self,
         export: &Export,
         start: u64,
         len: u64,
     ) -> Result<Bytes, ClientError> {
-        let data = self.read_pool(start, len).await?;
+        let data = self.read_volume(&export.name, start, len).await?;
         let Some(key) = &export.key else {
             return Ok(data);
         };
@@ -108,29 +140,124 @@ impl<T: Transport> WeirBackend<T> {
             return Ok(data); // The caller refuses a short read.
         }
         let mut plain = BytesMut::from(&data[..]);
-        key.decrypt(&mut plain, (start - export.base) / BS);
+        key.decrypt(&mut plain, start / BS);
         Ok(plain.freeze())
     }
 
-    /// Read whole blocks `[start, start + len)` of the pool as they are.
-    async fn read_pool(&self, start: u64, len: u64) -> Result<Bytes, ClientError> {
+    /// Read one piece of volume `name` as it is (zeroes where never written).
+    async fn read_piece(&self, name: &str, at: u64, len: u64) -> Result<Bytes, ClientError> {
+        let data = self
+            .volume
+            .read_at(|map| self.resolve(map, name, at), len / BS)
+            .await?;
+        if data.iter().all(|&b| b == 0) || self.resolve(&self.volume.map(), name, at)?.is_some() {
+            return Ok(data);
+        }
+        // Zeroes from a map in which the extent was not written yet: this
+        // node's map may lag one in which another node's front end wrote it.
+        self.volume.refresh().await;
+        self.volume
+            .read_at(|map| self.resolve(map, name, at), len / BS)
+            .await
+    }
+
+    /// Read whole blocks `[start, start + len)` of volume `name` as they are.
+    async fn read_volume(&self, name: &str, start: u64, len: u64) -> Result<Bytes, ClientError> {
         let pieces = pieces(start, len);
         if pieces.len() == 1 {
-            return self.volume.read(Lba(start / BS), len / BS).await;
+            return self.read_piece(name, start, len).await;
         }
-        let tasks: Vec<_> = pieces
+        let reads = pieces
             .into_iter()
-            .map(|(at, n)| {
-                let volume = self.volume.clone();
-                tokio_real::spawn(async move { volume.read(Lba(at / BS), n / BS).await })
-            })
-            .collect();
+            .map(|(at, n)| self.read_piece(name, at, n));
         let mut out = BytesMut::with_capacity(len as usize);
-        for t in tasks {
-            let data = t.await.map_err(|_| ClientError::Closed)??;
-            out.extend_from_slice(&data);
+        for data in futures_util::future::join_all(reads).await {
+            out.extend_from_slice(&data?);
         }
         Ok(out.freeze())
+    }
+
+    /// Write one piece (whole blocks) at byte `at` of volume `name`: into its
+    /// pool extent, allocated first if the volume never wrote there.
+    async fn write_piece(
+        &self,
+        name: &str,
+        at: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), ClientError> {
+        // A piece may find its extent unallocated (or moved) a few times
+        // when allocations and TRIMs race; each round makes progress.
+        for _ in 0..8 {
+            let written = self
+                .volume
+                .write_at(
+                    |map| {
+                        self.resolve(map, name, at)?.ok_or_else(|| {
+                            ClientError::Unmapped(format!(
+                                "extent {} unallocated",
+                                at / self.extent_bytes
+                            ))
+                        })
+                    },
+                    data.clone(),
+                    fua,
+                )
+                .await;
+            match written {
+                Err(ClientError::Moved) => continue,
+                Err(ClientError::Unmapped(_))
+                    if self.volume.map().state().named.contains_key(name) =>
+                {
+                    self.allocate(name, at / self.extent_bytes).await?;
+                }
+                other => return other,
+            }
+        }
+        Err(ClientError::Unmapped(format!(
+            "extent {} of volume {name:?} kept moving",
+            at / self.extent_bytes
+        )))
+    }
+
+    /// Have the control plane give volume `name`'s extent `index` a pool
+    /// extent, and wait until this node's map shows it (or a full pool).
+    async fn allocate(&self, name: &str, index: u64) -> Result<(), ClientError> {
+        let deadline = tokio_real::time::Instant::now() + weir_core::client::RETRY_BUDGET;
+        let mut asked = false;
+        loop {
+            let state = self.handle.state();
+            let Some(volume) = state.named.get(name) else {
+                return Err(ClientError::Unmapped(format!("volume {name:?} is gone")));
+            };
+            if volume.alloc.contains_key(&index) {
+                self.sync();
+                return Ok(());
+            }
+            let free = state.free_extents();
+            if free == 0 && state.dirty.is_empty() {
+                return Err(ClientError::NoSpace(format!(
+                    "the pool is full: {} extents allocated",
+                    state.allocated_extents()
+                )));
+            }
+            if tokio_real::time::Instant::now() >= deadline {
+                return Err(ClientError::NoSpace(format!(
+                    "no free extent within {:?} ({} freed, being zeroed)",
+                    weir_core::client::RETRY_BUDGET,
+                    state.dirty.len()
+                )));
+            }
+            // Asked again while freed extents are being zeroed: the first
+            // ask may have been refused for want of a free one.
+            if free > 0 && !asked || free == 0 {
+                asked = self.handle.request(Command::Allocate {
+                    name: name.to_string(),
+                    index,
+                }) && free > 0;
+            }
+            tokio_real::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
     }
 
     /// Write whole blocks at `start` (aligned) of `export`, encrypted if it is,
@@ -145,27 +272,17 @@ impl<T: Transport> WeirBackend<T> {
         let data = match &export.key {
             Some(key) => {
                 let mut sealed = BytesMut::from(&data[..]);
-                key.encrypt(&mut sealed, (start - export.base) / BS);
+                key.encrypt(&mut sealed, start / BS);
                 sealed.freeze()
             }
             None => data,
         };
-        let pieces = pieces(start, data.len() as u64);
-        if pieces.len() == 1 {
-            return self.volume.write(Lba(start / BS), data, fua).await;
-        }
-        let tasks: Vec<_> = pieces
-            .into_iter()
-            .map(|(at, n)| {
-                let volume = self.volume.clone();
-                let from = (at - start) as usize;
-                let chunk = data.slice(from..from + n as usize);
-                tokio_real::spawn(async move { volume.write(Lba(at / BS), chunk, fua).await })
-            })
-            .collect();
+        let writes = pieces(start, data.len() as u64).into_iter().map(|(at, n)| {
+            let from = (at - start) as usize;
+            self.write_piece(&export.name, at, data.slice(from..from + n as usize), fua)
+        });
         let mut result = Ok(());
-        for t in tasks {
-            let r = t.await.map_err(|_| ClientError::Closed).and_then(|r| r);
+        for r in futures_util::future::join_all(writes).await {
             if result.is_ok() {
                 result = r;
             }
@@ -173,8 +290,7 @@ impl<T: Transport> WeirBackend<T> {
         result
     }
 
-    /// Write `data` at byte `start` of the pool (in `export`), merging partial
-    /// edge blocks.
+    /// Write `data` at byte `start` of `export`, merging partial edge blocks.
     async fn write_any(
         &self,
         export: &Export,
@@ -193,6 +309,65 @@ impl<T: Transport> WeirBackend<T> {
         let at = (start - lo) as usize;
         merged[at..at + data.len()].copy_from_slice(&data);
         self.write_aligned(export, lo, merged.freeze(), fua).await
+    }
+
+    /// Zero `[start, end)` of `export`: whole extents go back to the pool,
+    /// extents never written are left so, the rest gets zeroes written.
+    async fn zero_range(
+        &self,
+        export: &Export,
+        (start, end): (u64, u64),
+        fua: bool,
+    ) -> Result<(), ClientError> {
+        let eb = self.extent_bytes;
+        let mut at = start;
+        while at < end {
+            let index = at / eb;
+            let stop = ((index + 1) * eb).min(end);
+            let allocated = self
+                .resolve(&self.volume.map(), &export.name, at)?
+                .is_some();
+            if at % eb == 0 && stop - at == eb {
+                if allocated {
+                    self.trim(&export.name, index).await?;
+                }
+            } else if allocated {
+                while at < stop {
+                    let n = (stop - at).min(ZEROES.len() as u64) as usize;
+                    self.write_any(export, at, Bytes::from_static(&ZEROES[..n]), fua)
+                        .await?;
+                    at += n as u64;
+                }
+            }
+            at = stop;
+        }
+        Ok(())
+    }
+
+    /// Give volume `name`'s extent `index` back to the pool, and wait until
+    /// this node's map shows it.
+    async fn trim(&self, name: &str, index: u64) -> Result<(), ClientError> {
+        let deadline = tokio_real::time::Instant::now() + weir_core::client::RETRY_BUDGET;
+        let command = Command::Trim {
+            name: name.to_string(),
+            index,
+        };
+        if !self.handle.request(command) {
+            return Err(ClientError::Closed);
+        }
+        while tokio_real::time::Instant::now() < deadline {
+            let state = self.handle.state();
+            if state
+                .named
+                .get(name)
+                .is_none_or(|v| !v.alloc.contains_key(&index))
+            {
+                self.sync();
+                return Ok(());
+            }
+            tokio_real::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        Err(ClientError::Timeout(weir_core::client::RETRY_BUDGET))
     }
 
     /// The blocks `[lo, hi)` of `export`, of which only the partial first and
@@ -257,7 +432,6 @@ impl<T: Transport> Backend for WeirBackend<T> {
                 Export {
                     name: name.clone(),
                     size: v.size_bytes,
-                    base: v.first.0 * self.extent_bytes,
                     key,
                     locked,
                 }
@@ -269,7 +443,8 @@ impl<T: Transport> Backend for WeirBackend<T> {
         if export.locked.is_some() {
             return Err(errno::EPERM); // Never opened so; refused all the same.
         }
-        let start = export.base + offset;
+        self.sync();
+        let start = offset;
         let end = start + u64::from(len);
         let (lo, hi) = (start / BS * BS, end.div_ceil(BS) * BS);
         match self.read_aligned(export, lo, hi - lo).await {
@@ -292,7 +467,8 @@ impl<T: Transport> Backend for WeirBackend<T> {
         if export.locked.is_some() {
             return Err(errno::EPERM);
         }
-        self.write_any(export, export.base + offset, data, fua)
+        self.sync();
+        self.write_any(export, offset, data, fua)
             .await
             .map_err(|e| self.error("write", &e))
     }
@@ -309,17 +485,12 @@ impl<T: Transport> Backend for WeirBackend<T> {
             return Err(errno::EPERM);
         }
         // TRIM and WRITE_ZEROES carry no payload, so their length may exceed the
-        // request limit: zero it in turns of at most the static zeroes' length
-        // (whose pages are never touched, so they cost no memory).
-        let (mut at, end) = (export.base + offset, export.base + offset + u64::from(len));
-        while at < end {
-            let n = (end - at).min(ZEROES.len() as u64) as usize;
-            self.write_any(export, at, Bytes::from_static(&ZEROES[..n]), fua)
-                .await
-                .map_err(|e| self.error("write_zeroes", &e))?;
-            at += n as u64;
-        }
-        Ok(())
+        // request limit: zeroes are written in turns of at most the static
+        // zeroes' length (whose pages are never touched, so they cost no memory).
+        self.sync();
+        self.zero_range(export, (offset, offset + u64::from(len)), fua)
+            .await
+            .map_err(|e| self.error("write_zeroes", &e))
     }
 
     fn record(&self, command: &'static str, bytes: u64, latency: std::time::Duration) {

@@ -261,6 +261,12 @@ pub async fn run_on(
         Box::new(move || volume.read_flow())
     };
     let keys = crate::backend::Keys::default();
+    let reclaim_task = tokio_real::spawn(crate::reclaim::run(
+        me,
+        handle.clone(),
+        volume.clone(),
+        extent_bytes,
+    ));
     let backend = Arc::new(WeirBackend::new(
         volume,
         handle.clone(),
@@ -326,6 +332,7 @@ pub async fn run_on(
     };
     nbd_task.abort();
     peers_task.abort();
+    reclaim_task.abort();
     server.unblock();
     // The block versions the device holds are written down, so the restarted node
     // is sent only what is written while it is away.

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod nbd;
 pub mod net;
 pub mod rdma;
+pub mod reclaim;
 pub mod secret;
 pub mod splice;
 

@@ -525,13 +525,13 @@ impl Metrics {
             .state
             .named
             .iter()
-            .map(|(name, v)| (v.first, name))
+            .map(|(name, v)| (v.id, name))
             .collect();
         let label = |key: &weir_core::sched::VolKey| match key {
             None => Some(Vol {
                 volume: "(pool)".to_string(),
             }),
-            Some(first) => names.get(first).map(|name| Vol {
+            Some(id) => names.get(id).map(|name| Vol {
                 volume: name.to_string(),
             }),
         };
@@ -640,15 +640,16 @@ mod volume_tests {
         std::sync::Arc::make_mut(&mut report.state).named.insert(
             "db".into(),
             NamedVolume {
-                first: ExtentId(4),
+                id: 4,
                 extents: 2,
+                alloc: [(0, ExtentId(4)), (1, ExtentId(5))].into(),
                 size_bytes: 1 << 20,
                 qos: Default::default(),
                 key_check: None,
             },
         );
         report.volume_sched = vec![(
-            ExtentId(4),
+            4,
             weir_core::sched::VolumeSchedStats {
                 merged: 3,
                 split: 2,

@@ -129,8 +129,6 @@ pub struct Export {
     pub name: String,
     /// Its size in bytes.
     pub size: u64,
-    /// Where it starts in the backend's address space (the backend's business).
-    pub base: u64,
     /// An encrypted volume's key, when this node has it (the backend's
     /// business).
     pub key: Option<Arc<crate::crypt::VolumeKey>>,

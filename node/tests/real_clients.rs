@@ -64,10 +64,11 @@ fn real_clients_on_a_three_node_cluster_and_a_restart() {
         .unwrap();
     assert!(!no_token.status.success());
     assert!(String::from_utf8_lossy(&no_token.stderr).contains("admin token"));
+    // Thin: nothing is allocated until written.
     let list = cluster.weir(&["volume", "list"]);
     assert_eq!(
         String::from_utf8_lossy(&list.stdout),
-        "copy 268435456\nfs 268435456\nvol 268435456\n"
+        "copy 268435456 allocated=0\nfs 268435456 allocated=0\nvol 268435456 allocated=0\n"
     );
 
     // qemu-io: patterns written through node 1, read back through nodes 1 and 2.
@@ -243,10 +244,11 @@ fn real_clients_on_a_three_node_cluster_and_a_restart() {
         );
     }
     let list = cluster.weir(&["volume", "list"]);
-    assert_eq!(
-        String::from_utf8_lossy(&list.stdout),
-        "copy 268435456\nfs 268435456\nvol 268435456\n"
-    );
+    let sizes: Vec<String> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .map(|l| l.split(' ').take(2).collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(sizes, ["copy 268435456", "fs 268435456", "vol 268435456"]);
     copy_out(&cluster.nbd(2, "copy"), &dir.join("again.bin"), &data);
     check_patterns(&cluster.nbd(1, "vol"));
     drop(cluster);
@@ -439,7 +441,10 @@ fn a_volumes_iops_limit_holds_and_its_neighbour_runs_free() {
             || String::from_utf8_lossy(&bad.stderr).contains("above the limit")
     );
     let list = String::from_utf8_lossy(&cluster.weir(&["volume", "list"]).stdout).to_string();
-    assert!(list.contains("noisy 268435456 iops_limit=500"), "{list}");
+    assert!(
+        list.contains("noisy 268435456 allocated=0 iops_limit=500"),
+        "{list}"
+    );
     let (quiet, noisy) = (cluster.nbd(1, "quiet"), cluster.nbd(2, "noisy"));
 
     // Both at once.

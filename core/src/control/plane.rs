@@ -340,11 +340,15 @@ impl ControlPlane {
                 self.propose(&cmd)
             }
             // Any member may create, change or delete a named volume for its
-            // users.
+            // users, allocate or trim its extents for its front end, and
+            // report a freed extent zeroed (its reclaimer).
             Ok(
                 cmd @ (Command::CreateNamed { .. }
                 | Command::SetQos { .. }
-                | Command::DeleteNamed { .. }),
+                | Command::DeleteNamed { .. }
+                | Command::Allocate { .. }
+                | Command::Trim { .. }
+                | Command::Zeroed { .. }),
             ) => self.propose(&cmd),
             // An operator adds or removes a node through any member.
             Ok(cmd @ (Command::JoinNode { .. } | Command::RemoveNode { .. })) => self.propose(&cmd),
@@ -707,15 +711,17 @@ pub fn bootstrap(map: &crate::map::ClusterMap, replicas: u8) -> Vec<Command> {
         extents: map.extent_count(),
         replicas,
     }];
-    // A static map's named volumes, in the order they took their extents.
+    // A static map's named volumes (thick), in the order they took their
+    // extents.
     let mut named: Vec<_> = map.state().named.iter().collect();
-    named.sort_by_key(|(_, v)| v.first);
+    named.sort_by_key(|(_, v)| v.id);
     commands.extend(named.into_iter().map(|(name, v)| Command::CreateNamed {
         name: name.clone(),
         size_bytes: v.size_bytes,
         extents: v.extents,
         qos: v.qos,
         key_check: v.key_check,
+        thin: false,
     }));
     commands
 }

@@ -9,13 +9,12 @@
 //! - a node is never both in sync and rebuilding;
 //! - epochs only grow; a command that names an older epoch is refused;
 //! - a down node is in no in-sync set;
-//! - named volumes take disjoint runs of the pool's extents.
+//! - a pool extent is in at most one named volume, and free only once zeroed
+//!   (see [`volumes`]).
 //!
 //! Named volumes: the daemon's users see block devices by name (`weir volume create
-//! NAME`). Each is a run of consecutive extents of the one replicated pool volume
-//! that the cluster bootstraps with; the run is handed out in order and not reused
-//! after a delete (a reused run would show the deleted volume's data to the new one
-//! until zeroing on delete exists).
+//! NAME`). Each is a table of extents of the one replicated pool volume that the
+//! cluster bootstraps with, filled on first write ([`volumes`]).
 //!
 //! Failover picks the new primary from the in-sync set only, so it holds every
 //! acknowledged write (a write is acknowledged only once every in-sync replica has
@@ -26,8 +25,11 @@ pub use super::qos::{Qos, QosError};
 pub use command::{Command, ConfRole, Refusal};
 pub use members::{take_spare, voter_target, MAX_ADDR_BYTES};
 
+pub use volumes::MAX_VOLUME_EXTENTS;
+
 mod command;
 mod members;
+pub mod volumes;
 use crate::ids::{Epoch, ExtentId, NodeId, VolumeId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -101,13 +103,17 @@ pub fn check_name(name: &str) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// A named volume: a run of the pool's extents.
+/// A named volume: a table of the pool's extents (see [`volumes`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamedVolume {
-    /// Its first extent.
-    pub first: ExtentId,
-    /// Extents it holds.
+    /// Its number, never reused in the map's life: the key its QoS and its
+    /// figures go by.
+    pub id: u64,
+    /// Extents it spans (its size rounded up to whole extents).
     pub extents: u64,
+    /// The pool extent that holds each of its extents, by index; an index
+    /// with none was never written (or was trimmed) and reads as zeroes.
+    pub alloc: BTreeMap<u64, ExtentId>,
     /// Size the users see, in bytes (at most `extents` extents).
     pub size_bytes: u64,
     /// Its quality of service.
@@ -168,14 +174,22 @@ pub struct ClusterState {
     /// The replication addresses of members that joined ([`Command::JoinNode`]);
     /// the first members' come from every node's configuration.
     pub addrs: BTreeMap<NodeId, String>,
-    /// Volumes: first extent id and extent count.
+    /// The pool volume(s): first extent id and extent count.
     pub volumes: BTreeMap<VolumeId, (ExtentId, u64)>,
     /// Every extent, by id.
     pub extents: BTreeMap<ExtentId, ExtentState>,
     /// Named volumes, by name.
     pub named: BTreeMap<String, NamedVolume>,
-    /// First pool extent never handed to a named volume.
+    /// First pool extent never handed to a named volume (it and every later
+    /// one are free and were never written).
     pub next_free_extent: u64,
+    /// Pool extents freed and zeroed since: free.
+    pub clean: BTreeSet<ExtentId>,
+    /// Pool extents freed (a volume deleted, an extent trimmed) and not yet
+    /// zeroed: neither free nor any volume's ([`Command::Zeroed`]).
+    pub dirty: BTreeSet<ExtentId>,
+    /// The next named volume's number.
+    pub next_volume: u64,
     /// Log index of the last command applied (refused ones included).
     pub applied: u64,
 }
@@ -231,7 +245,8 @@ impl ClusterState {
                 extents,
                 qos,
                 key_check,
-            } => self.create_named(name, (*size_bytes, *extents), *qos, *key_check),
+                thin,
+            } => self.create_named(name, (*size_bytes, *extents), (*qos, *key_check), *thin),
             Command::SetQos { name, qos } => {
                 qos.check().map_err(Refusal::BadQos)?;
                 match self.named.get_mut(name) {
@@ -242,10 +257,10 @@ impl ClusterState {
                     None => Err(Refusal::UnknownName(name.clone())),
                 }
             }
-            Command::DeleteNamed { name } => match self.named.remove(name) {
-                Some(_) => Ok(vec![Change::Membership]),
-                None => Err(Refusal::UnknownName(name.clone())),
-            },
+            Command::DeleteNamed { name } => self.delete_named(name),
+            Command::Allocate { name, index } => self.allocate(name, *index),
+            Command::Trim { name, index } => self.trim_extent(name, *index),
+            Command::Zeroed { extent, since } => self.zeroed(*extent, *since),
             Command::JoinNode { node, addr } => self.join_node(*node, addr),
             Command::RemoveNode { node } => self.remove_node(*node),
             Command::MoveReplica {
@@ -382,40 +397,6 @@ impl ClusterState {
             out.push(Change::Failover(failovers));
         }
         Ok(out)
-    }
-
-    fn create_named(
-        &mut self,
-        name: &str,
-        (size_bytes, extents): (u64, u64),
-        qos: Qos,
-        key_check: Option<[u8; 16]>,
-    ) -> Result<Vec<Change>, Refusal> {
-        check_name(name)?;
-        qos.check().map_err(Refusal::BadQos)?;
-        if size_bytes == 0 || extents == 0 {
-            return Err(Refusal::BadName("a volume has a size above zero"));
-        }
-        if self.named.contains_key(name) {
-            return Err(Refusal::KnownName(name.to_string()));
-        }
-        let free = self.free_extents();
-        if extents > free {
-            return Err(Refusal::NoSpace {
-                needed: extents,
-                free,
-            });
-        }
-        let volume = NamedVolume {
-            first: ExtentId(self.next_free_extent),
-            extents,
-            size_bytes,
-            qos,
-            key_check,
-        };
-        self.next_free_extent += extents;
-        self.named.insert(name.to_string(), volume);
-        Ok(vec![Change::Membership])
     }
 
     fn node_down(&mut self, node: NodeId, lease_expires_ns: u64) -> Result<Vec<Change>, Refusal> {
@@ -633,11 +614,6 @@ impl ClusterState {
         Ok(vec![Change::Replicas(changed)])
     }
 
-    /// Pool extents not yet handed to a named volume.
-    pub fn free_extents(&self) -> u64 {
-        (self.extents.len() as u64).saturating_sub(self.next_free_extent)
-    }
-
     /// Members that are up, in id order.
     pub fn up_nodes(&self) -> Vec<NodeId> {
         self.nodes
@@ -694,26 +670,7 @@ impl ClusterState {
             }
         }
         self.validate_members()?;
-        if self.next_free_extent > self.extents.len() as u64 {
-            return Err("named volumes past the pool's end".into());
-        }
-        for (name, v) in &self.named {
-            if v.extents == 0 || v.first.0.saturating_add(v.extents) > self.next_free_extent {
-                return Err(format!("volume {name:?} outside the handed-out extents"));
-            }
-            if let Err(e) = v.qos.check() {
-                return Err(format!("volume {name:?}: {e}"));
-            }
-        }
-        let mut runs: Vec<_> = self
-            .named
-            .values()
-            .map(|v| (v.first.0, v.extents))
-            .collect();
-        runs.sort_unstable();
-        if runs.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
-            return Err("named volumes overlap".into());
-        }
+        self.validate_volumes()?;
         Ok(())
     }
 

@@ -91,7 +91,7 @@ impl ClientGate {
         // past what any request may carry is charged as the largest.
         let bytes = bytes.min(crate::map::MAX_REQUEST_BYTES);
         let (key, qos): (VolKey, Qos) = match map.named_at(map.extent_of(lba)) {
-            Some((first, qos)) => (Some(first), qos),
+            Some((volume, qos)) => (Some(volume), qos),
             None => (None, Qos::default()),
         };
         match self
@@ -155,11 +155,9 @@ impl ClientGate {
     }
 }
 
-/// The QoS of the named volume whose first extent is `first`, if it exists.
-fn qos_of(map: &ClusterMap, first: crate::ids::ExtentId) -> Option<Qos> {
-    map.named_at(first)
-        .filter(|(f, _)| *f == first)
-        .map(|(_, q)| q)
+/// The QoS of the named volume numbered `volume`, if it exists.
+fn qos_of(map: &ClusterMap, volume: u64) -> Option<Qos> {
+    map.qos_of(volume)
 }
 
 /// The node's side of the gate: what it admits goes to the engine, what waited

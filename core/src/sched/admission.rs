@@ -39,7 +39,7 @@
 //! Sans-IO: inputs take `now_ns`; the node carries admitted requests to the engine.
 
 use crate::control::state::Qos;
-use crate::ids::{ExtentId, NodeId, RequestId};
+use crate::ids::{NodeId, RequestId};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Client requests in each node's engine at once, by default, while any volume
@@ -64,9 +64,9 @@ pub const DELTA_MAX: u32 = 1 << 16;
 
 const NS: u128 = 1_000_000_000;
 
-/// Which volume a request is of: a named volume by its first extent, or `None`
+/// Which volume a request is of: a named volume by its number, or `None`
 /// for requests outside every named volume (the pool used directly).
-pub type VolKey = Option<ExtentId>;
+pub type VolKey = Option<u64>;
 
 /// A client request, by its client and id.
 pub type Who = (NodeId, RequestId);

@@ -5,7 +5,7 @@
 
 use super::admission::*;
 use crate::control::state::Qos;
-use crate::ids::{ExtentId, NodeId, RequestId};
+use crate::ids::{NodeId, RequestId};
 use std::collections::VecDeque;
 
 const MS: u64 = 1_000_000;
@@ -26,7 +26,7 @@ struct Vol {
 
 fn vol(first: u64, qos: Qos) -> Vol {
     Vol {
-        key: Some(ExtentId(first)),
+        key: Some(first),
         qos,
         qd: 16,
         bytes: 4096,
@@ -178,7 +178,7 @@ fn without_deltas_each_server_would_give_the_limit() {
         let now = n * 25_000; // 40,000 requests over one second
         let s = (n % 4) as usize;
         let who = (NodeId(9), RequestId(n));
-        let _ = adms[s].submit(Some(ExtentId(0)), q, (who, 1, 4096), n, now);
+        let _ = adms[s].submit(Some(0), q, (who, 1, 4096), n, now);
         while let Some(m) = adms[s].poll(now) {
             admitted += 1;
             adms[s].finish((NodeId(9), RequestId(m)));
@@ -264,7 +264,7 @@ fn bounds_refuse_and_expire() {
     });
     let q = qos(10, 0, 100); // one request per 100 ms
     let who = |n| (NodeId(1), RequestId(n));
-    let key = Some(ExtentId(0));
+    let key = Some(0);
     for n in 0..2 {
         assert_eq!(adm.submit(key, q, (who(n), 1, 4096), n, 0), Submit::Queued);
     }
@@ -313,7 +313,7 @@ fn bounds_refuse_and_expire() {
 #[test]
 fn deltas_count_requests_sent_elsewhere() {
     let mut d = Deltas::default();
-    let key = Some(ExtentId(4));
+    let key = Some(4);
     let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
     assert_eq!(d.delta(key, a), 1);
     // A node's first request counts only itself (a new primary after a
@@ -324,7 +324,7 @@ fn deltas_count_requests_sent_elsewhere() {
     assert_eq!(d.delta(key, c), 1, "the first to c");
     assert_eq!(d.delta(key, b), 4, "a, a, c since");
     // Other volumes count apart.
-    assert_eq!(d.delta(Some(ExtentId(8)), a), 1);
+    assert_eq!(d.delta(Some(8), a), 1);
     // Every request is counted once at each node: the deltas a node saw add up
     // to the volume's requests up to its last one there.
     let mut d = Deltas::default();

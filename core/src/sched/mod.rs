@@ -18,7 +18,6 @@
 
 use crate::buf::BufPool;
 use crate::device::{DevCompletion, DevError, Geometry};
-use crate::ids::ExtentId;
 use crate::replication::{IoClass, IoCmd, IoId, IoResult};
 pub use admission::{
     admitted_on_this_thread, Admission, AdmitConfig, Deltas, Submit, VolKey, VolumeAdmitStats, Who,
@@ -66,12 +65,12 @@ pub struct DeviceSched {
     active_ns: u64,
     /// Whether the probe is out.
     probing: bool,
-    /// The named volume (by first extent) of each request in the scheduler
+    /// The named volume (by number) of each request in the scheduler
     /// that belongs to one.
-    volume_of: BTreeMap<IoId, ExtentId>,
+    volume_of: BTreeMap<IoId, u64>,
     /// Merges and splits by named volume: one entry per volume that had I/O
     /// here.
-    by_volume: BTreeMap<ExtentId, VolumeSchedStats>,
+    by_volume: BTreeMap<u64, VolumeSchedStats>,
 }
 
 /// The scheduler's merges and splits of one volume's requests.
@@ -160,8 +159,8 @@ impl DeviceSched {
         Ok(())
     }
 
-    /// Merges and splits by named volume (first extent).
-    pub fn volume_stats(&self) -> Vec<(ExtentId, VolumeSchedStats)> {
+    /// Merges and splits by named volume (by number).
+    pub fn volume_stats(&self) -> Vec<(u64, VolumeSchedStats)> {
         self.by_volume.iter().map(|(&v, &s)| (v, s)).collect()
     }
 

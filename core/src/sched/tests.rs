@@ -766,11 +766,10 @@ fn background_work_holds_at_most_its_share_of_the_device() {
 
 #[test]
 fn merges_and_splits_are_counted_for_the_requests_volume() {
-    use crate::ids::ExtentId;
     let pool = BufPool::new(1 << 20);
     // Depth 1, merging, an optimal I/O boundary every 4 blocks.
     let mut s = DeviceSched::new(geometry(1, 8, 8, 4), merging(1), Duration::from_millis(100));
-    let (a, b) = (Some(ExtentId(0)), Some(ExtentId(4)));
+    let (a, b) = (Some(0), Some(4));
     let fg = IoClass::Foreground;
     // The first goes alone; the next two wait, then go as one command.
     s.submit_for(IoId(1), write(20, 1, 1, false), (fg, a), 0)
@@ -786,14 +785,8 @@ fn merges_and_splits_are_counted_for_the_requests_volume() {
     let merged = s.poll(0, &pool).unwrap();
     assert_eq!(merged.requests, [IoId(2), IoId(3)]);
     let stats: BTreeMap<_, _> = s.volume_stats().into_iter().collect();
-    assert_eq!(
-        (stats[&ExtentId(0)].merged, stats[&ExtentId(0)].split),
-        (1, 0)
-    );
-    assert_eq!(
-        (stats[&ExtentId(4)].merged, stats[&ExtentId(4)].split),
-        (0, 1)
-    );
+    assert_eq!((stats[&0].merged, stats[&0].split), (1, 0));
+    assert_eq!((stats[&4].merged, stats[&4].split), (0, 1));
     assert_eq!(stats.len(), 2);
     assert_eq!(
         s.stats().split,

@@ -16,21 +16,18 @@ impl Backend for Memory {
             Export {
                 name: "disk".into(),
                 size: self.data.lock().unwrap().len() as u64,
-                base: 0,
                 key: None,
                 locked: None,
             },
             Export {
                 name: "other".into(),
                 size: 4096,
-                base: 0,
                 key: None,
                 locked: None,
             },
             Export {
                 name: "sealed".into(),
                 size: 4096,
-                base: 0,
                 key: None,
                 locked: Some("no key here".into()),
             },

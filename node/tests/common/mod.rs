@@ -23,8 +23,15 @@ impl Cluster {
     }
 
     pub(crate) fn start_with(dir: &Path, offset: u16, extra: &[&str]) -> Cluster {
+        // The pool is 8 GiB unless the test sizes it.
+        let pool = if extra.contains(&"--pool-size") {
+            &[][..]
+        } else {
+            &["--pool-size", "8G"][..]
+        };
         let mut child = Command::new(WEIR)
-            .args(["cluster", "up", "--nodes", "3", "--pool-size", "8G"])
+            .args(["cluster", "up", "--nodes", "3"])
+            .args(pool)
             .arg("--dir")
             .arg(dir)
             .args(["--port-offset", &offset.to_string()])

@@ -286,6 +286,7 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
             extents: share,
             qos,
             key_check: None,
+            thin: false,
         };
         map = map.with_named(&create).expect("validated scenario");
     }

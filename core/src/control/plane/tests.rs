@@ -202,6 +202,7 @@ fn a_restarted_node_replays_its_log_and_moves_its_extents_to_a_new_epoch() {
         extents: 2,
         qos: crate::control::state::Qos::default(),
         key_check: None,
+        thin: true,
     };
     p.get_mut(&NodeId(3)).unwrap().request(&create);
     run_logged(&mut p, 60, 20, &[], &[], &mut events, &mut logs);

@@ -84,8 +84,9 @@ pub enum Command {
         /// The node.
         node: NodeId,
     },
-    /// A named volume of `size_bytes` takes the next `extents` free extents of the
-    /// pool.
+    /// A named volume of `size_bytes`, spanning `extents` extents: a thin one
+    /// takes a pool extent at the first write into each ([`Command::Allocate`]),
+    /// a thick one takes them all now.
     CreateNamed {
         /// The volume's name.
         name: String,
@@ -98,6 +99,8 @@ pub enum Command {
         /// An encrypted volume's key check value (the key is never in the
         /// map: its owner's front ends encrypt, and refuse another key).
         key_check: Option<[u8; 16]>,
+        /// Allocated on first write (else all at once).
+        thin: bool,
     },
     /// A named volume's quality of service changes.
     SetQos {
@@ -106,10 +109,34 @@ pub enum Command {
         /// The new setting.
         qos: Qos,
     },
-    /// A named volume is deleted (its extents are not handed out again).
+    /// A named volume is deleted: its extents are dirty until zeroed.
     DeleteNamed {
         /// The volume's name.
         name: String,
+    },
+    /// The first write into a volume's extent `index` (a front end asks): it
+    /// gets the next free pool extent, in a new reign of its primary.
+    Allocate {
+        /// The volume's name.
+        name: String,
+        /// The volume's extent.
+        index: u64,
+    },
+    /// A TRIM covered a volume's whole extent `index`: its pool extent is
+    /// freed (dirty until zeroed) and the index reads as zeroes again.
+    Trim {
+        /// The volume's name.
+        name: String,
+        /// The volume's extent.
+        index: u64,
+    },
+    /// A dirty pool extent was zeroed by writes of the reign that started at
+    /// `since` (the reclaimer, on the leader's node): it is free again.
+    Zeroed {
+        /// The pool extent.
+        extent: ExtentId,
+        /// The reign (`primary_since`) the zeroes were written in.
+        since: Epoch,
     },
     /// A new node joins (`weir node add`): a member, down until the leader
     /// hears from it, holding no replica; the leader then adds it to the Raft
@@ -246,6 +273,28 @@ pub enum Refusal {
         /// Extents free.
         free: u64,
     },
+    /// An extent index past the volume's end.
+    #[error("extent {index} is past the volume's end")]
+    BadIndex {
+        /// The index named.
+        index: u64,
+    },
+    /// The volume's extent already has a pool extent (another front end's
+    /// allocation came first).
+    #[error("extent {index} is already allocated")]
+    Allocated {
+        /// The index named.
+        index: u64,
+    },
+    /// The volume's extent has no pool extent to free.
+    #[error("extent {index} is not allocated")]
+    Unallocated {
+        /// The index named.
+        index: u64,
+    },
+    /// The pool extent is not waiting to be zeroed.
+    #[error("{0} is not a freed extent waiting to be zeroed")]
+    NotDirty(ExtentId),
     /// The command applies to down nodes only.
     #[error("{0} is not down")]
     NotDown(NodeId),

@@ -222,46 +222,137 @@ proptest! {
     }
 }
 
-#[test]
-fn named_volumes_take_disjoint_runs_and_are_refused_clearly() {
-    let mut s = cluster(3, 10);
-    let create = |name: &str, extents| Command::CreateNamed {
+fn create(name: &str, extents: u64, thin: bool) -> Command {
+    Command::CreateNamed {
         name: name.into(),
         size_bytes: extents * 4096,
         extents,
         qos: Qos::default(),
         key_check: None,
-    };
-    s.apply(&create("a", 4)).unwrap();
-    s.apply(&create("b", 5)).unwrap();
-    assert_eq!(s.named["a"].first, ExtentId(0));
-    assert_eq!(s.named["b"].first, ExtentId(4));
+        thin,
+    }
+}
+
+#[test]
+fn thick_volumes_take_their_extents_at_once_and_are_refused_clearly() {
+    let mut s = cluster(3, 10);
+    s.apply(&create("a", 4, false)).unwrap();
+    s.apply(&create("b", 5, false)).unwrap();
+    assert_eq!(s.named["a"].alloc.values().next(), Some(&ExtentId(0)));
+    assert_eq!(s.named["b"].alloc[&0], ExtentId(4));
+    assert_eq!(s.named["b"].alloc.len(), 5);
+    assert_eq!((s.free_extents(), s.allocated_extents()), (1, 9));
     assert_eq!(
-        s.apply(&create("a", 1)),
+        s.apply(&create("a", 1, true)),
         Err(Refusal::KnownName("a".into()))
     );
     assert_eq!(
-        s.apply(&create("c", 2)),
+        s.apply(&create("c", 2, false)),
         Err(Refusal::NoSpace { needed: 2, free: 1 })
     );
     assert!(matches!(
-        s.apply(&create("../x", 1)),
+        s.apply(&create("../x", 1, true)),
         Err(Refusal::BadName(_))
     ));
-    assert!(matches!(s.apply(&create("", 1)), Err(Refusal::BadName(_))));
-    assert!(matches!(s.apply(&create("z", 0)), Err(Refusal::BadName(_))));
+    assert!(matches!(
+        s.apply(&create("", 1, true)),
+        Err(Refusal::BadName(_))
+    ));
+    assert!(matches!(
+        s.apply(&create("z", 0, true)),
+        Err(Refusal::BadName(_))
+    ));
     s.apply(&Command::DeleteNamed { name: "a".into() }).unwrap();
     assert_eq!(
         s.apply(&Command::DeleteNamed { name: "a".into() }),
         Err(Refusal::UnknownName("a".into()))
     );
-    // A deleted run is not handed out again (its old data would show).
+    // A deleted volume's extents are dirty: not free until zeroed.
+    assert_eq!(s.dirty.len(), 4);
     assert_eq!(
-        s.apply(&create("c", 2)),
+        s.apply(&create("c", 2, false)),
         Err(Refusal::NoSpace { needed: 2, free: 1 })
     );
-    s.apply(&create("c", 1)).unwrap();
-    assert_eq!(s.named["c"].first, ExtentId(9));
+    s.apply(&create("c", 1, false)).unwrap();
+    assert_eq!(s.named["c"].alloc[&0], ExtentId(9));
+    assert_ne!(s.named["c"].id, s.named["b"].id);
+    s.self_check();
+}
+
+#[test]
+fn a_thin_volume_takes_an_extent_at_its_first_write_and_gives_it_back() {
+    let mut s = cluster(3, 3);
+    // Larger than the pool: thin volumes may over-commit it.
+    s.apply(&create("a", 5, true)).unwrap();
+    s.apply(&create("b", 2, true)).unwrap();
+    assert_eq!((s.free_extents(), s.allocated_extents()), (3, 0));
+    let alloc = |name: &str, index| Command::Allocate {
+        name: name.into(),
+        index,
+    };
+    let reign = |s: &ClusterState, e: u64| s.extents[&ExtentId(e)].primary_since;
+    s.apply(&alloc("a", 4)).unwrap();
+    assert_eq!(s.named["a"].alloc[&4], ExtentId(0));
+    assert_eq!(
+        s.apply(&alloc("a", 4)),
+        Err(Refusal::Allocated { index: 4 })
+    );
+    assert_eq!(s.apply(&alloc("a", 5)), Err(Refusal::BadIndex { index: 5 }));
+    s.apply(&alloc("b", 0)).unwrap();
+    s.apply(&alloc("a", 0)).unwrap();
+    // The pool is full: a write that needs space is refused, nothing moves.
+    let full = s.clone();
+    assert_eq!(
+        s.apply(&alloc("b", 1)),
+        Err(Refusal::NoSpace { needed: 1, free: 0 })
+    );
+    assert_eq!(s.named, full.named);
+    // A TRIM of a whole extent frees it: dirty, in a new reign.
+    let before = reign(&s, 1);
+    s.apply(&Command::Trim {
+        name: "b".into(),
+        index: 0,
+    })
+    .unwrap();
+    assert!(s.named["b"].alloc.is_empty() && s.dirty.contains(&ExtentId(1)));
+    assert!(reign(&s, 1) > before);
+    assert_eq!(
+        s.apply(&Command::Trim {
+            name: "b".into(),
+            index: 0
+        }),
+        Err(Refusal::Unallocated { index: 0 })
+    );
+    // Still not free: its old data is on it.
+    assert_eq!(
+        s.apply(&alloc("b", 1)),
+        Err(Refusal::NoSpace { needed: 1, free: 0 })
+    );
+    // Zeroes written in an earlier reign do not count.
+    let zeroed = |since| Command::Zeroed {
+        extent: ExtentId(1),
+        since,
+    };
+    assert!(matches!(
+        s.apply(&zeroed(before)),
+        Err(Refusal::StaleEpoch { .. })
+    ));
+    s.apply(&zeroed(reign(&s, 1))).unwrap();
+    assert_eq!(
+        s.apply(&zeroed(reign(&s, 1))),
+        Err(Refusal::NotDirty(ExtentId(1)))
+    );
+    assert_eq!(s.free_extents(), 1);
+    let zeroed_in = reign(&s, 1);
+    s.apply(&alloc("b", 1)).unwrap();
+    assert_eq!(s.named["b"].alloc[&1], ExtentId(1));
+    // Handed out again in a new reign: no zeroing write sent before reaches
+    // the new owner.
+    assert!(reign(&s, 1) > zeroed_in);
+    // A delete frees every extent the volume holds.
+    s.apply(&Command::DeleteNamed { name: "a".into() }).unwrap();
+    assert_eq!(s.dirty, [ExtentId(0), ExtentId(2)].into());
+    assert_eq!((s.free_extents(), s.allocated_extents()), (0, 1));
     s.self_check();
 }
 
@@ -406,10 +497,12 @@ fn any_command() -> impl Strategy<Value = Command> {
                 node,
             }
         }),
-        (extent, epoch, node.clone()).prop_map(|(extent, epoch, node)| Command::RebuildDone {
-            extent,
-            epoch,
-            node
+        (extent.clone(), epoch.clone(), node.clone()).prop_map(|(extent, epoch, node)| {
+            Command::RebuildDone {
+                extent,
+                epoch,
+                node,
+            }
         }),
         (node.clone(), 0u64..4).prop_map(|(node, incarnation)| Command::Restarted {
             node,
@@ -417,20 +510,32 @@ fn any_command() -> impl Strategy<Value = Command> {
             boot: 0
         }),
         node.prop_map(|node| Command::ReplaceNode { node }),
-        ("[a-c]{0,2}", any::<u64>(), count, 0u64..3, 0u32..3).prop_map(
-            |(name, size_bytes, extents, limit, weight)| Command::CreateNamed {
-                name,
-                size_bytes,
-                extents,
-                qos: Qos {
-                    iops_limit: limit * 1000,
-                    bw_limit: 0,
-                    iops_reservation: 1000,
-                    weight,
-                },
-                key_check: None,
-            }
-        ),
+        (
+            "[a-c]{0,2}",
+            any::<u64>(),
+            count,
+            0u64..3,
+            0u32..3,
+            any::<bool>()
+        )
+            .prop_map(|(name, size_bytes, extents, limit, weight, thin)| {
+                Command::CreateNamed {
+                    name,
+                    size_bytes,
+                    extents,
+                    qos: Qos {
+                        iops_limit: limit * 1000,
+                        bw_limit: 0,
+                        iops_reservation: 1000,
+                        weight,
+                    },
+                    key_check: None,
+                    thin,
+                }
+            }),
+        ("[a-c]{0,2}", 0u64..4).prop_map(|(name, index)| Command::Allocate { name, index }),
+        ("[a-c]{0,2}", 0u64..4).prop_map(|(name, index)| Command::Trim { name, index }),
+        (extent, epoch).prop_map(|(extent, since)| Command::Zeroed { extent, since }),
         ("[a-c]{0,2}", 0u64..3, 0u64..3).prop_map(|(name, limit, reservation)| {
             Command::SetQos {
                 name,

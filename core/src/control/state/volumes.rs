@@ -1,0 +1,224 @@
+//! Named volumes and the pool's space: which pool extent holds which extent of
+//! which volume, and which pool extents are free.
+//!
+//! A volume is a table from its extent indexes to pool extents. A thin volume
+//! starts with an empty table and gets an extent at the first write into it
+//! ([`Command::Allocate`]); an index with none reads as zeroes. A thick volume
+//! (the simulator's static maps) takes all its extents when it is created.
+//!
+//! Every pool extent below `next_free_extent` is in exactly one place: a
+//! volume's table, `dirty` (freed by a delete or a TRIM, still holding the old
+//! data) or `clean` (zeroed since it was freed). Extents from
+//! `next_free_extent` on were never handed out. Only clean and never-used
+//! extents are allocated, so a volume never reads another's data.
+//!
+//! An extent changes hands only with a new reign of its primary (its epoch
+//! moves and `primary_since` with it): a request sent under the old owner is
+//! refused by the primary, and the client, which resolves a volume's block to
+//! a pool block afresh on every attempt, finds the extent is no longer its
+//! volume's. So every write the old owner's clients get in lands before the
+//! first of the new owner's.
+
+use super::{Change, ClusterState, ExtentState, NamedVolume, Qos, Refusal};
+use crate::ids::{Epoch, ExtentId};
+
+/// Most extents one volume may span (its table's bound; a thin volume may be
+/// larger than the pool, up to this).
+pub const MAX_VOLUME_EXTENTS: u64 = super::MAX_POOL_EXTENTS;
+
+/// A new reign of `ext`'s primary: requests from before are refused.
+fn new_reign(ext: &mut ExtentState) -> Epoch {
+    ext.epoch = ext.epoch.next();
+    ext.primary_since = ext.epoch;
+    ext.epoch
+}
+
+impl ClusterState {
+    /// Pool extents that may be allocated: clean ones and those never handed
+    /// out.
+    pub fn free_extents(&self) -> u64 {
+        (self.extents.len() as u64).saturating_sub(self.next_free_extent) + self.clean.len() as u64
+    }
+
+    /// Pool extents allocated to volumes.
+    pub fn allocated_extents(&self) -> u64 {
+        self.named.values().map(|v| v.alloc.len() as u64).sum()
+    }
+
+    /// Take the next free extent: the lowest clean one, in a new reign (the
+    /// reclaimer wrote to it), else the first never handed out (which no one
+    /// ever wrote to).
+    fn take_free(&mut self) -> Option<ExtentId> {
+        if let Some(id) = self.clean.pop_first() {
+            if let Some(ext) = self.extents.get_mut(&id) {
+                new_reign(ext);
+            }
+            return Some(id);
+        }
+        if self.next_free_extent < self.extents.len() as u64 {
+            self.next_free_extent += 1;
+            return Some(ExtentId(self.next_free_extent - 1));
+        }
+        None
+    }
+
+    /// Hand `id` back: dirty until the reclaimer has zeroed it.
+    fn release(&mut self, id: ExtentId) {
+        if let Some(ext) = self.extents.get_mut(&id) {
+            new_reign(ext);
+        }
+        self.dirty.insert(id);
+    }
+
+    pub(super) fn create_named(
+        &mut self,
+        name: &str,
+        (size_bytes, extents): (u64, u64),
+        (qos, key_check): (Qos, Option<[u8; 16]>),
+        thin: bool,
+    ) -> Result<Vec<Change>, Refusal> {
+        super::check_name(name)?;
+        qos.check().map_err(Refusal::BadQos)?;
+        if size_bytes == 0 || extents == 0 {
+            return Err(Refusal::BadName("a volume has a size above zero"));
+        }
+        if extents > MAX_VOLUME_EXTENTS {
+            return Err(Refusal::TooLarge("volume extents"));
+        }
+        if self.named.contains_key(name) {
+            return Err(Refusal::KnownName(name.to_string()));
+        }
+        let free = self.free_extents();
+        if !thin && extents > free {
+            return Err(Refusal::NoSpace {
+                needed: extents,
+                free,
+            });
+        }
+        let mut volume = NamedVolume {
+            id: self.next_volume,
+            extents,
+            alloc: Default::default(),
+            size_bytes,
+            qos,
+            key_check,
+        };
+        if !thin {
+            for index in 0..extents {
+                let id = self.take_free().expect("counted free");
+                volume.alloc.insert(index, id);
+            }
+        }
+        self.next_volume += 1;
+        self.named.insert(name.to_string(), volume);
+        Ok(vec![Change::Membership])
+    }
+
+    pub(super) fn delete_named(&mut self, name: &str) -> Result<Vec<Change>, Refusal> {
+        let volume = self
+            .named
+            .remove(name)
+            .ok_or_else(|| Refusal::UnknownName(name.to_string()))?;
+        for id in volume.alloc.into_values() {
+            self.release(id);
+        }
+        Ok(vec![Change::Membership])
+    }
+
+    pub(super) fn allocate(&mut self, name: &str, index: u64) -> Result<Vec<Change>, Refusal> {
+        let volume = self
+            .named
+            .get(name)
+            .ok_or_else(|| Refusal::UnknownName(name.to_string()))?;
+        if index >= volume.extents {
+            return Err(Refusal::BadIndex { index });
+        }
+        if volume.alloc.contains_key(&index) {
+            return Err(Refusal::Allocated { index });
+        }
+        let id = self
+            .take_free()
+            .ok_or(Refusal::NoSpace { needed: 1, free: 0 })?;
+        self.named
+            .get_mut(name)
+            .expect("looked up")
+            .alloc
+            .insert(index, id);
+        Ok(vec![Change::Membership])
+    }
+
+    pub(super) fn trim_extent(&mut self, name: &str, index: u64) -> Result<Vec<Change>, Refusal> {
+        let volume = self
+            .named
+            .get_mut(name)
+            .ok_or_else(|| Refusal::UnknownName(name.to_string()))?;
+        let id = volume
+            .alloc
+            .remove(&index)
+            .ok_or(Refusal::Unallocated { index })?;
+        self.release(id);
+        Ok(vec![Change::Membership])
+    }
+
+    pub(super) fn zeroed(
+        &mut self,
+        extent: ExtentId,
+        since: Epoch,
+    ) -> Result<Vec<Change>, Refusal> {
+        let ext = self
+            .extents
+            .get(&extent)
+            .ok_or(Refusal::UnknownExtent(extent))?;
+        if !self.dirty.contains(&extent) {
+            return Err(Refusal::NotDirty(extent));
+        }
+        // Zeroes written in an earlier reign may have been written before a
+        // later owner's data (or not by the primary that holds the extent
+        // now): only a zeroing of this reign counts.
+        if ext.primary_since != since {
+            return Err(Refusal::StaleEpoch {
+                got: since,
+                current: ext.primary_since,
+            });
+        }
+        self.dirty.remove(&extent);
+        self.clean.insert(extent);
+        Ok(vec![Change::Membership])
+    }
+
+    /// The volumes' and the free lists' invariants (see the module
+    /// documentation).
+    pub(super) fn validate_volumes(&self) -> Result<(), String> {
+        let pool = self.extents.len() as u64;
+        if self.next_free_extent > pool {
+            return Err("extents handed out past the pool's end".into());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let mut ids = std::collections::BTreeSet::new();
+        for (name, v) in &self.named {
+            if v.extents == 0 || v.extents > MAX_VOLUME_EXTENTS {
+                return Err(format!("volume {name:?} spans {} extents", v.extents));
+            }
+            if v.id >= self.next_volume || !ids.insert(v.id) {
+                return Err(format!("volume {name:?}: number {} reused", v.id));
+            }
+            if let Err(e) = v.qos.check() {
+                return Err(format!("volume {name:?}: {e}"));
+            }
+            for (&index, &id) in &v.alloc {
+                if index >= v.extents || id.0 >= self.next_free_extent || !seen.insert(id) {
+                    return Err(format!("volume {name:?}: extent {index} at {id}"));
+                }
+            }
+        }
+        for id in self.clean.iter().chain(&self.dirty) {
+            if id.0 >= self.next_free_extent || !seen.insert(*id) {
+                return Err(format!("free {id} is handed out or listed twice"));
+            }
+        }
+        if seen.len() as u64 != self.next_free_extent {
+            return Err("a handed-out extent is in no volume and no free list".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,117 @@
+//! The reclaimer: freed pool extents (a volume deleted, an extent trimmed)
+//! are zeroed before the pool hands them out again, so a new volume never
+//! reads another's data.
+//!
+//! It runs on every node and works only while its node leads the Raft group,
+//! one extent at a time: it writes zeroes over the whole extent through the
+//! node's front end (replicated like any write), then reports it
+//! ([`Command::Zeroed`], naming the reign it wrote in). Each write resolves
+//! the extent afresh: once it is no longer dirty in the same reign (a
+//! failover, or another reclaimer finished it and the pool handed it out),
+//! the zeroing stops and nothing lands on the new owner's data (the primary
+//! refuses requests of an earlier reign). A reclaimer that loses the
+//! leadership mid-way leaves the extent dirty; the next leader's zeroes it
+//! again.
+
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::Duration;
+use weir_core::client::{ClientError, Volume};
+use weir_core::control::{ClusterState, Command};
+use weir_core::node::NodeHandle;
+use weir_core::{Epoch, ExtentId, Lba, NodeId, Transport};
+
+/// How often an idle reclaimer looks for dirty extents.
+const IDLE_EVERY: Duration = Duration::from_millis(200);
+/// Bytes of one zeroing write (the map's largest request).
+const WRITE_BYTES: u64 = weir_core::map::MAX_REQUEST_BYTES;
+/// Zeroing writes in flight at once.
+const WRITES_IN_FLIGHT: usize = 4;
+/// Zeroes for one write; never written, so its pages cost no memory.
+static ZEROES: [u8; WRITE_BYTES as usize] = [0; WRITE_BYTES as usize];
+
+/// The dirty extent to zero next, if this node leads: the lowest, with the
+/// reign it is in.
+fn next_dirty(
+    me: NodeId,
+    leader: Option<NodeId>,
+    state: &ClusterState,
+) -> Option<(ExtentId, Epoch)> {
+    if leader != Some(me) {
+        return None;
+    }
+    let &extent = state.dirty.first()?;
+    Some((extent, state.extents.get(&extent)?.primary_since))
+}
+
+/// Zero dirty extents for as long as the node runs.
+pub async fn run<T: Transport>(
+    me: NodeId,
+    handle: NodeHandle,
+    volume: Arc<Volume<T>>,
+    extent_bytes: u64,
+) {
+    loop {
+        let report = handle.report();
+        let Some((extent, since)) = next_dirty(me, report.leader, &report.state) else {
+            tokio_real::time::sleep(IDLE_EVERY).await;
+            continue;
+        };
+        volume.offer(&report.state);
+        match zero(&volume, extent, since, extent_bytes).await {
+            Ok(()) => {
+                handle.request(Command::Zeroed { extent, since });
+                tracing::info!(%extent, "freed extent zeroed");
+                // Wait for the report to show it (or the reign to move on).
+                for _ in 0..250 {
+                    let state = handle.state();
+                    if next_dirty(me, Some(me), &state) != Some((extent, since)) {
+                        break;
+                    }
+                    tokio_real::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            Err(e) => {
+                tracing::info!(%extent, error = %e, "zeroing a freed extent stopped; trying again");
+                tokio_real::time::sleep(IDLE_EVERY).await;
+            }
+        }
+    }
+}
+
+/// Write zeroes over all of `extent` while it stays dirty in reign `since`.
+async fn zero<T: Transport>(
+    volume: &Volume<T>,
+    extent: ExtentId,
+    since: Epoch,
+    extent_bytes: u64,
+) -> Result<(), ClientError> {
+    let block = u64::from(volume.map().volume().block_size);
+    let resolve = |offset: u64| {
+        move |map: &weir_core::map::ClusterMap| {
+            let state = map.state();
+            let same = state.dirty.contains(&extent)
+                && state.extents.get(&extent).map(|e| e.primary_since) == Some(since);
+            if !same {
+                return Err(ClientError::Unmapped(format!(
+                    "{extent} is no longer dirty"
+                )));
+            }
+            Ok(Lba((extent.0 * extent_bytes + offset) / block))
+        }
+    };
+    let offsets: Vec<u64> = (0..extent_bytes.div_ceil(WRITE_BYTES))
+        .map(|i| i * WRITE_BYTES)
+        .collect();
+    for group in offsets.chunks(WRITES_IN_FLIGHT) {
+        let writes = group.iter().map(|&offset| {
+            let n = WRITE_BYTES.min(extent_bytes - offset) as usize;
+            volume.write_at(resolve(offset), Bytes::from_static(&ZEROES[..n]), false)
+        });
+        for r in futures_util::future::join_all(writes).await {
+            r?;
+        }
+    }
+    // Durable before the extent counts as clean.
+    volume.flush().await
+}
