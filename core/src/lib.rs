@@ -18,6 +18,7 @@ pub mod flow;
 pub mod front_end;
 pub mod ids;
 pub mod map;
+pub mod named;
 pub mod node;
 pub mod record;
 pub mod replication;

@@ -62,6 +62,8 @@ pub struct ClusterMap {
     /// The named volume holding each allocated pool extent: (its number, its
     /// QoS). Built from `state`, so a request finds its volume without a scan.
     named: BTreeMap<ExtentId, (u64, Qos)>,
+    /// References to each pool extent in use ([`ClusterState::references`]).
+    refs: BTreeMap<ExtentId, u32>,
 }
 
 /// The named volume of each allocated pool extent of `state`.
@@ -117,6 +119,7 @@ impl ClusterMap {
             nodes,
             volume,
             named: named_index(&state),
+            refs: state.references(),
             state,
         };
         map.self_check();
@@ -144,6 +147,7 @@ impl ClusterMap {
             nodes: state.nodes.keys().copied().collect(),
             volume: self.volume,
             named: named_index(&state),
+            refs: state.references(),
             state,
         };
         map.self_check();
@@ -171,6 +175,12 @@ impl ClusterMap {
         self.named.get(&extent).copied()
     }
 
+    /// Whether pool extent `extent` may not be written in place (see
+    /// [`crate::control::state::snapshots`]).
+    pub fn frozen(&self, extent: ExtentId) -> bool {
+        self.state.frozen(&self.refs, extent)
+    }
+
     /// The QoS of the named volume numbered `volume`, if it exists.
     pub fn qos_of(&self, volume: u64) -> Option<Qos> {
         self.state
@@ -195,6 +205,7 @@ impl ClusterMap {
     pub fn self_check(&self) {
         self.state.self_check();
         assert_eq!(self.named, named_index(&self.state), "named volume index");
+        assert_eq!(self.refs, self.state.references(), "reference counts");
         let count = self
             .volume
             .capacity_blocks

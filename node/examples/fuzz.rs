@@ -292,6 +292,7 @@ impl Backend for MemBackend {
                 size: 1 << 20,
                 key: None,
                 locked: None,
+                read_only: false,
             },
             // One that refuses to open, so option sequences reach that reply.
             Export {
@@ -299,6 +300,7 @@ impl Backend for MemBackend {
                 size: 1 << 20,
                 key: None,
                 locked: Some("locked".into()),
+                read_only: false,
             },
         ]
     }

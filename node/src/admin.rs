@@ -64,7 +64,13 @@ pub struct Admin {
     /// The encrypted volumes' keys this node was given (shared with the NBD
     /// backend).
     pub keys: crate::backend::Keys,
+    /// See every primary apply a volume's latest snapshot (the front end's
+    /// barrier, run to its end).
+    pub barrier: Barrier,
 }
+
+/// Runs a volume's snapshot barrier to its end (the error says why not).
+pub type Barrier = Box<dyn Fn(&str) -> Result<(), String> + Send>;
 
 /// Longest request body taken (a volume key is 128 hex digits).
 const BODY_MAX: u64 = 4096;
@@ -165,6 +171,22 @@ impl Admin {
             }
             (Method::Get, "/status") => (200, self.status()),
             (Method::Get, "/volumes") => (200, self.list()),
+            (Method::Get, "/snapshots") => {
+                self.snapshots(query.strip_prefix("volume=").filter(|v| !v.is_empty()))
+            }
+            (Method::Post, p) if p.starts_with("/snapshots/") => {
+                self.take_snapshot(&p["/snapshots/".len()..])
+            }
+            (Method::Delete, p) if p.starts_with("/snapshots/") => {
+                self.delete_snapshot(&p["/snapshots/".len()..])
+            }
+            (Method::Post, p) if p.starts_with("/volumes/") && query.starts_with("clone=") => {
+                self.clone_volume(&p["/volumes/".len()..], &query["clone=".len()..])
+            }
+            (Method::Post, p) if p.starts_with("/volumes/") && p.ends_with("/rollback") => {
+                let name = &p["/volumes/".len()..p.len() - "/rollback".len()];
+                self.rollback(name, query.strip_prefix("to=").unwrap_or(""))
+            }
             (Method::Post, p) if p.starts_with("/volumes/") => {
                 let rest = &p["/volumes/".len()..];
                 match rest.strip_suffix("/key") {
@@ -211,6 +233,12 @@ impl Admin {
         for (name, v) in &report.state.named {
             let allocated = v.alloc.len() as u64 * self.extent_bytes;
             let _ = write!(out, "{name} {} allocated={allocated}", v.size_bytes);
+            if !v.snapshots.is_empty() {
+                let _ = write!(out, " snapshots={}", v.snapshots.len());
+            }
+            if let Some(origin) = &v.origin {
+                let _ = write!(out, " clone-of={origin}");
+            }
             if v.qos.is_set() {
                 let _ = write!(out, " {}", v.qos);
             }
@@ -478,6 +506,7 @@ impl Admin {
 }
 
 mod nodes;
+mod snapshots;
 
 #[cfg(test)]
 mod tests {

@@ -267,10 +267,14 @@ pub async fn run_on(
         volume.clone(),
         extent_bytes,
     ));
-    let backend = Arc::new(WeirBackend::new(
+    let named = Arc::new(weir_core::named::NamedVolumes::new(
         volume,
-        handle.clone(),
+        Arc::new(handle.clone()),
         extent_bytes,
+    ));
+    let backend = Arc::new(WeirBackend::new(
+        named.clone(),
+        handle.clone(),
         (metrics.clone(), keys.clone()),
     ));
     let nbd = tokio_real::net::TcpListener::bind(config.nbd.listen)
@@ -304,6 +308,10 @@ pub async fn run_on(
             Box::new(move || crate::net::tcp_refused(&[&t, &c]))
         },
         keys,
+        barrier: {
+            let (rt, named) = (tokio_real::runtime::Handle::current(), named.clone());
+            Box::new(move |name| rt.block_on(named.barrier(name)).map_err(|e| e.to_string()))
+        },
     };
     let admin_server = server.clone();
     let admin_thread = std::thread::Builder::new()

@@ -42,6 +42,13 @@ enum Cmd {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Take, list and delete snapshots of volumes.
+    Snapshot {
+        #[command(subcommand)]
+        command: SnapshotCmd,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// The cluster as a node sees it.
     Status {
         /// A node's admin address.
@@ -142,6 +149,28 @@ enum ClusterCmd {
 }
 
 #[derive(Subcommand)]
+enum SnapshotCmd {
+    /// Take a snapshot of a volume (crash-consistent; served read-only as
+    /// the NBD export VOL@NAME).
+    Create {
+        /// The volume.
+        volume: String,
+        /// The snapshot's name.
+        name: String,
+    },
+    /// List the snapshots (of one volume, or of all).
+    List {
+        /// The volume.
+        volume: Option<String>,
+    },
+    /// Delete a snapshot (what a clone of it shares stays).
+    Delete {
+        /// VOL@NAME.
+        snapshot: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum VolumeCmd {
     /// Create a volume.
     Create {
@@ -179,6 +208,20 @@ enum VolumeCmd {
     },
     /// List the volumes.
     List,
+    /// Make a new volume from a snapshot: writable, sharing the snapshot's
+    /// data until it writes.
+    Clone {
+        /// VOL@SNAP.
+        snapshot: String,
+        /// The new volume's name.
+        name: String,
+    },
+    /// Bring a volume back to one of its snapshots (disconnect its clients
+    /// first: their writes in flight may land after it).
+    Rollback {
+        /// VOL@SNAP.
+        snapshot: String,
+    },
     /// Delete a volume.
     Delete {
         /// Its name.
@@ -425,9 +468,47 @@ fn main() -> anyhow::Result<()> {
                     admin_client::put(&admin, token, &path)?
                 }
                 VolumeCmd::List => admin_client::get(&admin, token, "/volumes")?,
+                VolumeCmd::Clone { snapshot, name } => {
+                    check(&name)?;
+                    let (vol, snap) = split_snapshot(&snapshot)?;
+                    let path = format!("/volumes/{name}?clone={vol}@{snap}");
+                    admin_client::post(&admin, token, &path)?
+                }
+                VolumeCmd::Rollback { snapshot } => {
+                    let (vol, snap) = split_snapshot(&snapshot)?;
+                    let path = format!("/volumes/{vol}/rollback?to={snap}");
+                    admin_client::post(&admin, token, &path)?
+                }
                 VolumeCmd::Delete { name } => {
                     check(&name)?;
                     admin_client::delete(&admin, token, &format!("/volumes/{name}"))?
+                }
+            };
+            print!("{out}");
+            Ok(())
+        }
+        Cmd::Snapshot {
+            command,
+            admin: AdminArgs { admin, token_file },
+        } => {
+            let token = admin_client::read_token(&token_file);
+            let token = token.as_deref();
+            let out = match command {
+                SnapshotCmd::Create { volume, name } => {
+                    let (vol, snap) = split_snapshot(&format!("{volume}@{name}"))?;
+                    admin_client::post(&admin, token, &format!("/snapshots/{vol}@{snap}"))?
+                }
+                SnapshotCmd::List { volume } => {
+                    if let Some(v) = &volume {
+                        weir_core::control::state::check_name(v)
+                            .map_err(|e| anyhow::anyhow!("volume name {v:?}: {e}"))?;
+                    }
+                    let path = format!("/snapshots?volume={}", volume.unwrap_or_default());
+                    admin_client::get(&admin, token, &path)?
+                }
+                SnapshotCmd::Delete { snapshot } => {
+                    let (vol, snap) = split_snapshot(&snapshot)?;
+                    admin_client::delete(&admin, token, &format!("/snapshots/{vol}@{snap}"))?
                 }
             };
             print!("{out}");
@@ -473,4 +554,15 @@ fn runtime() -> anyhow::Result<tokio_real::runtime::Runtime> {
         .enable_all()
         .build()
         .context("starting the async runtime")
+}
+
+/// `VOL@SNAP`, both names checked before they go into a URL.
+fn split_snapshot(text: &str) -> anyhow::Result<(String, String)> {
+    let (vol, snap) = text
+        .split_once('@')
+        .ok_or_else(|| anyhow::anyhow!("{text:?}: say VOLUME@SNAPSHOT"))?;
+    for n in [vol, snap] {
+        weir_core::control::state::check_name(n).map_err(|e| anyhow::anyhow!("{n:?}: {e}"))?;
+    }
+    Ok((vol.to_string(), snap.to_string()))
 }

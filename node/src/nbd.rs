@@ -79,6 +79,7 @@ const INFO_EXPORT: u16 = 0;
 const INFO_BLOCK_SIZE: u16 = 3;
 
 const TFLAG_HAS_FLAGS: u16 = 1;
+const TFLAG_READ_ONLY: u16 = 1 << 1;
 const TFLAG_SEND_FLUSH: u16 = 1 << 2;
 const TFLAG_SEND_FUA: u16 = 1 << 3;
 const TFLAG_SEND_TRIM: u16 = 1 << 5;
@@ -135,6 +136,9 @@ pub struct Export {
     /// Why it cannot be opened here, if it cannot (`GO` and `INFO` answer
     /// `NBD_REP_ERR_POLICY` with this).
     pub locked: Option<String>,
+    /// Served read-only (a snapshot): the flag says so, and writes, TRIM
+    /// and WRITE_ZEROES get `EPERM`.
+    pub read_only: bool,
 }
 
 /// What the NBD server serves. Offsets and lengths are checked against the
@@ -224,16 +228,21 @@ pub async fn handle<B: Backend>(
     transmission(r, w, backend, export).await
 }
 
-fn transmission_flags() -> u16 {
+fn transmission_flags(export: &Export) -> u16 {
     // Multi-conn is true: a write is acknowledged once on every in-sync replica's
     // device, and FLUSH flushes every replica's device, so a flush on one
     // connection covers writes completed on any.
-    TFLAG_HAS_FLAGS
+    let flags = TFLAG_HAS_FLAGS
         | TFLAG_SEND_FLUSH
         | TFLAG_SEND_FUA
         | TFLAG_SEND_TRIM
         | TFLAG_SEND_WRITE_ZEROES
-        | TFLAG_CAN_MULTI_CONN
+        | TFLAG_CAN_MULTI_CONN;
+    if export.read_only {
+        flags | TFLAG_READ_ONLY
+    } else {
+        flags
+    }
 }
 
 /// A client connection's bytes: plain TCP, or TLS over it.
@@ -360,7 +369,7 @@ async fn handshake<B: Backend>(
                     return Err(ConnError::Protocol(why.clone()));
                 }
                 w.write_u64(export.size).await?;
-                w.write_u16(transmission_flags()).await?;
+                w.write_u16(transmission_flags(&export)).await?;
                 if !no_zeroes {
                     w.write_all(&[0; 124]).await?;
                 }
@@ -397,7 +406,7 @@ async fn handshake<B: Backend>(
                     Some(export) => {
                         let mut info = INFO_EXPORT.to_be_bytes().to_vec();
                         info.extend_from_slice(&export.size.to_be_bytes());
-                        info.extend_from_slice(&transmission_flags().to_be_bytes());
+                        info.extend_from_slice(&transmission_flags(&export).to_be_bytes());
                         reply(&mut w, option, REP_INFO, &info).await?;
                         // Always sent: clients that did not ask may ignore it.
                         let mut sizes = INFO_BLOCK_SIZE.to_be_bytes().to_vec();

@@ -458,13 +458,15 @@ fn a_volumes_iops_limit_holds_and_its_neighbour_runs_free() {
     // requests, and it outran the limited one at the same queue depth. (Its
     // rate alone is no yardstick here: on a shared two-core machine the other
     // tests' clusters move it by more than the 500 IOPS beside it take.)
+    // A node shows a volume's figures once it has led one of its extents (a
+    // thin volume's extents are placed as they are first written, so a
+    // node may lead none of one volume's): absent is none held.
     let gauge = |node: u16, name: &str| {
         let url = format!("http://127.0.0.1:{}/metrics", 9400 + node + 6000);
         let text = ureq::get(&url).call().unwrap().into_string().unwrap();
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no {name} in {url}:\n{text}"))
+            .map_or(0, |v| v.trim().parse::<u64>().expect("a gauge's value"))
     };
     let held = |volume: &str| -> u64 {
         (1..=3)

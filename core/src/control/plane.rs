@@ -348,7 +348,13 @@ impl ControlPlane {
                 | Command::DeleteNamed { .. }
                 | Command::Allocate { .. }
                 | Command::Trim { .. }
-                | Command::Zeroed { .. }),
+                | Command::Zeroed { .. }
+                | Command::Snapshot { .. }
+                | Command::DeleteSnapshot { .. }
+                | Command::Clone { .. }
+                | Command::Rollback { .. }
+                | Command::Redirect { .. }
+                | Command::Filled { .. }),
             ) => self.propose(&cmd),
             // An operator adds or removes a node through any member.
             Ok(cmd @ (Command::JoinNode { .. } | Command::RemoveNode { .. })) => self.propose(&cmd),

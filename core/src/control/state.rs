@@ -25,10 +25,12 @@ pub use super::qos::{Qos, QosError};
 pub use command::{Command, ConfRole, Refusal};
 pub use members::{take_spare, voter_target, MAX_ADDR_BYTES};
 
+pub use snapshots::{Row, Snapshot, CHUNKS, MAX_SNAPSHOTS};
 pub use volumes::MAX_VOLUME_EXTENTS;
 
 mod command;
 mod members;
+pub mod snapshots;
 pub mod volumes;
 use crate::ids::{Epoch, ExtentId, NodeId, VolumeId};
 use serde::{Deserialize, Serialize};
@@ -114,6 +116,14 @@ pub struct NamedVolume {
     /// The pool extent that holds each of its extents, by index; an index
     /// with none was never written (or was trimmed) and reads as zeroes.
     pub alloc: BTreeMap<u64, ExtentId>,
+    /// Its snapshots, by name ([`snapshots`]).
+    pub snapshots: BTreeMap<String, Snapshot>,
+    /// Bumped by every snapshot taken: a front end that has not yet seen every
+    /// primary of the frozen extents apply it holds the volume's writes
+    /// (see [`snapshots`]).
+    pub generation: u64,
+    /// A clone's origin (`VOL@SNAP`), as it was when cloned.
+    pub origin: Option<String>,
     /// Size the users see, in bytes (at most `extents` extents).
     pub size_bytes: u64,
     /// Its quality of service.
@@ -190,6 +200,9 @@ pub struct ClusterState {
     pub dirty: BTreeSet<ExtentId>,
     /// The next named volume's number.
     pub next_volume: u64,
+    /// Redirected extents: a volume's extent written since a snapshot froze
+    /// the one it had, which still reads its unfilled chunks from there.
+    pub rows: BTreeMap<ExtentId, Row>,
     /// Log index of the last command applied (refused ones included).
     pub applied: u64,
 }
@@ -261,6 +274,16 @@ impl ClusterState {
             Command::Allocate { name, index } => self.allocate(name, *index),
             Command::Trim { name, index } => self.trim_extent(name, *index),
             Command::Zeroed { extent, since } => self.zeroed(*extent, *since),
+            Command::Snapshot { name, snap } => self.snapshot(name, snap),
+            Command::DeleteSnapshot { name, snap } => self.delete_snapshot(name, snap),
+            Command::Clone { name, snap, new } => self.clone_volume(name, snap, new),
+            Command::Rollback { name, snap } => self.rollback(name, snap),
+            Command::Redirect { name, index, from } => self.redirect(name, *index, *from),
+            Command::Filled {
+                extent,
+                chunk,
+                since,
+            } => self.filled(*extent, *chunk, *since),
             Command::JoinNode { node, addr } => self.join_node(*node, addr),
             Command::RemoveNode { node } => self.remove_node(*node),
             Command::MoveReplica {

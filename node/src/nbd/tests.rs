@@ -18,18 +18,21 @@ impl Backend for Memory {
                 size: self.data.lock().unwrap().len() as u64,
                 key: None,
                 locked: None,
+                read_only: false,
             },
             Export {
                 name: "other".into(),
                 size: 4096,
                 key: None,
                 locked: None,
+                read_only: false,
             },
             Export {
                 name: "sealed".into(),
                 size: 4096,
                 key: None,
                 locked: Some("no key here".into()),
+                read_only: false,
             },
         ]
     }

@@ -130,6 +130,62 @@ pub enum Command {
         /// The volume's extent.
         index: u64,
     },
+    /// A snapshot of volume `name`: its table as it is, frozen (every extent
+    /// in it starts a new reign; a write to one from now on goes to a new
+    /// extent, [`Command::Redirect`]).
+    Snapshot {
+        /// The volume.
+        name: String,
+        /// The snapshot's name.
+        snap: String,
+    },
+    /// A snapshot is deleted; extents nothing else refers to are freed.
+    DeleteSnapshot {
+        /// The volume.
+        name: String,
+        /// The snapshot.
+        snap: String,
+    },
+    /// A new volume `new` whose table is snapshot `name@snap`'s: it shares
+    /// the snapshot's extents until it writes (redirected like a volume's).
+    Clone {
+        /// The volume.
+        name: String,
+        /// The snapshot.
+        snap: String,
+        /// The clone's name.
+        new: String,
+    },
+    /// Volume `name` goes back to snapshot `snap`: its table becomes the
+    /// snapshot's; extents nothing else refers to are freed.
+    Rollback {
+        /// The volume.
+        name: String,
+        /// The snapshot.
+        snap: String,
+    },
+    /// The first write into volume `name`'s extent `index` since a snapshot
+    /// froze `from`, its extent: a new extent takes its place, reading its
+    /// chunks from `from` until each is filled ([`Command::Filled`]).
+    Redirect {
+        /// The volume.
+        name: String,
+        /// The volume's extent.
+        index: u64,
+        /// The frozen extent it has.
+        from: ExtentId,
+    },
+    /// Chunk `chunk` of redirected extent `extent` was copied from its base
+    /// by writes of the reign that started at `since`: it now reads from
+    /// `extent` itself (in a new reign: a copy still on its way is refused).
+    Filled {
+        /// The redirected extent.
+        extent: ExtentId,
+        /// The chunk.
+        chunk: u8,
+        /// The reign the copy was written in.
+        since: Epoch,
+    },
     /// A dirty pool extent was zeroed by writes of the reign that started at
     /// `since` (the reclaimer, on the leader's node): it is free again.
     Zeroed {
@@ -292,6 +348,26 @@ pub enum Refusal {
         /// The index named.
         index: u64,
     },
+    /// No snapshot of that name.
+    #[error("volume {name:?} has no snapshot {snap:?}")]
+    UnknownSnapshot {
+        /// The volume.
+        name: String,
+        /// The snapshot.
+        snap: String,
+    },
+    /// A snapshot of that name exists.
+    #[error("volume {name:?} already has a snapshot {snap:?}")]
+    KnownSnapshot {
+        /// The volume.
+        name: String,
+        /// The snapshot.
+        snap: String,
+    },
+    /// A redirect or fill that no longer applies (another front end's came
+    /// first, or the extent changed hands).
+    #[error("{0} needs no redirect or fill")]
+    NotFrozen(ExtentId),
     /// The pool extent is not waiting to be zeroed.
     #[error("{0} is not a freed extent waiting to be zeroed")]
     NotDirty(ExtentId),

@@ -357,6 +357,115 @@ fn a_thin_volume_takes_an_extent_at_its_first_write_and_gives_it_back() {
 }
 
 #[test]
+fn snapshots_freeze_extents_and_writes_redirect_chunk_by_chunk() {
+    let mut s = cluster(3, 8);
+    s.apply(&create("v", 2, true)).unwrap();
+    let alloc = |index| Command::Allocate {
+        name: "v".into(),
+        index,
+    };
+    s.apply(&alloc(0)).unwrap();
+    let p = s.named["v"].alloc[&0];
+    let refs = s.references();
+    assert!(!s.frozen(&refs, p), "one table: written in place");
+    let reign = s.extents[&p].primary_since;
+    let snap = |name: &str| Command::Snapshot {
+        name: "v".into(),
+        snap: name.into(),
+    };
+    s.apply(&snap("s1")).unwrap();
+    assert!(s.extents[&p].primary_since > reign, "frozen in a new reign");
+    assert!(s.frozen(&s.references(), p));
+    assert_eq!(s.named["v"].generation, 1);
+    assert!(matches!(
+        s.apply(&snap("s1")),
+        Err(Refusal::KnownSnapshot { .. })
+    ));
+    // The first write into the frozen extent redirects it.
+    let redirect = Command::Redirect {
+        name: "v".into(),
+        index: 0,
+        from: p,
+    };
+    s.apply(&redirect).unwrap();
+    let q = s.named["v"].alloc[&0];
+    assert_ne!(q, p);
+    assert_eq!(s.rows[&q].base, p);
+    assert_eq!(s.apply(&redirect), Err(Refusal::NotFrozen(p)));
+    assert_eq!(s.holder(q, 5), p, "an unfilled chunk reads from the base");
+    let since = s.extents[&q].primary_since;
+    let filled = |chunk, since| Command::Filled {
+        extent: q,
+        chunk,
+        since,
+    };
+    s.apply(&filled(5, since)).unwrap();
+    assert_eq!(s.holder(q, 5), q);
+    assert_eq!(s.holder(q, 6), p);
+    // A copy of the reign before is refused, and so is a chunk filled twice.
+    assert!(matches!(
+        s.apply(&filled(6, since)),
+        Err(Refusal::StaleEpoch { .. })
+    ));
+    let since = s.extents[&q].primary_since;
+    assert_eq!(s.apply(&filled(5, since)), Err(Refusal::NotFrozen(q)));
+    // A clone shares the snapshot's extents; deleting the snapshot keeps them.
+    s.apply(&Command::Clone {
+        name: "v".into(),
+        snap: "s1".into(),
+        new: "c".into(),
+    })
+    .unwrap();
+    assert_eq!(s.named["c"].alloc[&0], p);
+    assert_eq!(s.named["c"].origin.as_deref(), Some("v@s1"));
+    s.apply(&Command::DeleteSnapshot {
+        name: "v".into(),
+        snap: "s1".into(),
+    })
+    .unwrap();
+    assert!(
+        s.frozen(&s.references(), p),
+        "the clone and q still read it"
+    );
+    assert!(s.dirty.is_empty());
+    // Every chunk filled: q no longer needs its base; the clone alone has p,
+    // and writes it in place.
+    for chunk in 0..64u8 {
+        if chunk != 5 {
+            let since = s.extents[&q].primary_since;
+            s.apply(&filled(chunk, since)).unwrap();
+        }
+    }
+    assert!(!s.rows.contains_key(&q));
+    assert!(!s.frozen(&s.references(), p));
+    // Rollback: the volume takes the snapshot's table; what it wrote since
+    // is freed.
+    s.apply(&snap("s2")).unwrap();
+    s.apply(&Command::Redirect {
+        name: "v".into(),
+        index: 0,
+        from: q,
+    })
+    .unwrap();
+    let r = s.named["v"].alloc[&0];
+    s.apply(&Command::Rollback {
+        name: "v".into(),
+        snap: "s2".into(),
+    })
+    .unwrap();
+    assert_eq!(s.named["v"].alloc[&0], q);
+    assert!(s.dirty.contains(&r) && !s.rows.contains_key(&r));
+    // Deleting the volume frees what only it and its snapshots held.
+    s.apply(&Command::DeleteNamed { name: "v".into() }).unwrap();
+    assert!(s.dirty.contains(&q));
+    assert!(!s.dirty.contains(&p), "the clone still holds it");
+    s.apply(&Command::DeleteNamed { name: "c".into() }).unwrap();
+    assert!(s.dirty.contains(&p));
+    assert_eq!(s.allocated_extents(), 0);
+    s.self_check();
+}
+
+#[test]
 fn a_restarted_node_leaves_in_sync_sets_it_shares_and_its_extents_fail_over() {
     let mut s = cluster(3, 3);
     let changes = s
@@ -535,7 +644,23 @@ fn any_command() -> impl Strategy<Value = Command> {
             }),
         ("[a-c]{0,2}", 0u64..4).prop_map(|(name, index)| Command::Allocate { name, index }),
         ("[a-c]{0,2}", 0u64..4).prop_map(|(name, index)| Command::Trim { name, index }),
-        (extent, epoch).prop_map(|(extent, since)| Command::Zeroed { extent, since }),
+        (extent.clone(), epoch.clone())
+            .prop_map(|(extent, since)| Command::Zeroed { extent, since }),
+        ("[a-c]{0,2}", "[xy]").prop_map(|(name, snap)| Command::Snapshot { name, snap }),
+        ("[a-c]{0,2}", "[xy]").prop_map(|(name, snap)| Command::DeleteSnapshot { name, snap }),
+        ("[a-c]{0,2}", "[xy]", "[a-d]").prop_map(|(name, snap, new)| Command::Clone {
+            name,
+            snap,
+            new
+        }),
+        ("[a-c]{0,2}", "[xy]").prop_map(|(name, snap)| Command::Rollback { name, snap }),
+        ("[a-c]{0,2}", 0u64..4, extent.clone())
+            .prop_map(|(name, index, from)| { Command::Redirect { name, index, from } }),
+        (extent, 0u8..66, epoch).prop_map(|(extent, chunk, since)| Command::Filled {
+            extent,
+            chunk,
+            since
+        }),
         ("[a-c]{0,2}", 0u64..3, 0u64..3).prop_map(|(name, limit, reservation)| {
             Command::SetQos {
                 name,

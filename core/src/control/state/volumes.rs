@@ -6,9 +6,11 @@
 //! ([`Command::Allocate`]); an index with none reads as zeroes. A thick volume
 //! (the simulator's static maps) takes all its extents when it is created.
 //!
-//! Every pool extent below `next_free_extent` is in exactly one place: a
-//! volume's table, `dirty` (freed by a delete or a TRIM, still holding the old
-//! data) or `clean` (zeroed since it was freed). Extents from
+//! Every pool extent below `next_free_extent` is in exactly one of: in use
+//! (a volume's or a snapshot's table refers to it, or a redirected extent
+//! reads from it: [`super::snapshots`]), `dirty` (freed by a delete, a TRIM or
+//! a snapshot's end, still holding the old data) or `clean` (zeroed since it
+//! was freed). Extents from
 //! `next_free_extent` on were never handed out. Only clean and never-used
 //! extents are allocated, so a volume never reads another's data.
 //!
@@ -27,7 +29,7 @@ use crate::ids::{Epoch, ExtentId};
 pub const MAX_VOLUME_EXTENTS: u64 = super::MAX_POOL_EXTENTS;
 
 /// A new reign of `ext`'s primary: requests from before are refused.
-fn new_reign(ext: &mut ExtentState) -> Epoch {
+pub(super) fn new_reign(ext: &mut ExtentState) -> Epoch {
     ext.epoch = ext.epoch.next();
     ext.primary_since = ext.epoch;
     ext.epoch
@@ -40,15 +42,15 @@ impl ClusterState {
         (self.extents.len() as u64).saturating_sub(self.next_free_extent) + self.clean.len() as u64
     }
 
-    /// Pool extents allocated to volumes.
+    /// Pool extents in use: by volumes, snapshots, or redirected extents.
     pub fn allocated_extents(&self) -> u64 {
-        self.named.values().map(|v| v.alloc.len() as u64).sum()
+        self.references().len() as u64
     }
 
     /// Take the next free extent: the lowest clean one, in a new reign (the
     /// reclaimer wrote to it), else the first never handed out (which no one
     /// ever wrote to).
-    fn take_free(&mut self) -> Option<ExtentId> {
+    pub(super) fn take_free(&mut self) -> Option<ExtentId> {
         if let Some(id) = self.clean.pop_first() {
             if let Some(ext) = self.extents.get_mut(&id) {
                 new_reign(ext);
@@ -63,7 +65,7 @@ impl ClusterState {
     }
 
     /// Hand `id` back: dirty until the reclaimer has zeroed it.
-    fn release(&mut self, id: ExtentId) {
+    pub(super) fn release(&mut self, id: ExtentId) {
         if let Some(ext) = self.extents.get_mut(&id) {
             new_reign(ext);
         }
@@ -99,6 +101,9 @@ impl ClusterState {
             id: self.next_volume,
             extents,
             alloc: Default::default(),
+            snapshots: Default::default(),
+            generation: 0,
+            origin: None,
             size_bytes,
             qos,
             key_check,
@@ -115,13 +120,11 @@ impl ClusterState {
     }
 
     pub(super) fn delete_named(&mut self, name: &str) -> Result<Vec<Change>, Refusal> {
-        let volume = self
-            .named
+        self.named
             .remove(name)
             .ok_or_else(|| Refusal::UnknownName(name.to_string()))?;
-        for id in volume.alloc.into_values() {
-            self.release(id);
-        }
+        // Its snapshots go with it; what a clone shares stays.
+        self.collect();
         Ok(vec![Change::Membership])
     }
 
@@ -152,11 +155,12 @@ impl ClusterState {
             .named
             .get_mut(name)
             .ok_or_else(|| Refusal::UnknownName(name.to_string()))?;
-        let id = volume
+        volume
             .alloc
             .remove(&index)
             .ok_or(Refusal::Unallocated { index })?;
-        self.release(id);
+        // Its snapshots' copy of the extent stays.
+        self.collect();
         Ok(vec![Change::Membership])
     }
 
@@ -189,11 +193,9 @@ impl ClusterState {
     /// The volumes' and the free lists' invariants (see the module
     /// documentation).
     pub(super) fn validate_volumes(&self) -> Result<(), String> {
-        let pool = self.extents.len() as u64;
-        if self.next_free_extent > pool {
+        if self.next_free_extent > self.extents.len() as u64 {
             return Err("extents handed out past the pool's end".into());
         }
-        let mut seen = std::collections::BTreeSet::new();
         let mut ids = std::collections::BTreeSet::new();
         for (name, v) in &self.named {
             if v.extents == 0 || v.extents > MAX_VOLUME_EXTENTS {
@@ -205,20 +207,24 @@ impl ClusterState {
             if let Err(e) = v.qos.check() {
                 return Err(format!("volume {name:?}: {e}"));
             }
-            for (&index, &id) in &v.alloc {
-                if index >= v.extents || id.0 >= self.next_free_extent || !seen.insert(id) {
-                    return Err(format!("volume {name:?}: extent {index} at {id}"));
-                }
+            if v.alloc.keys().any(|&i| i >= v.extents) {
+                return Err(format!("volume {name:?}: an extent past its end"));
             }
         }
+        let referenced: std::collections::BTreeSet<ExtentId> =
+            self.references().into_keys().collect();
+        if referenced.iter().any(|e| e.0 >= self.next_free_extent) {
+            return Err("a volume refers to an extent never handed out".into());
+        }
+        let mut seen = referenced.clone();
         for id in self.clean.iter().chain(&self.dirty) {
             if id.0 >= self.next_free_extent || !seen.insert(*id) {
-                return Err(format!("free {id} is handed out or listed twice"));
+                return Err(format!("free {id} is in use or listed twice"));
             }
         }
         if seen.len() as u64 != self.next_free_extent {
-            return Err("a handed-out extent is in no volume and no free list".into());
+            return Err("a handed-out extent is in no table and no free list".into());
         }
-        Ok(())
+        self.validate_snapshots(&referenced)
     }
 }

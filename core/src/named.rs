@@ -1,0 +1,518 @@
+//! Named volumes as a node's front end sees them: thin tables of the pool's
+//! extents, snapshots served read-only, and redirect-on-write (see
+//! [`crate::control::state::volumes`] and [`crate::control::state::snapshots`]).
+//!
+//! [`NamedVolumes`] reads and writes a volume's bytes through the pool's
+//! client ([`Volume`]), resolving each piece to a pool block afresh on every
+//! attempt. A write into an extent the volume never wrote first has the
+//! control plane allocate one; into a frozen one, redirect it; into a chunk
+//! of a redirected extent not yet filled, copy the chunk over from its base
+//! and mark it filled; each step is a command the control plane commits, and
+//! the piece goes once this node's map shows it. A read of an extent never
+//! written is zeroes (after asking the voters for a newer map: one written
+//! through another node may not have reached this node's yet).
+
+use crate::client::{ClientError, Volume, RETRY_BUDGET};
+use crate::control::state::{ClusterState, Command, CHUNKS};
+use crate::ids::{ExtentId, Lba};
+use crate::map::ClusterMap;
+use crate::node::NodeHandle;
+use crate::transport::Transport;
+use bytes::{Bytes, BytesMut};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Largest piece of a volume sent in one request (the map's request limit).
+pub const PIECE: u64 = crate::map::MAX_REQUEST_BYTES;
+/// How often a front end looks at its node's map while it waits for a command.
+const POLL: Duration = Duration::from_millis(2);
+/// Rounds a piece may go through (allocate, redirect, fill, write) before it
+/// gives up: each is a committed step, so a few suffice unless TRIMs and
+/// writes of the same extent race without end.
+const ROUNDS: usize = 16;
+
+/// What the front end needs of its node's control plane.
+pub trait Control: Send + Sync + 'static {
+    /// The latest map the node applied.
+    fn state(&self) -> Arc<ClusterState>;
+    /// Ask for a command (false: the node is stopping or its queue is full).
+    fn request(&self, command: Command) -> bool;
+}
+
+impl Control for NodeHandle {
+    fn state(&self) -> Arc<ClusterState> {
+        NodeHandle::state(self)
+    }
+
+    fn request(&self, command: Command) -> bool {
+        NodeHandle::request(self, command)
+    }
+}
+
+/// Which table a read goes by: a volume's own, or one of its snapshots'.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The volume.
+    pub name: String,
+    /// The snapshot, if any (read-only).
+    pub snap: Option<String>,
+}
+
+impl Target {
+    /// `VOL` or `VOL@SNAP`.
+    pub fn parse(export: &str) -> Target {
+        match export.split_once('@') {
+            Some((name, snap)) => Target {
+                name: name.to_string(),
+                snap: Some(snap.to_string()),
+            },
+            None => Target {
+                name: export.to_string(),
+                snap: None,
+            },
+        }
+    }
+}
+
+/// A node's front end over named volumes.
+pub struct NamedVolumes<T> {
+    volume: Arc<Volume<T>>,
+    control: Arc<dyn Control>,
+    extent_bytes: u64,
+    /// Per volume (by number): the generation whose snapshots this front
+    /// end has seen every primary apply (see
+    /// [`crate::control::state::snapshots`]); bounded by the map's volumes.
+    barriers: Mutex<BTreeMap<u64, u64>>,
+}
+
+/// Where byte `at` of a volume is: its extent index, the chunk, the offset
+/// in the extent.
+fn place(at: u64, extent_bytes: u64) -> (u64, u32, u64) {
+    let off = at % extent_bytes;
+    (
+        at / extent_bytes,
+        (off / (extent_bytes / u64::from(CHUNKS))) as u32,
+        off,
+    )
+}
+
+fn gone(name: &str) -> ClientError {
+    ClientError::Unmapped(format!("volume {name:?} is gone"))
+}
+
+impl<T: Transport> NamedVolumes<T> {
+    /// A front end over `volume` (the pool's client) and `control`, with
+    /// extents of `extent_bytes`.
+    pub fn new(volume: Arc<Volume<T>>, control: Arc<dyn Control>, extent_bytes: u64) -> Self {
+        assert!(
+            extent_bytes
+                .is_multiple_of(u64::from(CHUNKS) * u64::from(volume.map().volume().block_size)),
+            "an extent is whole chunks of whole blocks"
+        );
+        NamedVolumes {
+            volume,
+            control,
+            extent_bytes,
+            barriers: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The pool's client.
+    pub fn pool(&self) -> &Arc<Volume<T>> {
+        &self.volume
+    }
+
+    /// Bytes of one chunk (the unit of redirect-on-write).
+    pub fn chunk_bytes(&self) -> u64 {
+        self.extent_bytes / u64::from(CHUNKS)
+    }
+
+    /// Bytes of one piece: no piece crosses a chunk or is larger than a
+    /// request.
+    fn piece_bytes(&self) -> u64 {
+        PIECE.min(self.chunk_bytes())
+    }
+
+    /// `[start, start + len)` cut at multiples of the piece size.
+    fn pieces(&self, start: u64, len: u64) -> Vec<(u64, u64)> {
+        let piece = self.piece_bytes();
+        let mut out = Vec::new();
+        let (mut at, end) = (start, start + len);
+        while at < end {
+            let stop = ((at / piece + 1) * piece).min(end);
+            out.push((at, stop - at));
+            at = stop;
+        }
+        out
+    }
+
+    /// Bring the pool client's map up to the node's.
+    fn sync(&self) -> Arc<ClusterState> {
+        let state = self.control.state();
+        self.volume.offer(&state);
+        state
+    }
+
+    fn block(&self) -> u64 {
+        u64::from(self.volume.map().volume().block_size)
+    }
+
+    fn lba(&self, extent: ExtentId, off: u64) -> Lba {
+        Lba((extent.0 * self.extent_bytes + off) / self.block())
+    }
+
+    /// The pool block byte `at` of `target` reads from in `map`: `None`
+    /// where the table has no extent.
+    fn locate(
+        &self,
+        map: &ClusterMap,
+        target: &Target,
+        at: u64,
+    ) -> Result<Option<Lba>, ClientError> {
+        let state = map.state();
+        let v = state
+            .named
+            .get(&target.name)
+            .ok_or_else(|| gone(&target.name))?;
+        let table = match &target.snap {
+            None => &v.alloc,
+            Some(snap) => {
+                &v.snapshots
+                    .get(snap)
+                    .ok_or_else(|| {
+                        ClientError::Unmapped(format!("snapshot {}@{snap} is gone", target.name))
+                    })?
+                    .table
+            }
+        };
+        let (index, chunk, off) = place(at, self.extent_bytes);
+        Ok(table
+            .get(&index)
+            .map(|&e| self.lba(state.holder(e, chunk), off)))
+    }
+
+    /// Read whole blocks `[start, start + len)` of `target` (aligned),
+    /// concurrently in pieces.
+    pub async fn read(&self, target: &Target, start: u64, len: u64) -> Result<Bytes, ClientError> {
+        self.sync();
+        let reads = self
+            .pieces(start, len)
+            .into_iter()
+            .map(|(at, n)| self.read_piece(target, at, n));
+        let mut out = BytesMut::with_capacity(len as usize);
+        for data in futures_util::future::join_all(reads).await {
+            out.extend_from_slice(&data?);
+        }
+        Ok(out.freeze())
+    }
+
+    async fn read_piece(&self, target: &Target, at: u64, len: u64) -> Result<Bytes, ClientError> {
+        let blocks = len / self.block();
+        let data = self
+            .volume
+            .read_at(|map| self.locate(map, target, at), blocks)
+            .await?;
+        if self.locate(&self.volume.map(), target, at)?.is_some() || data.iter().any(|&b| b != 0) {
+            return Ok(data);
+        }
+        // Zeroes from a map in which the extent was not written yet.
+        self.volume.refresh().await;
+        self.volume
+            .read_at(|map| self.locate(map, target, at), blocks)
+            .await
+    }
+
+    /// Write whole blocks at `start` (aligned) of volume `name`, concurrently
+    /// in pieces.
+    pub async fn write(
+        &self,
+        name: &str,
+        start: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), ClientError> {
+        self.sync();
+        self.barrier(name).await?;
+        let writes = self
+            .pieces(start, data.len() as u64)
+            .into_iter()
+            .map(|(at, n)| {
+                let from = (at - start) as usize;
+                self.write_piece(name, at, data.slice(from..from + n as usize), fua)
+            });
+        let mut result = Ok(());
+        for r in futures_util::future::join_all(writes).await {
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    }
+
+    /// Write one piece (within one chunk): allocate, redirect or fill first
+    /// where the map says so.
+    async fn write_piece(
+        &self,
+        name: &str,
+        at: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), ClientError> {
+        let (index, chunk, off) = place(at, self.extent_bytes);
+        for _ in 0..ROUNDS {
+            let map = self.volume.map();
+            let state = map.state();
+            let v = state.named.get(name).ok_or_else(|| gone(name))?;
+            let Some(&extent) = v.alloc.get(&index) else {
+                self.commit(
+                    Command::Allocate {
+                        name: name.to_string(),
+                        index,
+                    },
+                    |s| {
+                        s.named
+                            .get(name)
+                            .is_some_and(|v| v.alloc.contains_key(&index))
+                    },
+                )
+                .await?;
+                continue;
+            };
+            if map.frozen(extent) {
+                self.commit(
+                    Command::Redirect {
+                        name: name.to_string(),
+                        index,
+                        from: extent,
+                    },
+                    |s| {
+                        s.named
+                            .get(name)
+                            .is_some_and(|v| v.alloc.get(&index) != Some(&extent))
+                    },
+                )
+                .await?;
+                continue;
+            }
+            if state.rows.get(&extent).is_some_and(|r| !r.has(chunk)) {
+                self.fill(extent, chunk).await?;
+                continue;
+            }
+            // Only while the table still holds `extent`, writable, with the
+            // chunk its own.
+            let written = self
+                .volume
+                .write_at(
+                    |map| {
+                        let s = map.state();
+                        let v = s.named.get(name).ok_or_else(|| gone(name))?;
+                        let same = v.alloc.get(&index) == Some(&extent)
+                            && !map.frozen(extent)
+                            && s.rows.get(&extent).is_none_or(|r| r.has(chunk));
+                        if !same {
+                            return Err(ClientError::Moved);
+                        }
+                        Ok(self.lba(extent, off))
+                    },
+                    data.clone(),
+                    fua,
+                )
+                .await;
+            match written {
+                Err(ClientError::Moved) => continue,
+                other => return other,
+            }
+        }
+        Err(ClientError::Unmapped(format!(
+            "extent {index} of volume {name:?} kept changing hands"
+        )))
+    }
+
+    /// Copy chunk `chunk` of redirected `extent` from its base, then have it
+    /// marked filled.
+    async fn fill(&self, extent: ExtentId, chunk: u32) -> Result<(), ClientError> {
+        let map = self.volume.map();
+        let state = map.state();
+        let Some(row) = state.rows.get(&extent).copied() else {
+            return Ok(());
+        };
+        let since = map.extent(extent).primary_since;
+        let source = state.holder(row.base, chunk);
+        let cb = self.chunk_bytes();
+        let first = u64::from(chunk) * cb;
+        let mut at = first;
+        while at < first + cb {
+            let n = self.piece_bytes().min(first + cb - at);
+            // The base is frozen: what it holds does not change.
+            let data = self
+                .volume
+                .read_at(|_| Ok(Some(self.lba(source, at))), n / self.block())
+                .await?;
+            let copied = self
+                .volume
+                .write_at(
+                    |map| {
+                        let s = map.state();
+                        let open = s.rows.get(&extent).is_some_and(|r| !r.has(chunk))
+                            && map.extent(extent).primary_since == since;
+                        if !open {
+                            return Err(ClientError::Moved);
+                        }
+                        Ok(self.lba(extent, at))
+                    },
+                    data,
+                    false,
+                )
+                .await;
+            match copied {
+                // Filled meanwhile (another front end's copy), or moved on.
+                Err(ClientError::Moved) => return Ok(()),
+                other => other?,
+            }
+            at += n;
+        }
+        let command = Command::Filled {
+            extent,
+            chunk: chunk as u8,
+            since,
+        };
+        self.commit(command, |s| {
+            s.rows.get(&extent).is_none_or(|r| r.has(chunk))
+                || s.extents
+                    .get(&extent)
+                    .is_some_and(|e| e.primary_since != since)
+        })
+        .await
+    }
+
+    /// Ask for `command` and wait until this node's map shows `done`; a
+    /// write needing space in a full pool fails with [`ClientError::NoSpace`].
+    async fn commit(
+        &self,
+        command: Command,
+        done: impl Fn(&ClusterState) -> bool,
+    ) -> Result<(), ClientError> {
+        let deadline = crate::time::now() + RETRY_BUDGET;
+        let needs_space = matches!(command, Command::Allocate { .. } | Command::Redirect { .. });
+        let mut asked = false;
+        loop {
+            let state = self.sync();
+            if done(&state) {
+                return Ok(());
+            }
+            let free = state.free_extents();
+            if needs_space && free == 0 && state.dirty.is_empty() {
+                return Err(ClientError::NoSpace(format!(
+                    "the pool is full: {} extents in use",
+                    state.allocated_extents()
+                )));
+            }
+            if crate::time::now() >= deadline {
+                return Err(if needs_space && free == 0 {
+                    ClientError::NoSpace(format!(
+                        "no free extent within {RETRY_BUDGET:?} ({} freed, being zeroed)",
+                        state.dirty.len()
+                    ))
+                } else {
+                    ClientError::Timeout(RETRY_BUDGET)
+                });
+            }
+            // Asked again while there is no free extent: the first ask may
+            // have been refused for want of one.
+            if !asked || needs_space && free == 0 {
+                asked = self.control.request(command.clone()) && (free > 0 || !needs_space);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Before a write of volume `name`: once per new snapshot of it, see
+    /// every primary of the extents it froze apply it (a read of one block at
+    /// this map's epoch, which a primary serves only once its map is as new).
+    pub async fn barrier(&self, name: &str) -> Result<(), ClientError> {
+        self.sync();
+        let map = self.volume.map();
+        let Some(v) = map.state().named.get(name) else {
+            return Err(gone(name));
+        };
+        let done = self
+            .barriers
+            .lock()
+            .expect("barriers")
+            .get(&v.id)
+            .copied()
+            .unwrap_or(0);
+        if done >= v.generation {
+            return Ok(());
+        }
+        let mut frozen: Vec<ExtentId> = v
+            .snapshots
+            .values()
+            .filter(|s| s.generation > done)
+            .flat_map(|s| s.table.values().copied())
+            .collect();
+        frozen.sort_unstable();
+        frozen.dedup();
+        let reads = frozen
+            .iter()
+            .map(|&e| self.volume.read_at(move |_| Ok(Some(self.lba(e, 0))), 1));
+        for r in futures_util::future::join_all(reads).await {
+            r?;
+        }
+        let mut barriers = self.barriers.lock().expect("barriers");
+        let state = map.state();
+        barriers.retain(|id, _| state.named.values().any(|v| v.id == *id));
+        let at = barriers.entry(v.id).or_default();
+        *at = (*at).max(v.generation);
+        Ok(())
+    }
+
+    /// Zero `[start, end)` of volume `name`: whole extents go back to the
+    /// pool, extents never written are left so, the rest gets `zeroes`
+    /// written (by `write`, which may encrypt them).
+    pub async fn zero<F, Fut>(
+        &self,
+        name: &str,
+        (start, end): (u64, u64),
+        write: F,
+    ) -> Result<(), ClientError>
+    where
+        F: Fn(u64, u64) -> Fut,
+        Fut: std::future::Future<Output = Result<(), ClientError>>,
+    {
+        let eb = self.extent_bytes;
+        let mut at = start;
+        while at < end {
+            let index = at / eb;
+            let stop = ((index + 1) * eb).min(end);
+            let state = self.sync();
+            let allocated = state
+                .named
+                .get(name)
+                .ok_or_else(|| gone(name))?
+                .alloc
+                .contains_key(&index);
+            if at % eb == 0 && stop - at == eb {
+                if allocated {
+                    self.commit(
+                        Command::Trim {
+                            name: name.to_string(),
+                            index,
+                        },
+                        |s| {
+                            s.named
+                                .get(name)
+                                .is_none_or(|v| !v.alloc.contains_key(&index))
+                        },
+                    )
+                    .await?;
+                }
+            } else if allocated {
+                write(at, stop).await?;
+            }
+            at = stop;
+        }
+        Ok(())
+    }
+}
