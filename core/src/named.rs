@@ -84,6 +84,12 @@ pub struct NamedVolumes<T> {
     /// end has seen every primary apply (see
     /// [`crate::control::state::snapshots`]); bounded by the map's volumes.
     barriers: Mutex<BTreeMap<u64, u64>>,
+    /// Test-only bug (the simulator's `leak_into_snapshot`): one write, the
+    /// 16th that started after a snapshot was seen applied and went to an
+    /// extent a snapshot froze or reads through, also goes in place into the
+    /// frozen extent (the 16th, so it starts well after the snapshot's
+    /// command returned); 0 when off or spent.
+    bug_leak: std::sync::atomic::AtomicU32,
 }
 
 /// Where byte `at` of a volume is: its extent index, the chunk, the offset
@@ -115,7 +121,16 @@ impl<T: Transport> NamedVolumes<T> {
             control,
             extent_bytes,
             barriers: Mutex::new(BTreeMap::new()),
+            bug_leak: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// Turn on the test-only bug that lets one write leak into a snapshot
+    /// (the simulator proves its snapshot checker catches it).
+    pub fn with_bug_leak_into_snapshot(self) -> Self {
+        self.bug_leak
+            .store(16, std::sync::atomic::Ordering::Relaxed);
+        self
     }
 
     /// The pool's client.
@@ -233,13 +248,21 @@ impl<T: Transport> NamedVolumes<T> {
         fua: bool,
     ) -> Result<(), ClientError> {
         self.sync();
+        // Whether this write started after this front end saw every snapshot
+        // of the volume applied (only such a write may leak, under the bug).
+        let settled = self.settled(name);
         self.barrier(name).await?;
         let writes = self
             .pieces(start, data.len() as u64)
             .into_iter()
             .map(|(at, n)| {
                 let from = (at - start) as usize;
-                self.write_piece(name, at, data.slice(from..from + n as usize), fua)
+                self.write_piece(
+                    name,
+                    at,
+                    data.slice(from..from + n as usize),
+                    (fua, settled),
+                )
             });
         let mut result = Ok(());
         for r in futures_util::future::join_all(writes).await {
@@ -257,7 +280,7 @@ impl<T: Transport> NamedVolumes<T> {
         name: &str,
         at: u64,
         data: Bytes,
-        fua: bool,
+        (fua, settled): (bool, bool),
     ) -> Result<(), ClientError> {
         let (index, chunk, off) = place(at, self.extent_bytes);
         for _ in 0..ROUNDS {
@@ -279,6 +302,25 @@ impl<T: Transport> NamedVolumes<T> {
                 .await?;
                 continue;
             };
+            // The bug: once, a write that started after this front end saw
+            // the snapshot applied goes in place into the extent the
+            // snapshot froze as well.
+            if settled && self.bug_leak.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                let frozen = match state.rows.get(&extent) {
+                    _ if map.frozen(extent) => Some(extent),
+                    Some(row) => Some(row.base),
+                    None => None,
+                };
+                if let Some(into) = frozen {
+                    let left = self
+                        .bug_leak
+                        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                    if left == 1 {
+                        let at = self.lba(into, off);
+                        self.volume.write_at(|_| Ok(at), data.clone(), fua).await?;
+                    }
+                }
+            }
             if map.frozen(extent) {
                 self.commit(
                     Command::Redirect {
@@ -425,6 +467,17 @@ impl<T: Transport> NamedVolumes<T> {
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// Whether this front end has seen every snapshot of volume `name` its
+    /// map holds applied.
+    fn settled(&self, name: &str) -> bool {
+        let map = self.volume.map();
+        let Some(v) = map.state().named.get(name) else {
+            return false;
+        };
+        let barriers = self.barriers.lock().expect("barriers");
+        barriers.get(&v.id).copied().unwrap_or(0) >= v.generation
     }
 
     /// Before a write of volume `name`: once per new snapshot of it, see

@@ -68,6 +68,7 @@ enum Bug {
     RebuildOneShort,
     AcceptStaleEpoch,
     IgnoreLeaseMargin,
+    LeakIntoSnapshot,
 }
 
 fn main() -> ExitCode {
@@ -120,6 +121,7 @@ fn main() -> ExitCode {
             Bug::RebuildOneShort => scenario.bugs.rebuild_one_short = true,
             Bug::AcceptStaleEpoch => scenario.bugs.accept_stale_epoch = true,
             Bug::IgnoreLeaseMargin => scenario.bugs.ignore_lease_margin = true,
+            Bug::LeakIntoSnapshot => scenario.bugs.leak_into_snapshot = true,
         }
     }
     run(&args, &scenario, &name)

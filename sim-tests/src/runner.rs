@@ -26,6 +26,7 @@ use weir_transport_sim::Fabric;
 mod cluster;
 pub mod plan;
 mod readback;
+mod snapshots;
 mod summary;
 mod workload;
 
@@ -145,6 +146,19 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         let now = cluster.fabric.now_since_epoch_ns();
         cpu.lock().expect("cpu").start_window(now);
     }
+    // The snapshot stage on a client host of its own, beside the workload.
+    let stage = (scenario.snapshots.rounds > 0).then(|| {
+        let transport = cluster.clients.last().cloned().expect("the stage's host");
+        let args = (transport, cluster.handles.clone(), cluster.map.clone());
+        let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
+        let at = snapshot_times(&plan, &scenario);
+        let s = scenario.clone();
+        madsim::runtime::Handle::current()
+            .create_node()
+            .name("snapshots")
+            .build()
+            .spawn(async move { snapshots::run(args, &s, (epoch, deadline), at).await })
+    });
     let ops = workload::drive(&cluster, &scenario, epoch).await;
     let cpu = cpu_by_role(&cluster);
     // Liveness counts from when the faults stop: a node may still be paused, cut
@@ -173,8 +187,12 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         expected_copies,
     };
 
+    let snapshots = match stage {
+        Some(stage) => Some(stage.await.expect("the snapshot stage")),
+        None => None,
+    };
     let audit = std::mem::take(&mut *cluster.audit.lock().expect("audit log"));
-    let verdicts = vec![
+    let mut verdicts = vec![
         check_linearizable(&history),
         check_no_lost_writes(&history, replicas),
         check_leases(&audit, &kills.lock().expect("kill log"), base_ns),
@@ -182,6 +200,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         check_epochs(&audit, base_ns),
         liveness,
     ];
+    verdicts.extend(snapshots);
     let fabric_summary = summary::fabric(&cluster.fabric);
     let mut report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
     report.faults = plan.lines();
@@ -219,4 +238,27 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         plan,
         telemetry,
     }
+}
+
+/// When the snapshot stage takes its snapshots (from the workload's start):
+/// at the plan's node crashes and restarts first (a primary may go down
+/// while one is taken), then spread evenly over the workload.
+fn snapshot_times(plan: &FaultPlan, scenario: &Scenario) -> Vec<Duration> {
+    let duration_us = scenario.workload.duration_ms * 1000;
+    let rounds = scenario.snapshots.rounds as usize;
+    let mut at: Vec<u64> = plan
+        .faults
+        .iter()
+        .filter(|p| matches!(p.fault, Fault::Crash { .. } | Fault::Restart { .. }))
+        .map(|p| p.at_us)
+        .filter(|&t| t < duration_us)
+        .take(rounds)
+        .collect();
+    let mut i = 1;
+    while at.len() < rounds {
+        at.push(duration_us * i / (rounds as u64 + 1));
+        i += 1;
+    }
+    at.sort_unstable();
+    at.into_iter().map(Duration::from_micros).collect()
 }

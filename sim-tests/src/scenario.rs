@@ -41,6 +41,22 @@ pub struct Scenario {
     pub faults: FaultSpec,
     /// Deliberate bugs, to prove the checkers can fail.
     pub bugs: BugSpec,
+    /// Snapshots of a thin named volume taken while the faults happen
+    /// (`[snapshots]`); off by default.
+    pub snapshots: SnapshotSpec,
+}
+
+/// The snapshot stage: a writer on a thin named volume of its own (at the
+/// pool's end), snapshots taken while it writes (at the plan's crashes too),
+/// a clone written, a snapshot deleted and an extent trimmed; every read of
+/// the volume, its snapshots and the clone is checked against the writes.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SnapshotSpec {
+    /// Snapshots taken (0: no snapshot stage).
+    pub rounds: u32,
+    /// The volume's extents.
+    pub extents: u64,
 }
 
 /// Fabric faults of a run. Times and links are drawn from the run's seed.
@@ -332,7 +348,9 @@ impl Scenario {
 
     /// Client hosts in all.
     pub fn client_hosts(&self) -> u32 {
-        self.workload.clients + self.extra_clients.iter().map(|e| e.clients).sum::<u32>()
+        self.workload.clients
+            + self.extra_clients.iter().map(|e| e.clients).sum::<u32>()
+            + u32::from(self.snapshots.rounds > 0)
     }
 }
 
@@ -541,6 +559,9 @@ pub struct BugSpec {
     /// Primaries serve to their lease's end by their own clock, with no margin for
     /// the clocks' disagreement.
     pub ignore_lease_margin: bool,
+    /// A front end writes once into a frozen extent in place, into the
+    /// snapshot.
+    pub leak_into_snapshot: bool,
 }
 
 /// A scenario that cannot run.

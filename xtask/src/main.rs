@@ -15,6 +15,9 @@
 //!   simulated time per wall time) on the 2:1 and 60:1 scenarios.
 //! - `cargo xtask bench nbd`: fio through the nbd engine against weir (1 and 3
 //!   replicas) and qemu-nbd (`node/examples/bench_nbd.rs`).
+//! - `cargo xtask bench snapshots`: fio with 0 and 10 snapshots of the volume,
+//!   and the time each `weir snapshot create` took
+//!   (`node/examples/bench_snapshots.rs`).
 //! - `cargo xtask bench memory`: a node's RSS as 6 GiB are written with 4 KiB
 //!   random writes and rewritten (`node/examples/bench_memory.rs`).
 //! - `cargo xtask campaign --seeds A..B [--jobs N] [ARGS...]`: the fault campaign's
@@ -62,7 +65,7 @@ fn main() -> ExitCode {
             eprintln!("       cargo xtask experiment list|NAME [--seed N] [--json FILE] [--quick]");
             eprintln!("       cargo xtask test");
             eprintln!("       cargo xtask test-rdma");
-            eprintln!("       cargo xtask bench fabric|rdma|nbd|memory|device");
+            eprintln!("       cargo xtask bench fabric|rdma|nbd|memory|device|snapshots");
             eprintln!("       cargo xtask fuzz [--cases N] [--seed S]");
             return ExitCode::from(2);
         }
@@ -191,12 +194,19 @@ fn bench(root: &Path, args: &[String]) -> Result<(), String> {
             "bench_memory",
             "memory benchmark (a node's RSS as 6 GiB are written and rewritten)",
         ),
+        Some("snapshots") => release_example(
+            root,
+            "bench_snapshots",
+            "snapshot benchmark (fio with 0 and 10 snapshots, snapshot create times)",
+        ),
         Some("device") => release_example(
             root,
             "bench_device",
             "device benchmark (weir's io_uring device vs fio's io_uring engine, each poll mode)",
         ),
-        _ => Err("bench: say which one (available: fabric, rdma, nbd, memory, device)".into()),
+        _ => Err(
+            "bench: say which one (available: fabric, rdma, nbd, memory, device, snapshots)".into(),
+        ),
     }
 }
 

@@ -290,6 +290,23 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
         };
         map = map.with_named(&create).expect("validated scenario");
     }
+    // With a snapshot stage, the rest of the workload's part of the pool is
+    // a thick volume of its own, so the stage's thin volume takes its
+    // extents from the part kept for it, at the pool's end.
+    let rest = scenario
+        .pool_extents()
+        .saturating_sub(map.state().next_free_extent);
+    if scenario.snapshots.rounds > 0 && rest > 0 {
+        let create = weir_core::control::Command::CreateNamed {
+            name: "pool-rest".into(),
+            size_bytes: rest * (c.extent_mib << 20),
+            extents: rest,
+            qos: weir_core::control::qos::Qos::default(),
+            key_check: None,
+            thin: false,
+        };
+        map = map.with_named(&create).expect("validated scenario");
+    }
     map
 }
 
@@ -331,7 +348,8 @@ fn start_nodes(
         ..weir_core::sched::AdmitConfig::default()
     };
     let since_ns = weir_core::time::cluster_ns();
-    let membership = s.faults.node_adds + s.faults.node_removals > 0;
+    // The operator and the snapshot stage ask nodes for map changes.
+    let membership = s.faults.node_adds + s.faults.node_removals > 0 || s.snapshots.rounds > 0;
     for id in (1..=s.storage_hosts()).map(NodeId) {
         let transport = Arc::new(fabric.endpoint(id).expect("new host"));
         // The node's clock, the same in every incarnation (it is the host's).

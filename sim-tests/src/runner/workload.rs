@@ -34,13 +34,15 @@ struct ClientPlan {
 }
 
 /// The blocks of named volume `name` (first, count) of `scenario`, whose pool
-/// holds `capacity` blocks; the whole pool for no name.
+/// holds `capacity` blocks; for no name, the pool's (but for what the
+/// snapshot stage keeps).
 fn range_of(scenario: &Scenario, capacity: u64, name: &str) -> (u64, u64) {
+    let pool = capacity.min(scenario.unreserved_blocks());
     scenario
         .volume_ranges()
         .into_iter()
         .find(|(n, ..)| n == name)
-        .map_or((0, capacity), |(_, first, blocks)| (first, blocks))
+        .map_or((0, pool), |(_, first, blocks)| (first, blocks))
 }
 
 /// Every client's plan: the workload's clients for the whole run, then each

@@ -162,6 +162,16 @@ impl Scenario {
             ];
             s.qos.depth = [1, 8][pick(40, 2) as usize];
         }
+        // A quarter of the seeds with extents of at most 16 MiB run the
+        // snapshot stage: snapshots of a thin volume taken while its writer
+        // writes and the faults happen (at a crash where the plan has one),
+        // a clone written, a snapshot deleted and an extent trimmed.
+        if pick(47, 4) == 0 && s.cluster.extent_mib <= 16 {
+            s.snapshots = super::SnapshotSpec {
+                rounds: 2,
+                extents: 1,
+            };
+        }
         // A third of the seeds turn the congestion response on, half of them
         // with windows so small they bind all the time (a client's reads wait
         // for each other; one rebuild chunk per peer), so reads that wait, are

@@ -70,9 +70,30 @@ impl Default for QosSpec {
 }
 
 impl Scenario {
-    /// The pool's extents.
-    fn pool_extents(&self) -> u64 {
-        self.cluster.volume_mib.div_ceil(self.cluster.extent_mib)
+    /// The pool's extents the workload and `[[volumes]]` use: all but those
+    /// kept for the snapshot stage, at its end.
+    pub fn pool_extents(&self) -> u64 {
+        self.cluster
+            .volume_mib
+            .div_ceil(self.cluster.extent_mib)
+            .saturating_sub(self.reserved_extents())
+    }
+
+    /// Pool extents kept for the snapshot stage: its volume, a redirected
+    /// extent per snapshot, the clone's, and as many again to spare.
+    pub fn reserved_extents(&self) -> u64 {
+        let s = &self.snapshots;
+        if s.rounds == 0 {
+            return 0;
+        }
+        s.extents * (2 * u64::from(s.rounds) + 4)
+    }
+
+    /// The blocks the workload and `[[volumes]]` use, from the pool's first.
+    pub fn unreserved_blocks(&self) -> u64 {
+        let c = &self.cluster;
+        let bs = u64::from(c.block_size);
+        (self.pool_extents() * ((c.extent_mib << 20) / bs)).min((c.volume_mib << 20) / bs)
     }
 
     /// Each named volume's run of the pool's extents (first, count), as the map
@@ -127,6 +148,23 @@ impl Scenario {
             if let Err(e) = v.qos().check() {
                 return Err(("volumes", format!("{}: {e}", v.name)));
             }
+        }
+        let s = &self.snapshots;
+        if s.rounds > 0 && (s.extents == 0 || s.rounds > 8) {
+            return bad(
+                "snapshots",
+                "a snapshot stage takes 1 to 8 rounds on 1 or more extents",
+            );
+        }
+        let total = self.cluster.volume_mib.div_ceil(self.cluster.extent_mib);
+        if self.reserved_extents() >= total {
+            return bad(
+                "snapshots.extents",
+                "the stage needs fewer extents than the pool has",
+            );
+        }
+        if s.rounds > 0 && self.volumes.iter().any(|v| v.name == "pool-rest") {
+            return bad("volumes.name", "\"pool-rest\" is the snapshot stage's");
         }
         let taken: u64 = self.volume_extents().iter().map(|&(_, n)| n).sum();
         if share > 100 || taken > self.pool_extents() {
