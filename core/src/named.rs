@@ -57,6 +57,9 @@ pub struct Target {
     pub name: String,
     /// The snapshot, if any (read-only).
     pub snap: Option<String>,
+    /// The volume's number, where the caller opened a particular one (a
+    /// volume deleted and made again under its name is another).
+    pub id: Option<u64>,
 }
 
 impl Target {
@@ -66,10 +69,12 @@ impl Target {
             Some((name, snap)) => Target {
                 name: name.to_string(),
                 snap: Some(snap.to_string()),
+                id: None,
             },
             None => Target {
                 name: export.to_string(),
                 snap: None,
+                id: None,
             },
         }
     }
@@ -85,9 +90,9 @@ pub struct NamedVolumes<T> {
     /// [`crate::control::state::snapshots`]); bounded by the map's volumes.
     barriers: Mutex<BTreeMap<u64, u64>>,
     /// Test-only bug (the simulator's `leak_into_snapshot`): one write, the
-    /// 16th that started after a snapshot was seen applied and went to an
+    /// third that started after a snapshot was seen applied and went to an
     /// extent a snapshot froze or reads through, also goes in place into the
-    /// frozen extent (the 16th, so it starts well after the snapshot's
+    /// frozen extent (the third, so it starts well after the snapshot's
     /// command returned); 0 when off or spent.
     bug_leak: std::sync::atomic::AtomicU32,
 }
@@ -105,6 +110,19 @@ fn place(at: u64, extent_bytes: u64) -> (u64, u32, u64) {
 
 fn gone(name: &str) -> ClientError {
     ClientError::Unmapped(format!("volume {name:?} is gone"))
+}
+
+/// Volume `name` of `state`, if it is the one numbered `id` (when given).
+fn volume_of<'s>(
+    state: &'s ClusterState,
+    name: &str,
+    id: Option<u64>,
+) -> Result<&'s crate::control::state::NamedVolume, ClientError> {
+    state
+        .named
+        .get(name)
+        .filter(|v| id.is_none_or(|id| id == v.id))
+        .ok_or_else(|| gone(name))
 }
 
 impl<T: Transport> NamedVolumes<T> {
@@ -128,8 +146,7 @@ impl<T: Transport> NamedVolumes<T> {
     /// Turn on the test-only bug that lets one write leak into a snapshot
     /// (the simulator proves its snapshot checker catches it).
     pub fn with_bug_leak_into_snapshot(self) -> Self {
-        self.bug_leak
-            .store(16, std::sync::atomic::Ordering::Relaxed);
+        self.bug_leak.store(3, std::sync::atomic::Ordering::Relaxed);
         self
     }
 
@@ -177,6 +194,26 @@ impl<T: Transport> NamedVolumes<T> {
         Lba((extent.0 * self.extent_bytes + off) / self.block())
     }
 
+    /// The table `target` reads by in `map`, if the volume (and snapshot)
+    /// exists and is the one `target` opened.
+    fn table<'m>(
+        &self,
+        state: &'m ClusterState,
+        target: &Target,
+    ) -> Result<&'m BTreeMap<u64, ExtentId>, ClientError> {
+        let v = volume_of(state, &target.name, target.id)?;
+        match &target.snap {
+            None => Ok(&v.alloc),
+            Some(snap) => Ok(&v
+                .snapshots
+                .get(snap)
+                .ok_or_else(|| {
+                    ClientError::Unmapped(format!("snapshot {}@{snap} is gone", target.name))
+                })?
+                .table),
+        }
+    }
+
     /// The pool block byte `at` of `target` reads from in `map`: `None`
     /// where the table has no extent.
     fn locate(
@@ -185,26 +222,22 @@ impl<T: Transport> NamedVolumes<T> {
         target: &Target,
         at: u64,
     ) -> Result<Option<Lba>, ClientError> {
-        let state = map.state();
-        let v = state
-            .named
-            .get(&target.name)
-            .ok_or_else(|| gone(&target.name))?;
-        let table = match &target.snap {
-            None => &v.alloc,
-            Some(snap) => {
-                &v.snapshots
-                    .get(snap)
-                    .ok_or_else(|| {
-                        ClientError::Unmapped(format!("snapshot {}@{snap} is gone", target.name))
-                    })?
-                    .table
-            }
-        };
         let (index, chunk, off) = place(at, self.extent_bytes);
-        Ok(table
+        let state = map.state();
+        Ok(self
+            .table(state, target)?
             .get(&index)
             .map(|&e| self.lba(state.holder(e, chunk), off)))
+    }
+
+    /// Where a read of byte `at` of `target` in `map` went through a base:
+    /// the volume's own extent, whose chunk another front end may since have
+    /// filled (a snapshot's tables never change).
+    fn through_base(&self, map: &ClusterMap, target: &Target, at: u64) -> Option<ExtentId> {
+        let (index, chunk, _) = place(at, self.extent_bytes);
+        let state = map.state();
+        let &head = self.table(state, target).ok()?.get(&index)?;
+        (target.snap.is_none() && state.holder(head, chunk) != head).then_some(head)
     }
 
     /// Read whole blocks `[start, start + len)` of `target` (aligned),
@@ -224,32 +257,75 @@ impl<T: Transport> NamedVolumes<T> {
 
     async fn read_piece(&self, target: &Target, at: u64, len: u64) -> Result<Bytes, ClientError> {
         let blocks = len / self.block();
-        let data = self
-            .volume
-            .read_at(|map| self.locate(map, target, at), blocks)
-            .await?;
-        if self.locate(&self.volume.map(), target, at)?.is_some() || data.iter().any(|&b| b != 0) {
-            return Ok(data);
+        let (_, chunk, _) = place(at, self.extent_bytes);
+        for _ in 0..ROUNDS {
+            let map = self.volume.map();
+            let data = self
+                .volume
+                .read_at(|map| self.locate(map, target, at), blocks)
+                .await?;
+            let now = self.volume.map();
+            if self.locate(&now, target, at)?.is_none() {
+                if data.iter().any(|&b| b != 0) {
+                    continue; // Freed meanwhile: read again.
+                }
+                // Zeroes from a map in which the extent was not written yet
+                // (another node's front end may have written it since).
+                self.volume.refresh().await;
+                if self.locate(&self.volume.map(), target, at)?.is_none() {
+                    return Ok(data);
+                }
+                continue;
+            }
+            let Some(head) = self.through_base(&map, target, at) else {
+                return Ok(data);
+            };
+            // Read through a base: valid only if the chunk was not filled
+            // (and written) meanwhile. A fill starts a new reign of the
+            // volume's extent, so a read of it at this map's epoch is refused
+            // once one has been committed and applied there.
+            let fenced = self
+                .volume
+                .read_at(
+                    |m| {
+                        let open = m.state().rows.get(&head).is_some_and(|r| !r.has(chunk))
+                            && self.through_base(m, target, at) == Some(head);
+                        if !open {
+                            return Err(ClientError::Moved);
+                        }
+                        Ok(Some(self.lba(head, 0)))
+                    },
+                    1,
+                )
+                .await;
+            match fenced {
+                Ok(_) => return Ok(data),
+                Err(ClientError::Moved) => continue,
+                Err(e) => return Err(e),
+            }
         }
-        // Zeroes from a map in which the extent was not written yet.
-        self.volume.refresh().await;
-        self.volume
-            .read_at(|map| self.locate(map, target, at), blocks)
-            .await
+        Err(ClientError::Unmapped(format!(
+            "a block of {:?} kept moving while read",
+            target.name
+        )))
     }
 
     /// Write whole blocks at `start` (aligned) of volume `name`, concurrently
     /// in pieces.
     pub async fn write(
         &self,
-        name: &str,
+        target: &Target,
         start: u64,
         data: Bytes,
         fua: bool,
     ) -> Result<(), ClientError> {
+        if target.snap.is_some() {
+            return Err(ClientError::Unmapped("a snapshot is read-only".into()));
+        }
+        let (name, id) = (target.name.as_str(), target.id);
         self.sync();
-        // Whether this write started after this front end saw every snapshot
-        // of the volume applied (only such a write may leak, under the bug).
+        // The snapshots this write started after (only such a write may
+        // leak, under the bug).
         let settled = self.settled(name);
         self.barrier(name).await?;
         let writes = self
@@ -258,7 +334,7 @@ impl<T: Transport> NamedVolumes<T> {
             .map(|(at, n)| {
                 let from = (at - start) as usize;
                 self.write_piece(
-                    name,
+                    (name, id),
                     at,
                     data.slice(from..from + n as usize),
                     (fua, settled),
@@ -277,16 +353,16 @@ impl<T: Transport> NamedVolumes<T> {
     /// where the map says so.
     async fn write_piece(
         &self,
-        name: &str,
+        (name, id): (&str, Option<u64>),
         at: u64,
         data: Bytes,
-        (fua, settled): (bool, bool),
+        (fua, settled): (bool, u64),
     ) -> Result<(), ClientError> {
         let (index, chunk, off) = place(at, self.extent_bytes);
         for _ in 0..ROUNDS {
             let map = self.volume.map();
             let state = map.state();
-            let v = state.named.get(name).ok_or_else(|| gone(name))?;
+            let v = volume_of(state, name, id)?;
             let Some(&extent) = v.alloc.get(&index) else {
                 self.commit(
                     Command::Allocate {
@@ -305,7 +381,12 @@ impl<T: Transport> NamedVolumes<T> {
             // The bug: once, a write that started after this front end saw
             // the snapshot applied goes in place into the extent the
             // snapshot froze as well.
-            if settled && self.bug_leak.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+            // (Only a write that started after the volume's latest snapshot
+            // was seen applied, with no snapshot taken since.)
+            if settled > 0
+                && settled == v.generation
+                && self.bug_leak.load(std::sync::atomic::Ordering::Relaxed) > 0
+            {
                 let frozen = match state.rows.get(&extent) {
                     _ if map.frozen(extent) => Some(extent),
                     Some(row) => Some(row.base),
@@ -348,7 +429,7 @@ impl<T: Transport> NamedVolumes<T> {
                 .write_at(
                     |map| {
                         let s = map.state();
-                        let v = s.named.get(name).ok_or_else(|| gone(name))?;
+                        let v = volume_of(s, name, id)?;
                         let same = v.alloc.get(&index) == Some(&extent)
                             && !map.frozen(extent)
                             && s.rows.get(&extent).is_none_or(|r| r.has(chunk));
@@ -396,15 +477,16 @@ impl<T: Transport> NamedVolumes<T> {
                 .write_at(
                     |map| {
                         let s = map.state();
-                        let open = s.rows.get(&extent).is_some_and(|r| !r.has(chunk))
-                            && map.extent(extent).primary_since == since;
+                        let open = s.rows.get(&extent).is_some_and(|r| !r.has(chunk));
                         if !open {
                             return Err(ClientError::Moved);
                         }
                         Ok(self.lba(extent, at))
                     },
                     data,
-                    false,
+                    // Durable before the chunk is marked filled: the base
+                    // stops serving it then, whatever a power loss drops.
+                    true,
                 )
                 .await;
             match copied {
@@ -419,11 +501,12 @@ impl<T: Transport> NamedVolumes<T> {
             chunk: chunk as u8,
             since,
         };
+        // Done once the chunk is filled (this copy or another's), or the
+        // row is gone or made again (the extent changed hands).
         self.commit(command, |s| {
-            s.rows.get(&extent).is_none_or(|r| r.has(chunk))
-                || s.extents
-                    .get(&extent)
-                    .is_some_and(|e| e.primary_since != since)
+            s.rows
+                .get(&extent)
+                .is_none_or(|r| r.has(chunk) || r.since > since)
         })
         .await
     }
@@ -438,6 +521,7 @@ impl<T: Transport> NamedVolumes<T> {
         let deadline = crate::time::now() + RETRY_BUDGET;
         let needs_space = matches!(command, Command::Allocate { .. } | Command::Redirect { .. });
         let mut asked = false;
+        let mut again = crate::time::now();
         loop {
             let state = self.sync();
             if done(&state) {
@@ -460,24 +544,31 @@ impl<T: Transport> NamedVolumes<T> {
                     ClientError::Timeout(RETRY_BUDGET)
                 });
             }
-            // Asked again while there is no free extent: the first ask may
-            // have been refused for want of one.
-            if !asked || needs_space && free == 0 {
+            // Asked again while there is no free extent (the first ask may
+            // have been refused for want of one), every 50 ms.
+            if !asked || needs_space && free == 0 && crate::time::now() >= again {
                 asked = self.control.request(command.clone()) && (free > 0 || !needs_space);
+                again = crate::time::now() + Duration::from_millis(50);
             }
             tokio::time::sleep(POLL).await;
         }
     }
 
-    /// Whether this front end has seen every snapshot of volume `name` its
-    /// map holds applied.
-    fn settled(&self, name: &str) -> bool {
+    /// The generation of volume `name` whose snapshots this front end has
+    /// seen applied, if that is every snapshot its map holds (0 otherwise,
+    /// or if it has none).
+    fn settled(&self, name: &str) -> u64 {
         let map = self.volume.map();
         let Some(v) = map.state().named.get(name) else {
-            return false;
+            return 0;
         };
         let barriers = self.barriers.lock().expect("barriers");
-        barriers.get(&v.id).copied().unwrap_or(0) >= v.generation
+        let seen = barriers.get(&v.id).copied().unwrap_or(0) >= v.generation;
+        if seen {
+            v.generation
+        } else {
+            0
+        }
     }
 
     /// Before a write of volume `name`: once per new snapshot of it, see
@@ -526,7 +617,7 @@ impl<T: Transport> NamedVolumes<T> {
     /// written (by `write`, which may encrypt them).
     pub async fn zero<F, Fut>(
         &self,
-        name: &str,
+        target: &Target,
         (start, end): (u64, u64),
         write: F,
     ) -> Result<(), ClientError>
@@ -534,18 +625,24 @@ impl<T: Transport> NamedVolumes<T> {
         F: Fn(u64, u64) -> Fut,
         Fut: std::future::Future<Output = Result<(), ClientError>>,
     {
+        if target.snap.is_some() {
+            return Err(ClientError::Unmapped("a snapshot is read-only".into()));
+        }
+        let (name, id) = (target.name.as_str(), target.id);
         let eb = self.extent_bytes;
         let mut at = start;
         while at < end {
             let index = at / eb;
             let stop = ((index + 1) * eb).min(end);
             let state = self.sync();
-            let allocated = state
-                .named
-                .get(name)
-                .ok_or_else(|| gone(name))?
-                .alloc
-                .contains_key(&index);
+            let mut allocated = volume_of(&state, name, id)?.alloc.contains_key(&index);
+            if !allocated {
+                // Never written in this node's map: perhaps written through
+                // another node's front end since.
+                self.volume.refresh().await;
+                let map = self.volume.map();
+                allocated = volume_of(map.state(), name, id)?.alloc.contains_key(&index);
+            }
             if at % eb == 0 && stop - at == eb {
                 if allocated {
                     self.commit(

@@ -293,6 +293,7 @@ impl Backend for MemBackend {
                 key: None,
                 locked: None,
                 read_only: false,
+                id: None,
             },
             // One that refuses to open, so option sequences reach that reply.
             Export {
@@ -301,6 +302,7 @@ impl Backend for MemBackend {
                 key: None,
                 locked: Some("locked".into()),
                 read_only: false,
+                id: None,
             },
         ]
     }

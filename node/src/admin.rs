@@ -183,8 +183,15 @@ impl Admin {
             (Method::Post, p) if p.starts_with("/volumes/") && query.starts_with("clone=") => {
                 self.clone_volume(&p["/volumes/".len()..], &query["clone=".len()..])
             }
-            (Method::Post, p) if p.starts_with("/volumes/") && p.ends_with("/rollback") => {
-                let name = &p["/volumes/".len()..p.len() - "/rollback".len()];
+            (Method::Post, p)
+                if p.strip_prefix("/volumes/")
+                    .and_then(|r| r.strip_suffix("/rollback"))
+                    .is_some() =>
+            {
+                let name = p
+                    .strip_prefix("/volumes/")
+                    .and_then(|r| r.strip_suffix("/rollback"))
+                    .unwrap_or_default();
                 self.rollback(name, query.strip_prefix("to=").unwrap_or(""))
             }
             (Method::Post, p) if p.starts_with("/volumes/") => {

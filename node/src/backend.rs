@@ -60,6 +60,14 @@ pub fn prune_keys(keys: &mut BTreeMap<String, Arc<VolumeKey>>, state: &ClusterSt
     });
 }
 
+/// The volume (or snapshot) `export` serves, as the client opened it.
+fn target(export: &Export) -> Target {
+    Target {
+        id: export.id,
+        ..Target::parse(&export.name)
+    }
+}
+
 /// NBD on weir volumes.
 pub struct WeirBackend<T> {
     named: Arc<NamedVolumes<T>>,
@@ -107,10 +115,7 @@ impl<T: Transport> WeirBackend<T> {
         start: u64,
         len: u64,
     ) -> Result<Bytes, ClientError> {
-        let data = self
-            .named
-            .read(&Target::parse(&export.name), start, len)
-            .await?;
+        let data = self.named.read(&target(export), start, len).await?;
         let Some(key) = &export.key else {
             return Ok(data);
         };
@@ -138,7 +143,7 @@ impl<T: Transport> WeirBackend<T> {
             }
             None => data,
         };
-        self.named.write(&export.name, start, data, fua).await
+        self.named.write(&target(export), start, data, fua).await
     }
 
     /// Write `data` at byte `start` of `export`, merging partial edge blocks.
@@ -229,6 +234,7 @@ impl<T: Transport> Backend for WeirBackend<T> {
                 key: key.clone(),
                 locked: locked.clone(),
                 read_only,
+                id: Some(v.id),
             };
             out.push(export(name.clone(), false));
             // Each snapshot, read-only, as VOL@SNAP.
@@ -288,7 +294,7 @@ impl<T: Transport> Backend for WeirBackend<T> {
         // zeroes' length (whose pages are never touched, so they cost no memory).
         let range = (offset, offset + u64::from(len));
         self.named
-            .zero(&export.name, range, |at, stop| {
+            .zero(&target(export), range, |at, stop| {
                 self.write_zeroes(export, (at, stop), fua)
             })
             .await

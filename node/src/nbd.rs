@@ -139,6 +139,9 @@ pub struct Export {
     /// Served read-only (a snapshot): the flag says so, and writes, TRIM
     /// and WRITE_ZEROES get `EPERM`.
     pub read_only: bool,
+    /// Which volume of that name it is (the backend's business: one deleted
+    /// and made again under the name is another).
+    pub id: Option<u64>,
 }
 
 /// What the NBD server serves. Offsets and lengths are checked against the

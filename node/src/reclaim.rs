@@ -14,8 +14,9 @@
 //! again.
 
 use bytes::Bytes;
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use weir_core::client::{ClientError, Volume};
 use weir_core::control::{ClusterState, Command};
 use weir_core::node::NodeHandle;
@@ -23,6 +24,8 @@ use weir_core::{Epoch, ExtentId, Lba, NodeId, Transport};
 
 /// How often an idle reclaimer looks for dirty extents.
 const IDLE_EVERY: Duration = Duration::from_millis(200);
+/// How long an extent whose zeroing failed is left alone.
+const REST: Duration = Duration::from_secs(5);
 /// Bytes of one zeroing write (the map's largest request).
 const WRITE_BYTES: u64 = weir_core::map::MAX_REQUEST_BYTES;
 /// Zeroing writes in flight at once.
@@ -30,17 +33,22 @@ const WRITES_IN_FLIGHT: usize = 4;
 /// Zeroes for one write; never written, so its pages cost no memory.
 static ZEROES: [u8; WRITE_BYTES as usize] = [0; WRITE_BYTES as usize];
 
-/// The dirty extent to zero next, if this node leads: the lowest, with the
-/// reign it is in.
+/// The dirty extent to zero next, if this node leads: the lowest not in
+/// `resting` (its zeroing failed a moment ago), with the reign it is in.
 fn next_dirty(
     me: NodeId,
     leader: Option<NodeId>,
     state: &ClusterState,
+    resting: &BTreeMap<ExtentId, Instant>,
 ) -> Option<(ExtentId, Epoch)> {
     if leader != Some(me) {
         return None;
     }
-    let &extent = state.dirty.first()?;
+    let now = Instant::now();
+    let &extent = state
+        .dirty
+        .iter()
+        .find(|e| resting.get(e).is_none_or(|&until| until <= now))?;
     Some((extent, state.extents.get(&extent)?.primary_since))
 }
 
@@ -51,9 +59,13 @@ pub async fn run<T: Transport>(
     volume: Arc<Volume<T>>,
     extent_bytes: u64,
 ) {
+    // Extents whose zeroing failed (one unavailable, say), left alone for a
+    // while so the others go on; bounded by the map's dirty extents.
+    let mut resting: BTreeMap<ExtentId, Instant> = BTreeMap::new();
     loop {
         let report = handle.report();
-        let Some((extent, since)) = next_dirty(me, report.leader, &report.state) else {
+        resting.retain(|e, _| report.state.dirty.contains(e));
+        let Some((extent, since)) = next_dirty(me, report.leader, &report.state, &resting) else {
             tokio_real::time::sleep(IDLE_EVERY).await;
             continue;
         };
@@ -65,15 +77,17 @@ pub async fn run<T: Transport>(
                 // Wait for the report to show it (or the reign to move on).
                 for _ in 0..250 {
                     let state = handle.state();
-                    if next_dirty(me, Some(me), &state) != Some((extent, since)) {
+                    let same = state.dirty.contains(&extent)
+                        && state.extents.get(&extent).map(|e| e.primary_since) == Some(since);
+                    if !same {
                         break;
                     }
                     tokio_real::time::sleep(Duration::from_millis(20)).await;
                 }
             }
             Err(e) => {
-                tracing::info!(%extent, error = %e, "zeroing a freed extent stopped; trying again");
-                tokio_real::time::sleep(IDLE_EVERY).await;
+                tracing::info!(%extent, error = %e, "zeroing a freed extent stopped; it is tried again later");
+                resting.insert(extent, Instant::now() + REST);
             }
         }
     }

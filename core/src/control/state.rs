@@ -25,7 +25,7 @@ pub use super::qos::{Qos, QosError};
 pub use command::{Command, ConfRole, Refusal};
 pub use members::{take_spare, voter_target, MAX_ADDR_BYTES};
 
-pub use snapshots::{Row, Snapshot, CHUNKS, MAX_SNAPSHOTS};
+pub use snapshots::{Row, Snapshot, CHUNKS, MAX_SNAPSHOTS, MAX_TABLE_ENTRIES, MAX_VOLUMES};
 pub use volumes::MAX_VOLUME_EXTENTS;
 
 mod command;

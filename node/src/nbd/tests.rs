@@ -19,6 +19,7 @@ impl Backend for Memory {
                 key: None,
                 locked: None,
                 read_only: false,
+                id: None,
             },
             Export {
                 name: "other".into(),
@@ -26,6 +27,7 @@ impl Backend for Memory {
                 key: None,
                 locked: None,
                 read_only: false,
+                id: None,
             },
             Export {
                 name: "sealed".into(),
@@ -33,6 +35,7 @@ impl Backend for Memory {
                 key: None,
                 locked: Some("no key here".into()),
                 read_only: false,
+                id: None,
             },
         ]
     }

@@ -141,6 +141,15 @@ impl Log {
     }
 }
 
+/// The stage's volume.
+fn the_volume() -> Target {
+    Target {
+        name: VOLUME.into(),
+        snap: None,
+        id: None,
+    }
+}
+
 fn ns_since(epoch: Instant) -> u64 {
     Instant::now().saturating_duration_since(epoch).as_nanos() as u64
 }
@@ -218,7 +227,9 @@ pub(super) async fn run(
                 let mut data = BytesMut::zeroed(bs as usize);
                 encode_block(&mut data, tag, block);
                 let invoke_ns = ns_since(epoch);
-                let r = named.write(VOLUME, block * bs, data.freeze(), false).await;
+                let r = named
+                    .write(&the_volume(), block * bs, data.freeze(), false)
+                    .await;
                 let ack_ns = r.is_ok().then(|| ns_since(epoch));
                 log.lock().expect("log").writes.push(Write {
                     block,
@@ -288,6 +299,7 @@ pub(super) async fn run(
     let snap = |name: &str| Target {
         name: VOLUME.into(),
         snap: Some(name.into()),
+        id: None,
     };
     let mut first: Option<(Taken, Bytes)> = None;
     for t in &taken {
@@ -327,7 +339,12 @@ pub(super) async fn run(
                 let tag = Tag::new(CLONE_WRITER, seq, 0);
                 let mut data = BytesMut::zeroed(bs as usize);
                 encode_block(&mut data, tag, block);
-                match named.write(CLONE, block * bs, data.freeze(), false).await {
+                let clone = Target {
+                    name: CLONE.into(),
+                    snap: None,
+                    id: None,
+                };
+                match named.write(&clone, block * bs, data.freeze(), false).await {
                     Ok(()) => {
                         written.insert(block, tag);
                     }
@@ -341,6 +358,7 @@ pub(super) async fn run(
             let target = Target {
                 name: CLONE.into(),
                 snap: None,
+                id: None,
             };
             match read(target).await {
                 Ok(data) => {
@@ -398,7 +416,7 @@ pub(super) async fn run(
     let invoke_ns = ns_since(epoch);
     let extent_blocks = extent_bytes / bs;
     match named
-        .zero(VOLUME, (0, extent_bytes), |_, _| async { Ok(()) })
+        .zero(&the_volume(), (0, extent_bytes), |_, _| async { Ok(()) })
         .await
     {
         Ok(()) => {
@@ -415,11 +433,7 @@ pub(super) async fn run(
         Err(e) => log.problems.push(format!("a trim failed: {e}")),
     }
     let now = ns_since(epoch);
-    let target = Target {
-        name: VOLUME.into(),
-        snap: None,
-    };
-    match read(target).await {
+    match read(the_volume()).await {
         Ok(data) => log.check("the volume", &data, bs as usize, (now, now)),
         Err(e) => log.problems.push(format!("the volume unreadable: {e}")),
     }

@@ -167,6 +167,14 @@ impl Scenario {
             return bad("volumes.name", "\"pool-rest\" is the snapshot stage's");
         }
         let taken: u64 = self.volume_extents().iter().map(|&(_, n)| n).sum();
+        if self.pool_extents() > weir_core::control::state::MAX_TABLE_ENTRIES
+            && (!self.volumes.is_empty() || s.rounds > 0)
+        {
+            return bad(
+                "volumes",
+                "named volumes hold at most 32768 extents in all (use larger extents)",
+            );
+        }
         if share > 100 || taken > self.pool_extents() {
             return bad(
                 "volumes.share_percent",

@@ -39,6 +39,12 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const CHUNKS: u32 = 64;
 /// Most snapshots a volume may have.
 pub const MAX_SNAPSHOTS: usize = 64;
+/// Most named volumes (clones included) the map holds.
+pub const MAX_VOLUMES: usize = 1024;
+/// Most entries all volumes' and snapshots' tables hold together: the map
+/// travels in one frame (about 6 bytes an entry, beside up to 16 Ki extents'
+/// placements).
+pub const MAX_TABLE_ENTRIES: u64 = 1 << 15;
 /// Every chunk filled.
 const ALL: u64 = u64::MAX;
 
@@ -58,6 +64,9 @@ pub struct Row {
     pub base: ExtentId,
     /// Bit `c`: chunk `c` holds its own data.
     pub filled: u64,
+    /// The reign the extent was in when it was redirected: a copy written
+    /// before cannot be this row's.
+    pub since: Epoch,
 }
 
 impl Row {
@@ -82,6 +91,18 @@ impl ClusterState {
             *refs.entry(row.base).or_default() += 1;
         }
         refs
+    }
+
+    /// Entries of every volume's and snapshot's table.
+    pub fn table_entries(&self) -> u64 {
+        let tables = |v: &NamedVolume| {
+            v.alloc.len() as u64
+                + v.snapshots
+                    .values()
+                    .map(|s| s.table.len() as u64)
+                    .sum::<u64>()
+        };
+        self.named.values().map(tables).sum()
     }
 
     /// Whether `extent`, of a volume's table, may not be written in place:
@@ -135,6 +156,11 @@ impl ClusterState {
         if v.snapshots.len() >= MAX_SNAPSHOTS {
             return Err(Refusal::TooLarge("snapshots of one volume"));
         }
+        let adds = v.alloc.len() as u64;
+        if self.table_entries() + adds > MAX_TABLE_ENTRIES {
+            return Err(Refusal::TooLarge("volumes' and snapshots' table entries"));
+        }
+        let v = self.volume_mut(name)?;
         v.generation += 1;
         let snapshot = super::Snapshot {
             table: v.alloc.clone(),
@@ -171,6 +197,12 @@ impl ClusterState {
         let table = self.snapshot_of(name, snap)?.table.clone();
         if self.named.contains_key(new) {
             return Err(Refusal::KnownName(new.to_string()));
+        }
+        if self.named.len() >= MAX_VOLUMES {
+            return Err(Refusal::TooLarge("volumes"));
+        }
+        if self.table_entries() + table.len() as u64 > MAX_TABLE_ENTRIES {
+            return Err(Refusal::TooLarge("volumes' and snapshots' table entries"));
         }
         let source = &self.named[name];
         let clone = NamedVolume {
@@ -214,14 +246,19 @@ impl ClusterState {
         if v.alloc.get(&index) != Some(&from) || !self.frozen(&refs, from) {
             return Err(Refusal::NotFrozen(from));
         }
+        if self.table_entries() >= MAX_TABLE_ENTRIES {
+            return Err(Refusal::TooLarge("volumes' and snapshots' table entries"));
+        }
         let id = self
             .take_free()
             .ok_or(Refusal::NoSpace { needed: 1, free: 0 })?;
+        let since = self.extents.get(&id).map_or(Epoch(0), |e| e.primary_since);
         self.rows.insert(
             id,
             Row {
                 base: from,
                 filled: 0,
+                since,
             },
         );
         self.volume_mut(name)?.alloc.insert(index, id);
@@ -244,7 +281,11 @@ impl ClusterState {
         if u32::from(chunk) >= CHUNKS || row.has(u32::from(chunk)) {
             return Err(Refusal::NotFrozen(extent));
         }
-        if ext.primary_since != since {
+        // A copy written in any reign since the redirect holds the chunk
+        // (the base does not change; a later reign's primary holds every
+        // write acknowledged before): other chunks' fills, which each start
+        // a reign, do not make it copy again.
+        if since < row.since || since > ext.primary_since {
             return Err(Refusal::StaleEpoch {
                 got: since,
                 current: ext.primary_since,

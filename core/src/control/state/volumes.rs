@@ -90,6 +90,12 @@ impl ClusterState {
         if self.named.contains_key(name) {
             return Err(Refusal::KnownName(name.to_string()));
         }
+        if self.named.len() >= super::MAX_VOLUMES {
+            return Err(Refusal::TooLarge("volumes"));
+        }
+        if !thin && self.table_entries() + extents > super::MAX_TABLE_ENTRIES {
+            return Err(Refusal::TooLarge("volumes' and snapshots' table entries"));
+        }
         let free = self.free_extents();
         if !thin && extents > free {
             return Err(Refusal::NoSpace {
@@ -138,6 +144,9 @@ impl ClusterState {
         }
         if volume.alloc.contains_key(&index) {
             return Err(Refusal::Allocated { index });
+        }
+        if self.table_entries() >= super::MAX_TABLE_ENTRIES {
+            return Err(Refusal::TooLarge("volumes' and snapshots' table entries"));
         }
         let id = self
             .take_free()
