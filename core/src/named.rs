@@ -25,6 +25,10 @@ use std::time::Duration;
 
 /// Largest piece of a volume sent in one request (the map's request limit).
 pub const PIECE: u64 = crate::map::MAX_REQUEST_BYTES;
+/// Zeroing writes of a freed extent in flight at once.
+const ZEROING_WRITES: usize = 4;
+/// Zeroes for one request; never written, so its pages cost no memory.
+static ZEROES: [u8; PIECE as usize] = [0; PIECE as usize];
 /// How often a front end looks at its node's map while it waits for a command.
 const POLL: Duration = Duration::from_millis(2);
 /// Rounds a piece may go through (allocate, redirect, fill, write) before it
@@ -664,5 +668,42 @@ impl<T: Transport> NamedVolumes<T> {
             at = stop;
         }
         Ok(())
+    }
+
+    /// Write zeroes over all of freed pool extent `extent` while it stays
+    /// dirty in reign `since`, then flush (the reclaimer's work; the caller
+    /// then reports it zeroed, [`Command::Zeroed`]).
+    pub async fn zero_freed(
+        &self,
+        extent: ExtentId,
+        since: crate::ids::Epoch,
+    ) -> Result<(), ClientError> {
+        let eb = self.extent_bytes;
+        let resolve = |offset: u64| {
+            move |map: &ClusterMap| {
+                let state = map.state();
+                let same = state.dirty.contains(&extent)
+                    && state.extents.get(&extent).map(|e| e.primary_since) == Some(since);
+                if !same {
+                    return Err(ClientError::Unmapped(format!(
+                        "{extent} is no longer dirty"
+                    )));
+                }
+                Ok(self.lba(extent, offset))
+            }
+        };
+        let offsets: Vec<u64> = (0..eb.div_ceil(PIECE)).map(|i| i * PIECE).collect();
+        for group in offsets.chunks(ZEROING_WRITES) {
+            let writes = group.iter().map(|&offset| {
+                let n = PIECE.min(eb - offset) as usize;
+                self.volume
+                    .write_at(resolve(offset), Bytes::from_static(&ZEROES[..n]), false)
+            });
+            for r in futures_util::future::join_all(writes).await {
+                r?;
+            }
+        }
+        // Durable before the extent counts as clean.
+        self.volume.flush().await
     }
 }

@@ -261,17 +261,12 @@ pub async fn run_on(
         Box::new(move || volume.read_flow())
     };
     let keys = crate::backend::Keys::default();
-    let reclaim_task = tokio_real::spawn(crate::reclaim::run(
-        me,
-        handle.clone(),
-        volume.clone(),
-        extent_bytes,
-    ));
     let named = Arc::new(weir_core::named::NamedVolumes::new(
         volume,
         Arc::new(handle.clone()),
         extent_bytes,
     ));
+    let reclaim_task = tokio_real::spawn(crate::reclaim::run(me, handle.clone(), named.clone()));
     let backend = Arc::new(WeirBackend::new(
         named.clone(),
         handle.clone(),

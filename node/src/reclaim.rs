@@ -13,25 +13,18 @@
 //! leadership mid-way leaves the extent dirty; the next leader's zeroes it
 //! again.
 
-use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weir_core::client::{ClientError, Volume};
 use weir_core::control::{ClusterState, Command};
+use weir_core::named::NamedVolumes;
 use weir_core::node::NodeHandle;
-use weir_core::{Epoch, ExtentId, Lba, NodeId, Transport};
+use weir_core::{Epoch, ExtentId, NodeId, Transport};
 
 /// How often an idle reclaimer looks for dirty extents.
 const IDLE_EVERY: Duration = Duration::from_millis(200);
 /// How long an extent whose zeroing failed is left alone.
 const REST: Duration = Duration::from_secs(5);
-/// Bytes of one zeroing write (the map's largest request).
-const WRITE_BYTES: u64 = weir_core::map::MAX_REQUEST_BYTES;
-/// Zeroing writes in flight at once.
-const WRITES_IN_FLIGHT: usize = 4;
-/// Zeroes for one write; never written, so its pages cost no memory.
-static ZEROES: [u8; WRITE_BYTES as usize] = [0; WRITE_BYTES as usize];
 
 /// The dirty extent to zero next, if this node leads: the lowest not in
 /// `resting` (its zeroing failed a moment ago), with the reign it is in.
@@ -53,12 +46,7 @@ fn next_dirty(
 }
 
 /// Zero dirty extents for as long as the node runs.
-pub async fn run<T: Transport>(
-    me: NodeId,
-    handle: NodeHandle,
-    volume: Arc<Volume<T>>,
-    extent_bytes: u64,
-) {
+pub async fn run<T: Transport>(me: NodeId, handle: NodeHandle, named: Arc<NamedVolumes<T>>) {
     // Extents whose zeroing failed (one unavailable, say), left alone for a
     // while so the others go on; bounded by the map's dirty extents.
     let mut resting: BTreeMap<ExtentId, Instant> = BTreeMap::new();
@@ -69,8 +57,8 @@ pub async fn run<T: Transport>(
             tokio_real::time::sleep(IDLE_EVERY).await;
             continue;
         };
-        volume.offer(&report.state);
-        match zero(&volume, extent, since, extent_bytes).await {
+        named.pool().offer(&report.state);
+        match named.zero_freed(extent, since).await {
             Ok(()) => {
                 handle.request(Command::Zeroed { extent, since });
                 tracing::info!(%extent, "freed extent zeroed");
@@ -91,41 +79,4 @@ pub async fn run<T: Transport>(
             }
         }
     }
-}
-
-/// Write zeroes over all of `extent` while it stays dirty in reign `since`.
-async fn zero<T: Transport>(
-    volume: &Volume<T>,
-    extent: ExtentId,
-    since: Epoch,
-    extent_bytes: u64,
-) -> Result<(), ClientError> {
-    let block = u64::from(volume.map().volume().block_size);
-    let resolve = |offset: u64| {
-        move |map: &weir_core::map::ClusterMap| {
-            let state = map.state();
-            let same = state.dirty.contains(&extent)
-                && state.extents.get(&extent).map(|e| e.primary_since) == Some(since);
-            if !same {
-                return Err(ClientError::Unmapped(format!(
-                    "{extent} is no longer dirty"
-                )));
-            }
-            Ok(Lba((extent.0 * extent_bytes + offset) / block))
-        }
-    };
-    let offsets: Vec<u64> = (0..extent_bytes.div_ceil(WRITE_BYTES))
-        .map(|i| i * WRITE_BYTES)
-        .collect();
-    for group in offsets.chunks(WRITES_IN_FLIGHT) {
-        let writes = group.iter().map(|&offset| {
-            let n = WRITE_BYTES.min(extent_bytes - offset) as usize;
-            volume.write_at(resolve(offset), Bytes::from_static(&ZEROES[..n]), false)
-        });
-        for r in futures_util::future::join_all(writes).await {
-            r?;
-        }
-    }
-    // Durable before the extent counts as clean.
-    volume.flush().await
 }

@@ -4,7 +4,9 @@
 //! for a node's own front end). One writer writes tagged blocks one at a time
 //! while snapshots are taken (at the plan's crashes, so a primary may crash
 //! during one, and spread over the run); then a clone of the first snapshot
-//! is written, the other snapshots read, one deleted and an extent trimmed.
+//! is written, the other snapshots read, one deleted and an extent trimmed;
+//! the freed extents are zeroed (as a node's reclaimer does) and the trimmed
+//! extent written again, so it takes a zeroed one.
 //!
 //! The checker: a snapshot taken between `t_req` (asked) and `t_ret` (its
 //! barrier done) holds, for every block, the value of the block's last write
@@ -42,31 +44,47 @@ const CLONE_WRITER: u16 = 4001;
 const COMMIT_BUDGET: Duration = Duration::from_secs(5);
 /// Writes into the clone.
 const CLONE_WRITES: u64 = 16;
+/// Writes into the trimmed extent once the freed extents are zeroed.
+const REUSE_WRITES: u64 = 8;
+const REUSE_WRITER: u16 = 4002;
 
 /// The simulator's control port: the latest map any node applied, and the
-/// first node that knows a leader and takes a request.
+/// leader that map's node knows of (else the first member, not leaving,
+/// that knows a leader and takes the request: a removed node may still take
+/// one, and drop it).
 struct Nodes(super::cluster::Handles);
 
 impl Nodes {
-    fn handles(&self) -> Vec<NodeHandle> {
-        self.0.lock().expect("handles").values().cloned().collect()
+    fn handles(&self) -> std::collections::BTreeMap<weir_core::NodeId, NodeHandle> {
+        self.0.lock().expect("handles").clone()
     }
 }
 
 impl Control for Nodes {
     fn state(&self) -> Arc<ClusterState> {
         self.handles()
-            .iter()
+            .values()
             .map(|h| h.state())
             .max_by_key(|s| s.applied)
             .unwrap_or_default()
     }
 
     fn request(&self, command: Command) -> bool {
-        self.handles()
+        let handles = self.handles();
+        let Some(latest) = handles.values().max_by_key(|h| h.state().applied) else {
+            return false;
+        };
+        let state = latest.state();
+        if let Some(leader) = latest.report().leader.and_then(|l| handles.get(&l)) {
+            if leader.request(command.clone()) {
+                return true;
+            }
+        }
+        handles
             .iter()
-            .filter(|h| h.report().leader.is_some())
-            .any(|h| h.request(command.clone()))
+            .filter(|(n, _)| state.nodes.contains_key(n) && !state.leaving.contains(n))
+            .filter(|(_, h)| h.report().leader.is_some())
+            .any(|(_, h)| h.request(command.clone()))
     }
 }
 
@@ -96,6 +114,8 @@ struct Log {
     writes: Vec<Write>,
     taken: Vec<Taken>,
     problems: Vec<String>,
+    /// Freed extents zeroed and handed back to the pool.
+    reclaimed: usize,
 }
 
 impl Log {
@@ -196,9 +216,10 @@ pub(super) async fn run(
     let mut log = Log::default();
     let scope = |log: &Log| {
         format!(
-            "{} writes, {} snapshots, a clone, a volume of {blocks} blocks",
+            "{} writes, {} snapshots, a clone, {} freed extents zeroed, a volume of {blocks} blocks",
             log.writes.len(),
-            log.taken.len()
+            log.taken.len(),
+            log.reclaimed
         )
     };
     let create = Command::CreateNamed {
@@ -432,11 +453,49 @@ pub(super) async fn run(
         }
         Err(e) => log.problems.push(format!("a trim failed: {e}")),
     }
+    // Reclaim what was freed, as a node's reclaimer does (zeroes, then
+    // `Zeroed`), and write into the trimmed extent again: it takes a zeroed
+    // extent and must read none of what the freed ones held.
+    let state = control.state();
+    let dirty: Vec<_> = state
+        .dirty
+        .iter()
+        .filter_map(|&e| Some((e, state.extents.get(&e)?.primary_since)))
+        .collect();
+    let mut reclaimed = 0;
+    for (extent, since) in dirty {
+        if named.zero_freed(extent, since).await.is_ok()
+            && commit(&control, Command::Zeroed { extent, since }, |s| {
+                !s.dirty.contains(&extent)
+            })
+            .await
+        {
+            reclaimed += 1;
+        }
+    }
+    for seq in 1..=REUSE_WRITES {
+        let block = thread_rng().gen_range(0..extent_blocks.min(blocks));
+        let tag = Tag::new(REUSE_WRITER, seq, 0);
+        let mut data = BytesMut::zeroed(bs as usize);
+        encode_block(&mut data, tag, block);
+        let invoke_ns = ns_since(epoch);
+        let r = named
+            .write(&the_volume(), block * bs, data.freeze(), false)
+            .await;
+        let ack_ns = r.is_ok().then(|| ns_since(epoch));
+        log.writes.push(Write {
+            block,
+            tag,
+            invoke_ns,
+            ack_ns,
+        });
+    }
     let now = ns_since(epoch);
     match read(the_volume()).await {
         Ok(data) => log.check("the volume", &data, bs as usize, (now, now)),
         Err(e) => log.problems.push(format!("the volume unreadable: {e}")),
     }
+    log.reclaimed = reclaimed;
     Verdict {
         name: "snapshots",
         scope: scope(&log),
