@@ -1,5 +1,5 @@
 //! `cargo xtask bench snapshots`: what snapshots cost. A 3-node cluster on
-//! loopback, a 1 GiB volume filled by a sequential write; fio's nbd engine
+//! loopback, a 256 MiB volume filled by a sequential write; fio's nbd engine
 //! runs 4 KiB random writes and reads (QD32) with no snapshot, then ten
 //! snapshots are taken, each after a run of random writes (so every snapshot
 //! freezes extents the one before had redirected), and the same jobs run
@@ -19,8 +19,10 @@ use common::{fio, weir_cluster, Result, VOLUME};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SIZE: &str = "1G";
-const POOL: &str = "8G";
+/// The volume: 4 extents of 64 MiB, each redirected in full by the writes
+/// between snapshots (copy-forward), so the pool holds 11 versions of it.
+const SIZE: &str = "256M";
+const POOL: &str = "4G";
 /// Port offset (admin 14901-3, NBD 16309-11), clear of the other benchmarks'.
 const OFFSET: u16 = 5500;
 const SNAPSHOTS: usize = 10;
@@ -95,7 +97,7 @@ fn main() {
         .find(|l| l.starts_with("pool: "))
         .unwrap_or("pool: ?")
         .to_string();
-    println!("fio nbd engine, QD32, {runtime} s per run, 1 GiB volume, 3 nodes on loopback");
+    println!("fio nbd engine, QD32, {runtime} s per run, 256 MiB volume, 3 nodes on loopback");
     println!(
         "{:<14} {:<14} {:>10} {:>10}",
         "job", "snapshots", "IOPS", "P99 us"
