@@ -112,6 +112,18 @@ fn place(at: u64, extent_bytes: u64) -> (u64, u32, u64) {
     )
 }
 
+/// `[start, start + len)` cut at multiples of `piece`.
+fn pieces(start: u64, len: u64, piece: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let (mut at, end) = (start, start + len);
+    while at < end {
+        let stop = ((at / piece + 1) * piece).min(end);
+        out.push((at, stop - at));
+        at = stop;
+    }
+    out
+}
+
 fn gone(name: &str) -> ClientError {
     ClientError::Unmapped(format!("volume {name:?} is gone"))
 }
@@ -172,15 +184,7 @@ impl<T: Transport> NamedVolumes<T> {
 
     /// `[start, start + len)` cut at multiples of the piece size.
     fn pieces(&self, start: u64, len: u64) -> Vec<(u64, u64)> {
-        let piece = self.piece_bytes();
-        let mut out = Vec::new();
-        let (mut at, end) = (start, start + len);
-        while at < end {
-            let stop = ((at / piece + 1) * piece).min(end);
-            out.push((at, stop - at));
-            at = stop;
-        }
-        out
+        pieces(start, len, self.piece_bytes())
     }
 
     /// Bring the pool client's map up to the node's.
@@ -705,5 +709,19 @@ impl<T: Transport> NamedVolumes<T> {
         }
         // Durable before the extent counts as clean.
         self.volume.flush().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_never_cross_a_piece_boundary_and_cover_the_range() {
+        assert_eq!(pieces(0, 4096, PIECE), vec![(0, 4096)]);
+        let p = pieces(PIECE - 4096, 3 * PIECE, PIECE);
+        assert_eq!(p.first(), Some(&(PIECE - 4096, 4096)));
+        assert_eq!(p.iter().map(|x| x.1).sum::<u64>(), 3 * PIECE);
+        assert!(p.iter().all(|(at, n)| at / PIECE == (at + n - 1) / PIECE));
     }
 }

@@ -5,7 +5,7 @@
 //! retries through failovers, and resolves the volume's block to a pool block
 //! afresh on every attempt.
 //!
-//! - Requests are cut into pieces of at most [`PIECE`] bytes on piece boundaries
+//! - Requests are cut into pieces of at most `weir_core::named::PIECE` bytes on piece boundaries
 //!   (never across an extent) that run concurrently.
 //! - A read of an extent the volume never wrote is zeroes, sent by no one. A
 //!   write into one first asks the control plane to allocate it (and waits

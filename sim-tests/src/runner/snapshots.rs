@@ -170,6 +170,28 @@ fn the_volume() -> Target {
     }
 }
 
+/// Write block `block` (of `bs` bytes) of the stage's volume with `tag`;
+/// the write as the log keeps it.
+async fn tagged_write(
+    named: &NamedVolumes<SimTransport>,
+    tag: Tag,
+    (block, bs): (u64, u64),
+    epoch: Instant,
+) -> Write {
+    let mut data = BytesMut::zeroed(bs as usize);
+    encode_block(&mut data, tag, block);
+    let invoke_ns = ns_since(epoch);
+    let r = named
+        .write(&the_volume(), block * bs, data.freeze(), false)
+        .await;
+    Write {
+        block,
+        tag,
+        invoke_ns,
+        ack_ns: r.is_ok().then(|| ns_since(epoch)),
+    }
+}
+
 fn ns_since(epoch: Instant) -> u64 {
     Instant::now().saturating_duration_since(epoch).as_nanos() as u64
 }
@@ -244,20 +266,9 @@ pub(super) async fn run(
             while Instant::now() < deadline {
                 seq += 1;
                 let block = thread_rng().gen_range(0..blocks);
-                let tag = Tag::new(WRITER, seq, 0);
-                let mut data = BytesMut::zeroed(bs as usize);
-                encode_block(&mut data, tag, block);
-                let invoke_ns = ns_since(epoch);
-                let r = named
-                    .write(&the_volume(), block * bs, data.freeze(), false)
-                    .await;
-                let ack_ns = r.is_ok().then(|| ns_since(epoch));
-                log.lock().expect("log").writes.push(Write {
-                    block,
-                    tag,
-                    invoke_ns,
-                    ack_ns,
-                });
+                let write =
+                    tagged_write(&named, Tag::new(WRITER, seq, 0), (block, bs), epoch).await;
+                log.lock().expect("log").writes.push(write);
             }
         })
     };
@@ -476,19 +487,8 @@ pub(super) async fn run(
     for seq in 1..=REUSE_WRITES {
         let block = thread_rng().gen_range(0..extent_blocks.min(blocks));
         let tag = Tag::new(REUSE_WRITER, seq, 0);
-        let mut data = BytesMut::zeroed(bs as usize);
-        encode_block(&mut data, tag, block);
-        let invoke_ns = ns_since(epoch);
-        let r = named
-            .write(&the_volume(), block * bs, data.freeze(), false)
-            .await;
-        let ack_ns = r.is_ok().then(|| ns_since(epoch));
-        log.writes.push(Write {
-            block,
-            tag,
-            invoke_ns,
-            ack_ns,
-        });
+        log.writes
+            .push(tagged_write(&named, tag, (block, bs), epoch).await);
     }
     let now = ns_since(epoch);
     match read(the_volume()).await {
