@@ -5,22 +5,33 @@
 //! replies by id. One task receives all replies and hands each to its waiter.
 //!
 //! Failover is hidden behind bounded retries: a request that times out, or is
-//! answered `NotPrimary`, `StaleEpoch` or `Busy`, makes the client fetch the current
-//! map (from the voting members at once, one round for every request that failed
-//! meanwhile) and try again, until [`RETRY_BUDGET`] is spent. Retrying a write
+//! refused for anything a newer map or a later attempt may cure (`NotPrimary`,
+//! `StaleEpoch`, `NoLease`, `Busy`, a peer unreachable, a connection down: see
+//! [`ClientError::retryable`]), makes the client fetch the current map (from
+//! the voting members at once, one round for every request that failed
+//! meanwhile) and try again, until the client's request bound
+//! ([`ClientOptions::request_timeout`], [`REQUEST_TIMEOUT`] by default) is
+//! spent; each attempt that got no reply gives the next one twice as long
+//! ([`CALL_TIMEOUT`] up to [`CALL_TIMEOUT_MAX`]), so a slow cluster is waited
+//! for rather than flooded. Retrying a write
 //! is idempotent: it writes the same data to the same blocks again, under the same
 //! request id, so a node that applied the first attempt and has seen it
 //! overwritten since does not bring the old data back (see the engine's `applied`).
 
 mod read_flow;
+mod retry;
+
+pub use retry::{
+    Attempts, ClientError, CALL_TIMEOUT, CALL_TIMEOUT_MAX, REQUEST_TIMEOUT, REQUEST_TIMEOUT_MAX,
+};
 
 use crate::error::WeirError;
 use crate::flow::{FlowConfig, ReadFlowStats};
 use crate::ids::{Lba, NodeId, RequestId};
 use crate::map::ClusterMap;
 use crate::sched::{Deltas, VolKey};
-use crate::transport::{SendError, Transport, TransportError};
-use crate::wire::{EncodeError, Frame, Message};
+use crate::transport::{SendError, Transport};
+use crate::wire::{Frame, Message};
 use bytes::{Bytes, BytesMut};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,66 +39,30 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-/// How long one attempt waits for its reply: well above a loaded device's latency
-/// (a shorter one turns overload into a retry storm), well below the time a
-/// failover takes to be noticed by clients anyway.
-pub const CALL_TIMEOUT: Duration = Duration::from_millis(250);
-/// How long a request keeps retrying through failovers before it fails.
-pub const RETRY_BUDGET: Duration = Duration::from_secs(5);
-/// Pause between retries.
-const RETRY_BACKOFF: Duration = Duration::from_millis(5);
-
-/// Why a client request failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The cluster answered with an error.
-    #[error(transparent)]
-    Weir(#[from] WeirError),
-    /// The request could not be sent.
-    #[error(transparent)]
-    Transport(#[from] TransportError),
-    /// The request could not be encoded (too large).
-    #[error(transparent)]
-    Encode(#[from] EncodeError),
-    /// The reply did not match the request (a protocol violation by the node).
-    #[error("unexpected reply {0}")]
-    UnexpectedReply(&'static str),
-    /// The reply task stopped: the transport closed.
-    #[error("client closed")]
-    Closed,
-    /// No reply in time.
-    #[error("no reply within {0:?}")]
-    Timeout(Duration),
-    /// A named volume's block has no pool block: its extent was never
-    /// written (a write allocates it first), or the volume is gone.
-    #[error("{0}")]
-    Unmapped(String),
-    /// A named volume's block changed hands while a write of it ran: the
-    /// write is to be sent again, as a new request, where it is now.
-    #[error("the block moved to another pool extent while written")]
-    Moved,
-    /// A named volume's write needs a pool extent and the pool has none.
-    #[error("no space: {0}")]
-    NoSpace(String),
+/// How a client is opened: see [`Volume::open_with`].
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// Where a node's own front end holds its writes' payloads while they run
+    /// (see [`crate::front_end`]); `None` for any other client.
+    pub held: Option<Arc<crate::front_end::HeldPayloads>>,
+    /// The congestion response's settings: with `flow.enabled`, reads wait
+    /// for a window over the response bytes in flight towards this client,
+    /// which the transport's marks on packets arriving here cut.
+    pub flow: FlowConfig,
+    /// How long a request retries (through failovers, restarts, refusals a
+    /// newer map resolves, replies that do not come) before it fails; at most
+    /// [`REQUEST_TIMEOUT_MAX`]. Zero: one attempt, whatever it meets (the
+    /// simulator's `give_up_at_once` bug).
+    pub request_timeout: Duration,
 }
 
-impl ClientError {
-    /// True for errors a newer map or a moment's wait may cure.
-    fn retryable(&self) -> bool {
-        matches!(
-            self,
-            ClientError::Timeout(_)
-                | ClientError::Weir(
-                    WeirError::NotPrimary(_)
-                        | WeirError::StaleEpoch { .. }
-                        | WeirError::Busy
-                        | WeirError::NoLease(_)
-                        | WeirError::Unreachable(_)
-                        // The primary's device is gone: it stops heartbeating and
-                        // its extents fail over.
-                        | WeirError::Device(crate::device::DevError::Gone)
-                )
-        )
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            held: None,
+            flow: FlowConfig::default(),
+            request_timeout: REQUEST_TIMEOUT,
+        }
     }
 }
 
@@ -115,40 +90,37 @@ pub struct Volume<T> {
     /// The window over read responses in flight towards this client, with the
     /// congestion response on (see [`crate::flow::ReadWindow`]).
     reads: Option<read_flow::ReadFlow>,
+    /// How long a request retries before it fails.
+    request_timeout: Duration,
 }
 
 impl<T: Transport> Volume<T> {
-    /// Open the map's volume over `transport`. Spawns the reply task.
+    /// Open the map's volume over `transport`, with the default
+    /// [`ClientOptions`]. Spawns the reply task.
     ///
     /// Request ids are `incarnation << 32` plus a counter: draw `incarnation` at
     /// random each time the client starts, so a restarted client's ids do not
     /// repeat its predecessor's (nodes remember the requests of recent writes).
     pub fn open(transport: Arc<T>, map: ClusterMap, incarnation: u32) -> Arc<Self> {
-        Self::open_holding(transport, map, incarnation, None)
+        Self::open_with(transport, map, incarnation, ClientOptions::default())
     }
 
-    /// [`Volume::open`] for a node's own front end, which holds each write's
-    /// payload in `held` until the write is answered.
-    pub fn open_holding(
-        transport: Arc<T>,
-        map: ClusterMap,
-        incarnation: u32,
-        held: Option<Arc<crate::front_end::HeldPayloads>>,
-    ) -> Arc<Self> {
-        Self::open_with(transport, map, incarnation, held, FlowConfig::default())
-    }
-
-    /// [`Volume::open_holding`] with the congestion response's settings: with
-    /// `flow.enabled`, reads wait for a window over the response bytes in flight
-    /// towards this client, which the transport's marks on packets arriving here
-    /// cut.
+    /// [`Volume::open`] with `options`.
     pub fn open_with(
         transport: Arc<T>,
         map: ClusterMap,
         incarnation: u32,
-        held: Option<Arc<crate::front_end::HeldPayloads>>,
-        flow: FlowConfig,
+        options: ClientOptions,
     ) -> Arc<Self> {
+        let ClientOptions {
+            held,
+            flow,
+            request_timeout,
+        } = options;
+        assert!(
+            request_timeout <= REQUEST_TIMEOUT_MAX,
+            "a request bound of {request_timeout:?} is past {REQUEST_TIMEOUT_MAX:?}"
+        );
         let waiters: Waiters = Arc::new(Mutex::new(Some(BTreeMap::new())));
         let volume = Arc::new(Volume {
             transport: transport.clone(),
@@ -160,6 +132,7 @@ impl<T: Transport> Volume<T> {
             held,
             deltas: Mutex::new(Deltas::default()),
             reads: flow.enabled.then(|| read_flow::ReadFlow::new(flow)),
+            request_timeout,
         });
         tokio::spawn(async move {
             while let Ok((from, frame)) = transport.recv().await {
@@ -231,25 +204,36 @@ impl<T: Transport> Volume<T> {
         self.map.lock().expect("map lock").volume().block_size as usize
     }
 
-    /// Run `attempt` with the current map until it succeeds, fails for good, or the
-    /// retry budget is spent; refresh the map between attempts.
-    async fn with_retry<R, F, Fut>(&self, mut attempt: F) -> Result<R, ClientError>
+    /// A request's retries, starting now, within this client's bound (a
+    /// request of several steps passes the same one to each, so they share
+    /// its bound).
+    pub fn attempts(&self) -> Attempts {
+        Attempts::new(self.request_timeout)
+    }
+
+    /// Run `attempt` with the current map and the time it may wait for a
+    /// reply until it succeeds or `attempts` says to stop; refresh the map
+    /// between attempts.
+    async fn with_retry<R, F, Fut>(
+        &self,
+        mut attempts: Attempts,
+        mut attempt: F,
+    ) -> Result<R, ClientError>
     where
-        F: FnMut(Arc<ClusterMap>) -> Fut,
+        F: FnMut(Arc<ClusterMap>, Duration) -> Fut,
         Fut: std::future::Future<Output = Result<R, ClientError>>,
     {
-        let deadline = crate::time::now() + RETRY_BUDGET;
         loop {
             let map = self.map();
-            let error = match attempt(map.clone()).await {
+            let error = match attempt(map.clone(), attempts.call_timeout()).await {
                 Ok(r) => return Ok(r),
-                Err(e) if e.retryable() && crate::time::now() < deadline => e,
-                Err(e) => return Err(e),
+                Err(e) => e,
             };
             let failed_at = crate::time::now();
-            tracing::debug!(error = %error, "retrying with a fresh map");
+            tracing::debug!(error = %error, attempt = attempts.made() + 1, "attempt failed");
+            let pause = attempts.failed(error)?;
             self.retries.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(RETRY_BACKOFF).await;
+            tokio::time::sleep(pause).await;
             self.refresh_since(&map, failed_at).await;
         }
     }
@@ -339,10 +323,12 @@ impl<T: Transport> Volume<T> {
         let map = self.map();
         let bs = self.check_length(&map, data.len())?;
         let blocks = (data.len() / bs) as u64;
+        let attempts = self.attempts();
         for (start, count) in split(&map, lba, blocks)? {
             let from = ((start.0 - lba.0) as usize) * bs;
             let chunk = data.slice(from..from + count as usize * bs);
-            self.write_at(|_| Ok(start), chunk, fua).await?;
+            self.write_at_with(attempts, |_| Ok(start), chunk, fua)
+                .await?;
         }
         Ok(())
     }
@@ -372,6 +358,19 @@ impl<T: Transport> Volume<T> {
         data: Bytes,
         fua: bool,
     ) -> Result<(), ClientError> {
+        self.write_at_with(self.attempts(), resolve, data, fua)
+            .await
+    }
+
+    /// [`Volume::write_at`] as a step of a request whose retries are
+    /// `attempts`.
+    pub async fn write_at_with(
+        &self,
+        attempts: Attempts,
+        resolve: impl Fn(&ClusterMap) -> Result<Lba, ClientError>,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), ClientError> {
         let map = self.map();
         let v = *map.volume();
         let count = (self.check_length(&map, data.len())? / v.block_size as usize) as u64;
@@ -391,7 +390,7 @@ impl<T: Transport> Volume<T> {
             Some(held) => Some(held.hold(req, start, data.clone()).await),
             None => None,
         };
-        self.with_retry(|map| {
+        self.with_retry(attempts, |map, wait| {
             let data = data.clone();
             let at = resolve(&map);
             async move {
@@ -402,7 +401,7 @@ impl<T: Transport> Volume<T> {
                 let (to, epoch) = (extent.primary, extent.epoch);
                 let delta = self.delta(&map, start, to);
                 let reply = self
-                    .call_as(req, to, |req| Message::Write {
+                    .call_as(req, to, wait, |req| Message::Write {
                         req,
                         volume: v.id,
                         epoch,
@@ -426,8 +425,11 @@ impl<T: Transport> Volume<T> {
         let map = self.map();
         let v = *map.volume();
         let mut out = BytesMut::new();
+        let attempts = self.attempts();
         for (start, count) in split(&map, lba, blocks)? {
-            let data = self.read_at(|_| Ok(Some(start)), count).await?;
+            let data = self
+                .read_at_with(attempts, |_| Ok(Some(start)), count)
+                .await?;
             out.extend_from_slice(&data);
         }
         debug_assert_eq!(out.len() as u64, blocks * u64::from(v.block_size));
@@ -442,9 +444,20 @@ impl<T: Transport> Volume<T> {
         resolve: impl Fn(&ClusterMap) -> Result<Option<Lba>, ClientError>,
         count: u64,
     ) -> Result<Bytes, ClientError> {
+        self.read_at_with(self.attempts(), resolve, count).await
+    }
+
+    /// [`Volume::read_at`] as a step of a request whose retries are
+    /// `attempts`.
+    pub async fn read_at_with(
+        &self,
+        attempts: Attempts,
+        resolve: impl Fn(&ClusterMap) -> Result<Option<Lba>, ClientError>,
+        count: u64,
+    ) -> Result<Bytes, ClientError> {
         let v = *self.map().volume();
         let bytes = count * u64::from(v.block_size);
-        self.with_retry(|map| {
+        self.with_retry(attempts, |map, wait| {
             let at = resolve(&map);
             async move {
                 let Some(start) = at? else {
@@ -470,7 +483,7 @@ impl<T: Transport> Volume<T> {
                 let (to, epoch) = (extent.primary, extent.epoch);
                 let delta = self.delta(&map, start, to);
                 let reply = self
-                    .call(to, |req| Message::Read {
+                    .call_as(self.new_request(), to, wait, |req| Message::Read {
                         req,
                         volume: v.id,
                         epoch,
@@ -513,12 +526,12 @@ impl<T: Transport> Volume<T> {
 
     /// Flush every replica of the volume.
     pub async fn flush(&self) -> Result<(), ClientError> {
-        self.with_retry(|map| async move {
+        self.with_retry(self.attempts(), |map, wait| async move {
             // Any node coordinates; try them in turn as retries go.
             let nodes = map.nodes();
             let to = nodes[(self.retries() as usize) % nodes.len()];
             let reply = self
-                .call(to, |req| Message::Flush {
+                .call_as(self.new_request(), to, wait, |req| Message::Flush {
                     req,
                     volume: map.volume().id,
                 })
@@ -551,22 +564,25 @@ impl<T: Transport> Volume<T> {
         RequestId(self.next_req.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Send one request with a new id and wait for its reply; `Failed` becomes an
-    /// error.
+    /// Send one request with a new id and wait [`CALL_TIMEOUT`] for its
+    /// reply; `Failed` becomes an error.
     async fn call(
         &self,
         to: NodeId,
         make: impl FnOnce(RequestId) -> Message,
     ) -> Result<Message, ClientError> {
-        self.call_as(self.new_request(), to, make).await
+        self.call_as(self.new_request(), to, CALL_TIMEOUT, make)
+            .await
     }
 
     /// [`Volume::call`] with request id `req` (a retry reuses its write's id; its
-    /// earlier attempt is no longer waited for, so a late reply to it is dropped).
+    /// earlier attempt is no longer waited for, so a late reply to it is
+    /// dropped), waiting `wait` for the reply.
     async fn call_as(
         &self,
         req: RequestId,
         to: NodeId,
+        wait: Duration,
         make: impl FnOnce(RequestId) -> Message,
     ) -> Result<Message, ClientError> {
         let frame = make(req).encode()?;
@@ -580,8 +596,8 @@ impl<T: Transport> Volume<T> {
                 map.remove(&req);
             }
         };
-        let deadline = crate::time::now() + CALL_TIMEOUT;
-        if let Err(e) = self.send_by(deadline, to, frame).await {
+        let deadline = crate::time::now() + wait;
+        if let Err(e) = self.send_by((deadline, wait), to, frame).await {
             forget();
             return Err(e);
         }
@@ -589,7 +605,7 @@ impl<T: Transport> Volume<T> {
             Ok(reply) => reply.map_err(|_| ClientError::Closed)?,
             Err(_) => {
                 forget();
-                return Err(ClientError::Timeout(CALL_TIMEOUT));
+                return Err(ClientError::Timeout(wait));
             }
         };
         match reply {
@@ -599,10 +615,11 @@ impl<T: Transport> Volume<T> {
     }
 
     /// Send `frame` to `to`; while the transport's queue towards it is full, wait
-    /// for room (this request's caller waits, nobody else), until `deadline`.
+    /// for room (this request's caller waits, nobody else), until `deadline`
+    /// (`wait` after the attempt started).
     async fn send_by(
         &self,
-        deadline: tokio::time::Instant,
+        (deadline, wait): (tokio::time::Instant, Duration),
         to: NodeId,
         mut frame: Frame,
     ) -> Result<(), ClientError> {
@@ -616,7 +633,7 @@ impl<T: Transport> Volume<T> {
                         .await
                         .is_err()
                     {
-                        return Err(ClientError::Timeout(CALL_TIMEOUT));
+                        return Err(ClientError::Timeout(wait));
                     }
                 }
             }

@@ -12,7 +12,7 @@
 //! written is zeroes (after asking the voters for a newer map: one written
 //! through another node may not have reached this node's yet).
 
-use crate::client::{ClientError, Volume, RETRY_BUDGET};
+use crate::client::{Attempts, ClientError, Volume};
 use crate::control::state::{ClusterState, Command, CHUNKS};
 use crate::ids::{ExtentId, Lba};
 use crate::map::ClusterMap;
@@ -31,6 +31,11 @@ const ZEROING_WRITES: usize = 4;
 static ZEROES: [u8; PIECE as usize] = [0; PIECE as usize];
 /// How often a front end looks at its node's map while it waits for a command.
 const POLL: Duration = Duration::from_millis(2);
+/// How often a front end asks again for a command its node's map does not
+/// show yet: a proposal is lost when the Raft leader it went to fails or
+/// hands over, and asking again is harmless (the map refuses a command that
+/// is done already).
+const ASK_AGAIN: Duration = Duration::from_millis(250);
 /// Rounds a piece may go through (allocate, redirect, fill, write) before it
 /// gives up: each is a committed step, so a few suffice unless TRIMs and
 /// writes of the same extent race without end.
@@ -252,10 +257,11 @@ impl<T: Transport> NamedVolumes<T> {
     /// concurrently in pieces.
     pub async fn read(&self, target: &Target, start: u64, len: u64) -> Result<Bytes, ClientError> {
         self.sync();
+        let attempts = self.volume.attempts();
         let reads = self
             .pieces(start, len)
             .into_iter()
-            .map(|(at, n)| self.read_piece(target, at, n));
+            .map(|(at, n)| self.read_piece(target, at, n, attempts));
         let mut out = BytesMut::with_capacity(len as usize);
         for data in futures_util::future::join_all(reads).await {
             out.extend_from_slice(&data?);
@@ -263,14 +269,20 @@ impl<T: Transport> NamedVolumes<T> {
         Ok(out.freeze())
     }
 
-    async fn read_piece(&self, target: &Target, at: u64, len: u64) -> Result<Bytes, ClientError> {
+    async fn read_piece(
+        &self,
+        target: &Target,
+        at: u64,
+        len: u64,
+        attempts: Attempts,
+    ) -> Result<Bytes, ClientError> {
         let blocks = len / self.block();
         let (_, chunk, _) = place(at, self.extent_bytes);
         for _ in 0..ROUNDS {
             let map = self.volume.map();
             let data = self
                 .volume
-                .read_at(|map| self.locate(map, target, at), blocks)
+                .read_at_with(attempts, |map| self.locate(map, target, at), blocks)
                 .await?;
             let now = self.volume.map();
             if self.locate(&now, target, at)?.is_none() {
@@ -294,7 +306,8 @@ impl<T: Transport> NamedVolumes<T> {
             // once one has been committed and applied there.
             let fenced = self
                 .volume
-                .read_at(
+                .read_at_with(
+                    attempts,
                     |m| {
                         let open = m.state().rows.get(&head).is_some_and(|r| !r.has(chunk))
                             && self.through_base(m, target, at) == Some(head);
@@ -335,7 +348,8 @@ impl<T: Transport> NamedVolumes<T> {
         // The snapshots this write started after (only such a write may
         // leak, under the bug).
         let settled = self.settled(name);
-        self.barrier(name).await?;
+        let attempts = self.volume.attempts();
+        self.barrier_with(name, attempts).await?;
         let writes = self
             .pieces(start, data.len() as u64)
             .into_iter()
@@ -345,7 +359,7 @@ impl<T: Transport> NamedVolumes<T> {
                     (name, id),
                     at,
                     data.slice(from..from + n as usize),
-                    (fua, settled),
+                    (fua, settled, attempts),
                 )
             });
         let mut result = Ok(());
@@ -364,7 +378,7 @@ impl<T: Transport> NamedVolumes<T> {
         (name, id): (&str, Option<u64>),
         at: u64,
         data: Bytes,
-        (fua, settled): (bool, u64),
+        (fua, settled, attempts): (bool, u64, Attempts),
     ) -> Result<(), ClientError> {
         let (index, chunk, off) = place(at, self.extent_bytes);
         for _ in 0..ROUNDS {
@@ -382,6 +396,7 @@ impl<T: Transport> NamedVolumes<T> {
                             .get(name)
                             .is_some_and(|v| v.alloc.contains_key(&index))
                     },
+                    attempts,
                 )
                 .await?;
                 continue;
@@ -422,19 +437,21 @@ impl<T: Transport> NamedVolumes<T> {
                             .get(name)
                             .is_some_and(|v| v.alloc.get(&index) != Some(&extent))
                     },
+                    attempts,
                 )
                 .await?;
                 continue;
             }
             if state.rows.get(&extent).is_some_and(|r| !r.has(chunk)) {
-                self.fill(extent, chunk).await?;
+                self.fill(extent, chunk, attempts).await?;
                 continue;
             }
             // Only while the table still holds `extent`, writable, with the
             // chunk its own.
             let written = self
                 .volume
-                .write_at(
+                .write_at_with(
+                    attempts,
                     |map| {
                         let s = map.state();
                         let v = volume_of(s, name, id)?;
@@ -462,7 +479,12 @@ impl<T: Transport> NamedVolumes<T> {
 
     /// Copy chunk `chunk` of redirected `extent` from its base, then have it
     /// marked filled.
-    async fn fill(&self, extent: ExtentId, chunk: u32) -> Result<(), ClientError> {
+    async fn fill(
+        &self,
+        extent: ExtentId,
+        chunk: u32,
+        attempts: Attempts,
+    ) -> Result<(), ClientError> {
         let map = self.volume.map();
         let state = map.state();
         let Some(row) = state.rows.get(&extent).copied() else {
@@ -478,11 +500,16 @@ impl<T: Transport> NamedVolumes<T> {
             // The base is frozen: what it holds does not change.
             let data = self
                 .volume
-                .read_at(|_| Ok(Some(self.lba(source, at))), n / self.block())
+                .read_at_with(
+                    attempts,
+                    |_| Ok(Some(self.lba(source, at))),
+                    n / self.block(),
+                )
                 .await?;
             let copied = self
                 .volume
-                .write_at(
+                .write_at_with(
+                    attempts,
                     |map| {
                         let s = map.state();
                         let open = s.rows.get(&extent).is_some_and(|r| !r.has(chunk));
@@ -511,24 +538,28 @@ impl<T: Transport> NamedVolumes<T> {
         };
         // Done once the chunk is filled (this copy or another's), or the
         // row is gone or made again (the extent changed hands).
-        self.commit(command, |s| {
-            s.rows
-                .get(&extent)
-                .is_none_or(|r| r.has(chunk) || r.since > since)
-        })
+        self.commit(
+            command,
+            |s| {
+                s.rows
+                    .get(&extent)
+                    .is_none_or(|r| r.has(chunk) || r.since > since)
+            },
+            attempts,
+        )
         .await
     }
 
-    /// Ask for `command` and wait until this node's map shows `done`; a
-    /// write needing space in a full pool fails with [`ClientError::NoSpace`].
+    /// Ask for `command` and wait until this node's map shows `done`, asking
+    /// again every [`ASK_AGAIN`], for as long as `attempts` allow; a write
+    /// needing space in a full pool fails with [`ClientError::NoSpace`].
     async fn commit(
         &self,
         command: Command,
         done: impl Fn(&ClusterState) -> bool,
+        mut attempts: Attempts,
     ) -> Result<(), ClientError> {
-        let deadline = crate::time::now() + RETRY_BUDGET;
         let needs_space = matches!(command, Command::Allocate { .. } | Command::Redirect { .. });
-        let mut asked = false;
         let mut again = crate::time::now();
         loop {
             let state = self.sync();
@@ -542,21 +573,28 @@ impl<T: Transport> NamedVolumes<T> {
                     state.allocated_extents()
                 )));
             }
-            if crate::time::now() >= deadline {
+            if attempts.spent() {
                 return Err(if needs_space && free == 0 {
                     ClientError::NoSpace(format!(
-                        "no free extent within {RETRY_BUDGET:?} ({} freed, being zeroed)",
+                        "no free extent within {:?} ({} freed, being zeroed)",
+                        attempts.bound(),
                         state.dirty.len()
                     ))
                 } else {
-                    ClientError::Timeout(RETRY_BUDGET)
+                    attempts.give_up(ClientError::Unmapped(format!(
+                        "the control plane did not apply {}",
+                        command.kind()
+                    )))
                 });
             }
-            // Asked again while there is no free extent (the first ask may
-            // have been refused for want of one), every 50 ms.
-            if !asked || needs_space && free == 0 && crate::time::now() >= again {
-                asked = self.control.request(command.clone()) && (free > 0 || !needs_space);
-                again = crate::time::now() + Duration::from_millis(50);
+            // Asked at first and again every ASK_AGAIN (the proposal may
+            // have been lost, or refused for want of a free extent).
+            if crate::time::now() >= again {
+                if !self.control.request(command.clone()) {
+                    tracing::debug!(command = command.kind(), "the node took no command now");
+                }
+                attempts.note_attempt();
+                again = crate::time::now() + ASK_AGAIN;
             }
             tokio::time::sleep(POLL).await;
         }
@@ -583,6 +621,12 @@ impl<T: Transport> NamedVolumes<T> {
     /// every primary of the extents it froze apply it (a read of one block at
     /// this map's epoch, which a primary serves only once its map is as new).
     pub async fn barrier(&self, name: &str) -> Result<(), ClientError> {
+        self.barrier_with(name, self.volume.attempts()).await
+    }
+
+    /// [`NamedVolumes::barrier`] as a step of a request whose retries are
+    /// `attempts`.
+    async fn barrier_with(&self, name: &str, attempts: Attempts) -> Result<(), ClientError> {
         self.sync();
         let map = self.volume.map();
         let Some(v) = map.state().named.get(name) else {
@@ -606,9 +650,10 @@ impl<T: Transport> NamedVolumes<T> {
             .collect();
         frozen.sort_unstable();
         frozen.dedup();
-        let reads = frozen
-            .iter()
-            .map(|&e| self.volume.read_at(move |_| Ok(Some(self.lba(e, 0))), 1));
+        let reads = frozen.iter().map(|&e| {
+            self.volume
+                .read_at_with(attempts, move |_| Ok(Some(self.lba(e, 0))), 1)
+        });
         for r in futures_util::future::join_all(reads).await {
             r?;
         }
@@ -638,6 +683,7 @@ impl<T: Transport> NamedVolumes<T> {
         }
         let (name, id) = (target.name.as_str(), target.id);
         let eb = self.extent_bytes;
+        let attempts = self.volume.attempts();
         let mut at = start;
         while at < end {
             let index = at / eb;
@@ -663,6 +709,7 @@ impl<T: Transport> NamedVolumes<T> {
                                 .get(name)
                                 .is_none_or(|v| !v.alloc.contains_key(&index))
                         },
+                        attempts,
                     )
                     .await?;
                 }

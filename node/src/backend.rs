@@ -96,8 +96,8 @@ impl<T: Transport> WeirBackend<T> {
     }
 
     fn error(&self, op: &str, e: &ClientError) -> u32 {
-        self.metrics.error(op);
-        tracing::warn!(op, error = %e, "volume request failed");
+        self.metrics.error(op, e.kind());
+        tracing::warn!(op, why = e.kind(), error = %e, "volume request failed");
         match e {
             ClientError::Weir(WeirError::OutOfRange { .. } | WeirError::BadLength { .. }) => {
                 errno::EINVAL

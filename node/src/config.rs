@@ -50,6 +50,9 @@
 //!
 //! [nbd]
 //! listen = "127.0.0.1:10809"  # NBD front end; export name = volume name
+//! request_timeout_s = 120     # a request retries through failovers, restarts
+//!                             # and a slow cluster this long before it fails
+//!                             # (EIO); 1 to 600
 //!
 //! [admin]
 //! listen = "127.0.0.1:9401"   # /metrics, /status, /volumes (default 9400 + id)
@@ -321,6 +324,12 @@ pub struct NbdSection {
     pub tls_key: Option<PathBuf>,
     /// With TLS: clients must present a certificate this CA (PEM) signed.
     pub tls_client_ca: Option<PathBuf>,
+    /// How long a request keeps retrying (failovers, a restarting node,
+    /// refusals a newer map resolves, replies that do not come) before it
+    /// fails with EIO: 120 s by default, past the Linux block layer's 30 s
+    /// command timeout, so the kernel's client and qemu decide first.
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout_s: u64,
 }
 
 /// `[nbd] tls`.
@@ -435,6 +444,9 @@ fn default_extent() -> Size {
 fn default_nbd() -> SocketAddr {
     "127.0.0.1:10809".parse().expect("a valid address")
 }
+fn default_request_timeout() -> u64 {
+    weir_core::client::REQUEST_TIMEOUT.as_secs()
+}
 fn default_lease() -> u64 {
     weir_core::control::DEFAULT_LEASE_NS / 1_000_000
 }
@@ -450,6 +462,7 @@ impl Default for NbdSection {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            request_timeout_s: default_request_timeout(),
         }
     }
 }
@@ -645,6 +658,17 @@ impl Config {
             return bad(key, why);
         }
         let n = &self.nbd;
+        let most = weir_core::client::REQUEST_TIMEOUT_MAX.as_secs();
+        if !(1..=most).contains(&n.request_timeout_s) {
+            return bad(
+                "nbd.request_timeout_s",
+                format!(
+                    "{} s: must be 1 to {most} (nodes remember a write for a retry of it \
+                     only so long)",
+                    n.request_timeout_s
+                ),
+            );
+        }
         if n.tls != NbdTlsMode::Off && (n.tls_cert.is_none() || n.tls_key.is_none()) {
             return bad(
                 "nbd.tls",

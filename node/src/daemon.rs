@@ -251,8 +251,11 @@ pub async fn run_on(
         client_side,
         map.clone(),
         rand::random(),
-        Some(held),
-        config.flow,
+        weir_core::client::ClientOptions {
+            held: Some(held),
+            flow: config.flow,
+            request_timeout: std::time::Duration::from_secs(config.nbd.request_timeout_s),
+        },
     );
     let metrics = Arc::new(Metrics::new());
     let extent_bytes = config.cluster.extent_size.0;

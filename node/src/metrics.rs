@@ -22,6 +22,16 @@ pub struct Op {
     pub op: String,
 }
 
+/// Labels naming an NBD command and why it failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Failure {
+    /// read, write, flush, trim, write_zeroes.
+    pub op: String,
+    /// The error's kind (`weir_core::client::ClientError::kind`): gave_up
+    /// for a request whose bound ran out, no_space, out_of_range, ...
+    pub why: String,
+}
+
 /// A label naming what became of something: taken, missed.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
@@ -60,7 +70,7 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     requests: Family<Op, Counter>,
     bytes: Family<Op, Counter>,
-    errors: Family<Op, Counter>,
+    errors: Family<Failure, Counter>,
     latency: Family<Op, Histogram, fn() -> Histogram>,
     replicas: Family<State, Gauge>,
     rebuild_done: Gauge,
@@ -284,7 +294,11 @@ impl Metrics {
                 "Bytes read or written through NBD",
                 m.bytes.clone(),
             );
-            r.register("nbd_errors", "NBD requests that failed", m.errors.clone());
+            r.register(
+                "nbd_errors",
+                "NBD requests that failed, by command and why",
+                m.errors.clone(),
+            );
             r.register(
                 "nbd_latency_seconds",
                 "NBD request latency",
@@ -419,9 +433,14 @@ impl Metrics {
         self.admin_refused.inc();
     }
 
-    /// A request failed.
-    pub fn error(&self, op: &str) {
-        self.errors.get_or_create(&Op { op: op.to_string() }).inc();
+    /// A request failed, for `why` (an error kind).
+    pub fn error(&self, op: &str, why: &str) {
+        self.errors
+            .get_or_create(&Failure {
+                op: op.to_string(),
+                why: why.to_string(),
+            })
+            .inc();
     }
 
     /// The text exposition, with the gauges refreshed from `report` of node `me`.
@@ -576,7 +595,7 @@ mod tests {
         let m = Metrics::new();
         m.record("read", 4096, Duration::from_micros(80));
         m.record("read", 4096, Duration::from_micros(120));
-        m.error("write");
+        m.error("write", "gave_up");
         let report = NodeReport {
             checkpoints: 7,
             version_bytes: 2048,
@@ -601,7 +620,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("weir_nbd_errors_total{op=\"write\"} 1"),
+            text.contains("weir_nbd_errors_total{op=\"write\",why=\"gave_up\"} 1"),
             "{text}"
         );
         assert!(

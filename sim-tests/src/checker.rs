@@ -216,6 +216,44 @@ fn check_register(lba: u64, ops: &[BlockOp], violations: &mut Vec<String>) {
     }
 }
 
+/// No client error within tolerance: while the plan stays within what the
+/// cluster tolerates (`within`; `plan` says which), every client request must
+/// succeed, however long it waited. Beyond it, errors are allowed (and
+/// counted).
+pub fn check_availability(history: &History, within: bool, plan: &str) -> Verdict {
+    let failed: Vec<&OpRecord> = history
+        .ops
+        .iter()
+        .filter(|o| o.complete_ns.is_none())
+        .collect();
+    let violations = if within {
+        failed
+            .iter()
+            .map(|o| {
+                format!(
+                    "client {} {:?} of block {} invoked at {} ns failed: {}",
+                    o.client,
+                    o.kind,
+                    o.lba,
+                    o.invoke_ns,
+                    o.error.as_deref().unwrap_or("(no error recorded)")
+                )
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Verdict {
+        name: "availability",
+        scope: format!(
+            "{} requests, {} failed; {plan}",
+            history.ops.len(),
+            failed.len()
+        ),
+        violations,
+    }
+}
+
 /// Check that every replica holds, for every written block, the latest acknowledged
 /// write (one not certainly followed by another write).
 pub fn check_no_lost_writes(history: &History, replicas: usize) -> Verdict {
@@ -347,6 +385,7 @@ mod tests {
             values: vec![Value::Tag(Tag::new(client, seq, 0))],
             invoke_ns: inv,
             complete_ns: Some(comp),
+            error: None,
         }
     }
 
@@ -358,6 +397,7 @@ mod tests {
             values: vec![value],
             invoke_ns: inv,
             complete_ns: Some(comp),
+            error: None,
         }
     }
 

@@ -544,6 +544,7 @@ mod tests {
             values: Vec::new(),
             invoke_ns,
             complete_ns: Some(complete_ns),
+            error: None,
         };
         let mut s = Scenario::default();
         s.workload.duration_ms = 3;

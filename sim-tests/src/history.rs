@@ -113,6 +113,8 @@ pub struct OpRecord {
     /// Completion time; `None` if the operation failed (a failed write may or may
     /// not have taken effect).
     pub complete_ns: Option<u64>,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
 }
 
 /// A replica's copy of a block, read back after the workload.

@@ -69,6 +69,7 @@ enum Bug {
     AcceptStaleEpoch,
     IgnoreLeaseMargin,
     LeakIntoSnapshot,
+    GiveUpAtOnce,
 }
 
 fn main() -> ExitCode {
@@ -122,6 +123,7 @@ fn main() -> ExitCode {
             Bug::AcceptStaleEpoch => scenario.bugs.accept_stale_epoch = true,
             Bug::IgnoreLeaseMargin => scenario.bugs.ignore_lease_margin = true,
             Bug::LeakIntoSnapshot => scenario.bugs.leak_into_snapshot = true,
+            Bug::GiveUpAtOnce => scenario.bugs.give_up_at_once = true,
         }
     }
     run(&args, &scenario, &name)

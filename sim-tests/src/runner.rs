@@ -11,7 +11,7 @@
 //! 5. the checkers, over the history and the nodes' audit facts, and
 //!    [`summary`]: the report.
 
-use crate::checker::{check_linearizable, check_no_lost_writes};
+use crate::checker::{check_availability, check_linearizable, check_no_lost_writes};
 use crate::history::History;
 use crate::invariants::{check_acks_persisted, check_epochs, check_leases};
 use crate::report::Report;
@@ -28,6 +28,7 @@ pub mod plan;
 mod readback;
 mod snapshots;
 mod summary;
+pub mod tolerance;
 mod workload;
 
 pub use plan::{Fault, FaultPlan};
@@ -192,7 +193,14 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         None => None,
     };
     let audit = std::mem::take(&mut *cluster.audit.lock().expect("audit log"));
+    let voters = weir_core::control::raft::voters_of(cluster.map.nodes());
+    let tolerance = tolerance::judge(&plan, &voters);
     let mut verdicts = vec![
+        check_availability(
+            &history,
+            tolerance == tolerance::Tolerance::Within,
+            &tolerance.to_string(),
+        ),
         check_linearizable(&history),
         check_no_lost_writes(&history, replicas),
         check_leases(&audit, &kills.lock().expect("kill log"), base_ns),

@@ -562,6 +562,9 @@ pub struct BugSpec {
     /// A front end writes once into a frozen extent in place, into the
     /// snapshot.
     pub leak_into_snapshot: bool,
+    /// Clients give a request up at its first refusal or missed reply,
+    /// instead of retrying within their request bound.
+    pub give_up_at_once: bool,
 }
 
 /// A scenario that cannot run.

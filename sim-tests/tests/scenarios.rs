@@ -363,6 +363,21 @@ fn accepting_a_stale_epoch_is_caught_and_named() {
 }
 
 #[test]
+fn a_client_giving_up_at_once_is_caught_by_the_availability_checker() {
+    // Campaign seed 1 (2026-12-06: 8 of seeds 1-16 catch it): its faults stay
+    // within tolerance, so every request must succeed; a client that gives
+    // a request up at the first refusal (a stale epoch, a busy node) fails
+    // some, and the checker names each with its error.
+    let first = first_violation(1, |s| s.bugs.give_up_at_once = true, "availability");
+    assert!(
+        first.contains("failed: gave up after 0ns and 1 attempts"),
+        "unreadable violation: {first}"
+    );
+    let r = run(1, &Scenario::campaign(1), "campaign").report;
+    assert!(r.passed(), "{r}");
+}
+
+#[test]
 fn a_write_leaking_into_a_snapshot_is_caught_and_named() {
     // Campaign seed 4 runs the snapshot stage (16 MiB extents); without the
     // bug it passes (the campaign's seeds 1-100 run in `cargo xtask test`).

@@ -229,7 +229,11 @@ pub(super) async fn run(
     let bs = u64::from(c.block_size);
     let blocks = scenario.snapshots.extents * extent_bytes / bs;
     let control = Arc::new(Nodes(handles));
-    let volume = Volume::open_with(transport, map, thread_rng().gen(), None, scenario.flow);
+    let options = weir_core::client::ClientOptions {
+        flow: scenario.flow,
+        ..Default::default()
+    };
+    let volume = Volume::open_with(transport, map, thread_rng().gen(), options);
     let mut named = NamedVolumes::new(volume, control.clone(), extent_bytes);
     if scenario.bugs.leak_into_snapshot {
         named = named.with_bug_leak_into_snapshot();

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-use weir_core::client::Volume;
+use weir_core::client::{ClientOptions, Volume};
 use weir_core::map::ClusterMap;
 use weir_core::Lba;
 use weir_transport_sim::SimTransport;
@@ -129,7 +129,17 @@ async fn run_client(
     (client, plan, workers): (u16, ClientPlan, u64),
     epoch: Instant,
 ) -> Vec<OpRecord> {
-    let volume = Volume::open_with(transport, map, thread_rng().gen(), None, spec.flow);
+    let options = ClientOptions {
+        flow: spec.flow,
+        // The bug: a client that gives up at the first refusal or timeout.
+        request_timeout: if spec.bugs.give_up_at_once {
+            Duration::ZERO
+        } else {
+            ClientOptions::default().request_timeout
+        },
+        ..ClientOptions::default()
+    };
+    let volume = Volume::open_with(transport, map, thread_rng().gen(), options);
     let seq = Arc::new(AtomicU64::new(0));
     let stream = Arc::new(AtomicU64::new(0));
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -223,18 +233,18 @@ impl Worker {
         let result = self.volume.read(Lba(lba), blocks).await;
         let complete_ns = self.now_ns();
         let bs = self.volume.block_size();
-        let (values, complete_ns) = match result {
+        let (values, complete_ns, error) = match result {
             Ok(data) => {
                 let values = data
                     .chunks_exact(bs)
                     .enumerate()
                     .map(|(i, b)| decode_block(b, lba + i as u64))
                     .collect();
-                (values, Some(complete_ns))
+                (values, Some(complete_ns), None)
             }
             Err(e) => {
                 tracing::warn!(lba, error = %e, "read failed");
-                (Vec::new(), None)
+                (Vec::new(), None, Some(e.to_string()))
             }
         };
         OpRecord {
@@ -244,6 +254,7 @@ impl Worker {
             values,
             invoke_ns,
             complete_ns,
+            error,
         }
     }
 
@@ -258,11 +269,11 @@ impl Worker {
         }
         let invoke_ns = self.now_ns();
         let result = self.volume.write(Lba(lba), Bytes::from(data), false).await;
-        let complete_ns = match result {
-            Ok(()) => Some(self.now_ns()),
+        let (complete_ns, error) = match result {
+            Ok(()) => (Some(self.now_ns()), None),
             Err(e) => {
                 tracing::warn!(lba, error = %e, "write failed");
-                None
+                (None, Some(e.to_string()))
             }
         };
         OpRecord {
@@ -272,6 +283,7 @@ impl Worker {
             values,
             invoke_ns,
             complete_ns,
+            error,
         }
     }
 }

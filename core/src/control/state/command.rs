@@ -247,6 +247,39 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// The command's name, for logs and errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::AddNode { .. } => "add_node",
+            Command::CreateVolume { .. } => "create_volume",
+            Command::NodeDown { .. } => "node_down",
+            Command::NodeUp { .. } => "node_up",
+            Command::DropReplica { .. } => "drop_replica",
+            Command::RebuildDone { .. } => "rebuild_done",
+            Command::Restarted { .. } => "restarted",
+            Command::ReplaceNode { .. } => "replace_node",
+            Command::CreateNamed { .. } => "create_named",
+            Command::SetQos { .. } => "set_qos",
+            Command::DeleteNamed { .. } => "delete_named",
+            Command::Allocate { .. } => "allocate",
+            Command::Trim { .. } => "trim",
+            Command::Snapshot { .. } => "snapshot",
+            Command::DeleteSnapshot { .. } => "delete_snapshot",
+            Command::Clone { .. } => "clone",
+            Command::Rollback { .. } => "rollback",
+            Command::Redirect { .. } => "redirect",
+            Command::Filled { .. } => "filled",
+            Command::Zeroed { .. } => "zeroed",
+            Command::JoinNode { .. } => "join_node",
+            Command::RemoveNode { .. } => "remove_node",
+            Command::MoveReplica { .. } => "move_replica",
+            Command::FinishMove { .. } => "finish_move",
+            Command::Conf { .. } => "conf",
+        }
+    }
+}
+
 /// A node's place in the Raft group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ConfRole {

@@ -22,9 +22,10 @@
 use crate::ids::{Lba, NodeId, RequestId, Version};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-/// How long an applied write is remembered: past the client's whole retry budget.
+/// How long an applied write is remembered: past the longest a client may
+/// keep retrying one.
 pub(super) const APPLIED_KEEP_NS: u64 =
-    crate::client::RETRY_BUDGET.as_nanos() as u64 + 5_000_000_000;
+    crate::client::REQUEST_TIMEOUT_MAX.as_nanos() as u64 + 5_000_000_000;
 /// Most applied writes remembered at once.
 pub(super) const APPLIED_MAX: usize = 1 << 16;
 
