@@ -378,6 +378,17 @@ fn a_client_giving_up_at_once_is_caught_by_the_availability_checker() {
 }
 
 #[test]
+fn a_rebuild_over_lossy_tcp_keeps_probes_in_flight() {
+    // Campaign seed 20274 (5 nodes, TCP with loss, a small congestion
+    // window): until 2026-12-06 a rebuild sent one probe at a time to a
+    // replica whose window had been cut, so every lost packet was a lost
+    // tail that TCP recovers only after its 200 ms minimum RTO: n3's rebuild
+    // of three extents it already held took 2,011 ms, past liveness's bound.
+    let r = run(20274, &Scenario::campaign(20274), "campaign").report;
+    assert!(r.passed(), "{r}");
+}
+
+#[test]
 fn a_write_leaking_into_a_snapshot_is_caught_and_named() {
     // Campaign seed 4 runs the snapshot stage (16 MiB extents); without the
     // bug it passes (the campaign's seeds 1-100 run in `cargo xtask test`).

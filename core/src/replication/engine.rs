@@ -222,6 +222,9 @@ impl Replicator {
     pub fn restart_applied(&mut self) {
         if std::mem::take(&mut self.restart_fence) {
             self.claim_all();
+            // The extents it leads at later epochs are reconciled now (the
+            // fence kept them from it).
+            self.reconcile_after_map();
         }
     }
 

@@ -45,6 +45,17 @@ impl Replicator {
         self.map.extent(extent).serve_after_ns
     }
 
+    /// Whether this node, restarted, may not lead `extent` yet: its
+    /// `Restarted` is not applied, or the extent's epoch has not moved past
+    /// the one its log ended at (what it held then, it may have lost).
+    pub(super) fn fenced_by_restart(&self, extent: ExtentId) -> bool {
+        self.restart_fence
+            || self
+                .restored
+                .get(&extent)
+                .is_some_and(|&e| self.map.extent(extent).epoch <= e)
+    }
+
     /// May this node serve `extent` now? (It is the primary: checked before.)
     pub(super) fn may_serve(&self, extent: ExtentId) -> Result<(), WeirError> {
         debug_assert_eq!(
@@ -52,14 +63,9 @@ impl Replicator {
             self.me,
             "may_serve asked of {extent}'s replica"
         );
-        let restarted_here = self
-            .restored
-            .get(&extent)
-            .is_some_and(|&e| self.map.extent(extent).epoch <= e);
         if self.now_ns < self.lease_end()
             && self.now_ns >= self.serve_from(extent)
-            && !restarted_here
-            && !self.restart_fence
+            && !self.fenced_by_restart(extent)
             && self.reconciled(extent)
         {
             Ok(())

@@ -21,8 +21,14 @@
 //! - Bandwidth is bounded ([`ReplicationConfig::rebuild_bytes_per_sec`] over all of
 //!   a primary's copies, at most [`REBUILD_CHUNKS_IN_FLIGHT`] chunks at once), so
 //!   foreground latency stays close to normal. With the congestion response on,
-//!   the chunks in flight to a replica also stay within that peer's window (see
+//!   the data in flight to a replica also stays within that peer's window (see
 //!   [`crate::flow`]; one chunk always may go): a congested path slows its copy.
+//!   The window holds back data, not probes: a chunk the replica lacks part of
+//!   waits, probed and locked, for room ([`ChunkPhase::Waiting`]), and no new
+//!   chunk to that replica starts meanwhile; while the replica lacks nothing,
+//!   several probes stay in flight. (One probe at a time would make every lost
+//!   packet a lost tail, which TCP recovers only by its retransmission
+//!   timeout: 200 ms at least, after Linux and RFC 8985, for each.)
 //! - When the walk is done the replica is *joining*: new writes wait for it like
 //!   for an in-sync replica. Once it has answered every write forwarded to it
 //!   before, the primary asks the control plane for `RebuildDone`; from then on any
@@ -51,9 +57,15 @@ const REBUILD_CHUNKS_PER_COPY: usize = 4;
 /// replica restarted too quickly to be declared down), and its range lock must
 /// not hold writes to those blocks back for ever.
 pub(super) const REBUILD_CHUNK_TIMEOUT_NS: u64 = 1_000_000_000;
-/// `RebuildDone` is asked again after this long if the map has not moved (the
-/// request may have been lost with a leader); a failed chunk is retried after it.
+/// A failed chunk is retried after this long.
 const REBUILD_RETRY_NS: u64 = 10_000_000;
+/// `RebuildDone` is asked again after this long while the copy has not ended
+/// (the request may have been lost with a leader). Far longer than a commit
+/// takes: asked every 10 ms, a restarted node's dozens of copies flooded the
+/// control plane with copies of their requests (hundreds a second, each
+/// applied, or refused, by every member), which slowed every commit and so
+/// made more of them (seen in `node/tests/restarts.rs`, 2026-12-06).
+const REBUILD_DONE_ASK_AGAIN_NS: u64 = 250_000_000;
 
 /// Where a rebuild chunk stands at the primary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +74,9 @@ pub(crate) enum ChunkPhase {
     Locking,
     /// The replica has been asked what it lacks.
     Probing,
+    /// The replica lacks part of it, which waits for room in the replica's
+    /// window before it is read and sent.
+    Waiting,
     /// The part the replica lacks is being read.
     Reading,
     /// Sent; waiting for the replica's ack.
@@ -209,6 +224,9 @@ impl Replicator {
             0 => DEFAULT_REBUILD_BYTES_PER_SEC,
             r => r,
         };
+        // Chunks waiting for a window go first; no new chunk starts towards
+        // a replica one still waits for.
+        let blocked = self.start_waiting_chunks();
         let next_op = &mut self.next_op;
         let mut new_op = || {
             *next_op += 1;
@@ -216,7 +234,7 @@ impl Replicator {
         };
         let steps = self.rebuild.pump(
             self.now_ns,
-            (rate, &self.peer_windows),
+            (rate, &blocked),
             &self.grains,
             &self.map,
             &mut new_op,
@@ -319,17 +337,73 @@ impl Replicator {
         let skipped = (len - (to_block - from_block)) as u64 * gb * bs;
         chunk.lba = chunk.lba.offset(from_block as u64 * gb);
         chunk.versions = chunk.versions[from_block..to_block].to_vec();
-        chunk.phase = ChunkPhase::Reading;
-        let (extent, node, start) = (chunk.extent, chunk.node, chunk.lba);
+        chunk.phase = ChunkPhase::Waiting;
+        let (extent, node) = (chunk.extent, chunk.node);
         let blocks = chunk.versions.len() as u64 * gb;
         self.rebuild.probed((extent, node), skipped, blocks * bs);
         if blocks == 0 {
             return self.finish_chunk(op, Ok(()));
         }
+        if self.window_has_room(node, blocks * bs) {
+            self.read_chunk(op);
+        }
+    }
+
+    /// Read waiting chunk `op`'s data, to send it.
+    fn read_chunk(&mut self, op: OpId) {
+        let chunk = self.ops.chunks.get_mut(&op).expect("a waiting chunk");
+        debug_assert_eq!(chunk.phase, ChunkPhase::Waiting);
+        chunk.phase = ChunkPhase::Reading;
+        let start = chunk.lba;
+        let blocks = chunk.versions.len() as u64 * self.grains.grain_blocks();
         let io = self.io(IoPurpose::Op(op));
         // The chunk goes out with the grains' versions: the data must hold every
         // write those count, including one still on this node's device.
         self.read_device(io, IoCmd::Read { lba: start, blocks });
+    }
+
+    /// Bytes of rebuild data being read for, or sent to, `node`.
+    pub(super) fn rebuild_data_in_flight(&self, node: NodeId) -> u64 {
+        let bytes_per_grain = self.grains.grain_blocks() * u64::from(self.map.volume().block_size);
+        self.ops
+            .chunks
+            .values()
+            .filter(|c| c.node == node)
+            .filter(|c| matches!(c.phase, ChunkPhase::Reading | ChunkPhase::Sent))
+            .map(|c| c.versions.len() as u64 * bytes_per_grain)
+            .sum()
+    }
+
+    /// Whether `bytes` more of rebuild data may go to `node` now: within its
+    /// window if the congestion response gave it one (one chunk always may).
+    fn window_has_room(&self, node: NodeId, bytes: u64) -> bool {
+        let Some(&window) = self.peer_windows.get(&node) else {
+            return true;
+        };
+        let in_flight = self.rebuild_data_in_flight(node);
+        in_flight == 0 || in_flight + bytes <= window
+    }
+
+    /// Start the waiting chunks whose replica's window has room now, oldest
+    /// first; the replicas some chunk still waits for.
+    fn start_waiting_chunks(&mut self) -> std::collections::BTreeSet<NodeId> {
+        let waiting: Vec<(OpId, NodeId, u64)> = self
+            .ops
+            .chunks
+            .iter()
+            .filter(|(_, c)| c.phase == ChunkPhase::Waiting)
+            .map(|(&op, c)| (op, c.node, c.versions.len() as u64))
+            .collect();
+        let bytes_per_grain = self.grains.grain_blocks() * u64::from(self.map.volume().block_size);
+        let mut blocked = std::collections::BTreeSet::new();
+        for (op, node, grains) in waiting {
+            if !blocked.contains(&node) && self.window_has_room(node, grains * bytes_per_grain) {
+                self.read_chunk(op);
+            } else {
+                blocked.insert(node);
+            }
+        }
+        blocked
     }
 
     /// The local read of rebuild chunk `op` finished: send it.

@@ -471,6 +471,14 @@ impl Replicator {
         let max = u64::from(self.map.volume().max_request_blocks);
         for (extent, primary, reign, in_sync, holds, others) in extents {
             if primary == self.me && in_sync {
+                // A restarted node's replayed map still names it primary of
+                // extents long failed over: their replicas follow newer reigns
+                // and send it no tail, and asking to drop them for it (every
+                // such extent, at once) would flood the control plane. It
+                // leads once the fence is down and the epoch has moved on.
+                if self.fenced_by_restart(extent) {
+                    continue;
+                }
                 if self.reconcile.lead(extent, reign, &others, self.now_ns) {
                     self.push_when_ready(extent);
                 }

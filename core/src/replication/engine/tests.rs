@@ -1164,6 +1164,67 @@ fn a_rebuild_copies_what_a_replica_missed_then_joins() {
     assert_eq!(c.disk_block(NodeId(3), 4), Some(3));
 }
 
+#[test]
+fn a_rebuild_probes_ahead_while_its_data_waits_for_the_replicas_window() {
+    // As in `rebuild_cluster`, n3 lacks blocks 2 and 9, one in each of extent
+    // 0's two chunks (8 blocks each); n1 gives n3 a window of one block.
+    let mut c = cluster(test_config());
+    fill(&mut c, 1, 6, 1, 1);
+    c.client_sends(NodeId(1), write(20, 2, block(2, 1)));
+    c.client_sends(NodeId(1), write(21, 9, block(2, 1)));
+    c.settle_without(NodeId(3));
+    c.engines
+        .get_mut(&NodeId(1))
+        .unwrap()
+        .set_peer_windows([(NodeId(3), BS as u64)].into());
+    drop_n3(&mut c);
+    c.collect();
+    // Probes carry no data: both chunks ask at once (one at a time, each
+    // lost packet on TCP would cost a retransmission timeout).
+    let probes = c
+        .net
+        .iter()
+        .filter(|(_, to, m)| *to == NodeId(3) && matches!(m, Message::RebuildProbe { .. }))
+        .count();
+    assert_eq!(probes, 2, "{:?}", c.net);
+    // The data goes one block at a time, the window's worth, until done.
+    let mut waited = false;
+    for _ in 0..1000 {
+        c.collect();
+        let n1 = &c.engines[&NodeId(1)];
+        assert!(
+            n1.rebuild_data_in_flight(NodeId(3)) <= BS as u64,
+            "past the window"
+        );
+        waited |= n1
+            .ops
+            .chunks
+            .values()
+            .any(|ch| ch.phase == super::rebuild::ChunkPhase::Waiting);
+        if let Some((from, to, msg)) = c.net.pop_front() {
+            if to.0 >= CLIENT.0 {
+                c.replies.push(msg);
+            } else {
+                c.engines.get_mut(&to).unwrap().handle_message(from, msg);
+            }
+        } else if ![NodeId(1), NodeId(2), NodeId(3)]
+            .into_iter()
+            .any(|n| c.complete_one(n))
+        {
+            break;
+        }
+    }
+    assert!(
+        waited,
+        "the second chunk's data never waited for the window"
+    );
+    assert_eq!(c.copies, vec![(Lba(2), 1), (Lba(9), 1)]);
+    assert!(c
+        .controls
+        .iter()
+        .any(|(_, cmd)| matches!(cmd, crate::control::Command::RebuildDone { .. })));
+}
+
 /// Grains of four blocks (extent 0 has four).
 fn grain_config() -> ReplicationConfig {
     ReplicationConfig {

@@ -5,6 +5,7 @@
 //! I/O, the locking and the sending.
 
 use super::*;
+use std::collections::BTreeSet;
 
 /// One copy at the primary: where its walk stands, its chunks out, what it
 /// moved.
@@ -303,12 +304,13 @@ impl Rebuilds {
     /// The chunks to start and the `RebuildDone`s to ask for at `now`, within
     /// the bounds: `rate` bytes per second over all copies, at most
     /// [`REBUILD_CHUNKS_IN_FLIGHT`] chunks out, [`REBUILD_CHUNKS_PER_COPY`] per
-    /// copy. A copy walked to its end joins once its chunks are answered.
-    /// `new_op` names each chunk.
+    /// copy, none towards a replica in `blocked` (one of its chunks waits for
+    /// room in its window). A copy walked to its end joins once its chunks are
+    /// answered. `new_op` names each chunk.
     pub(in crate::replication::engine) fn pump(
         &mut self,
         now: u64,
-        (rate, windows): (u64, &BTreeMap<NodeId, u64>),
+        (rate, blocked): (u64, &BTreeSet<NodeId>),
         grains: &Grains,
         map: &ClusterMap,
         new_op: &mut dyn FnMut() -> OpId,
@@ -331,12 +333,6 @@ impl Rebuilds {
         let allowed = u128::from(rate) * u128::from(now.saturating_sub(since)) / 1_000_000_000
             + u128::from(REBUILD_CHUNK_BYTES);
         let mut in_flight: usize = self.copies.values().map(|c| c.chunks.len()).sum();
-        // Chunks in flight to each replica, against its window (if any).
-        let mut to_peer: BTreeMap<NodeId, u64> = BTreeMap::new();
-        for (key, c) in &self.copies {
-            *to_peer.entry(key.1).or_default() += c.chunks.len() as u64;
-        }
-        let chunk_bytes = chunk_blocks * bs;
         let keys: Vec<CopyKey> = self.copies.keys().copied().collect();
         for key in keys {
             // Each round starts one chunk; bounded by the copy's chunks in flight.
@@ -361,19 +357,12 @@ impl Rebuilds {
                     }
                     break;
                 };
-                // Within the replica's window, if the congestion response gave
-                // it one (one chunk always may go).
-                let peer = to_peer.entry(key.1).or_default();
-                if windows
-                    .get(&key.1)
-                    .is_some_and(|&w| *peer > 0 && (*peer + 1) * chunk_bytes > w)
-                {
+                if blocked.contains(&key.1) {
                     break;
                 }
                 let op = new_op();
                 let chunk = c.take_chunk(key, op, first, chunk_blocks, grains, now);
                 in_flight += 1;
-                *peer += 1;
                 steps.push(Step::Chunk { op, chunk });
             }
         }
@@ -391,7 +380,7 @@ impl Rebuilds {
         let c = self.copies.get_mut(&key).expect("listed");
         if owes
             || c.asked_ns
-                .is_some_and(|t| now.saturating_sub(t) < REBUILD_RETRY_NS)
+                .is_some_and(|t| now.saturating_sub(t) < REBUILD_DONE_ASK_AGAIN_NS)
         {
             return None;
         }

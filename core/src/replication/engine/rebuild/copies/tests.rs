@@ -39,8 +39,8 @@ struct Table {
     chunks: BTreeMap<OpId, Chunk>,
     next_op: u64,
     asked: usize,
-    /// Peers' windows from the congestion response.
-    windows: BTreeMap<NodeId, u64>,
+    /// Replicas with a chunk waiting for room in their window.
+    blocked: BTreeSet<NodeId>,
 }
 
 impl Table {
@@ -53,7 +53,7 @@ impl Table {
             OpId(*next)
         };
         let mut started = Vec::new();
-        for step in r.pump(now, (RATE, &self.windows), grains, map, &mut new_op) {
+        for step in r.pump(now, (RATE, &self.blocked), grains, map, &mut new_op) {
             match step {
                 Step::AskDone(crate::control::Command::RebuildDone { extent, node, .. }) => {
                     assert_eq!((extent, node), (E0, N2));
@@ -92,20 +92,17 @@ fn started(grains: &Grains, map: &ClusterMap) -> (Rebuilds, Table) {
 }
 
 #[test]
-fn a_congested_replicas_window_bounds_its_copys_chunks_in_flight() {
+fn no_chunk_starts_towards_a_replica_whose_data_waits_for_its_window() {
     let (grains, map) = setup();
     let map = with_node(&map, N2, true);
     let (mut r, mut t) = started(&grains, &map);
-    let chunk = 16 * BS;
-    // A window below one chunk still lets one go; two and a half let two.
-    t.windows.insert(N2, chunk / 2);
-    assert_eq!(t.pump(&mut r, 0, &grains, &map), [0]);
+    // A chunk of N2's waits for room in its window: nothing new goes.
+    t.blocked.insert(N2);
     assert!(t.pump(&mut r, 0, &grains, &map).is_empty());
-    t.windows.insert(N2, chunk * 5 / 2);
-    assert_eq!(t.pump(&mut r, 0, &grains, &map), [16]);
-    // Another peer's window does not bind this copy.
-    t.windows = [(NodeId(3), 1)].into();
-    assert_eq!(t.pump(&mut r, 0, &grains, &map), [32, 48]);
+    // Another peer's wait does not bind this copy: its probes go, four at
+    // once (each may find the replica lacks nothing).
+    t.blocked = [NodeId(3)].into();
+    assert_eq!(t.pump(&mut r, 0, &grains, &map), [0, 16, 32, 48]);
 }
 
 #[test]
@@ -136,9 +133,14 @@ fn a_copy_walks_in_bounded_chunks_then_joins_and_asks_once_owed_writes_are_answe
     assert!(r.replica_answered(N2, OpId(1000), false, &map));
     t.pump(&mut r, 3 * MS, &grains, &map);
     assert_eq!(t.asked, 1);
-    t.pump(&mut r, 3 * MS + REBUILD_RETRY_NS - 1, &grains, &map);
+    t.pump(
+        &mut r,
+        3 * MS + REBUILD_DONE_ASK_AGAIN_NS - 1,
+        &grains,
+        &map,
+    );
     assert_eq!(t.asked, 1, "asked just now");
-    t.pump(&mut r, 3 * MS + REBUILD_RETRY_NS, &grains, &map);
+    t.pump(&mut r, 3 * MS + REBUILD_DONE_ASK_AGAIN_NS, &grains, &map);
     assert_eq!(t.asked, 2, "asked again: the request may have been lost");
     let p = &r.progress()[0];
     assert_eq!((p.bytes_done, p.bytes_sent), (64 * BS, 64 * BS));
@@ -211,7 +213,7 @@ fn chunks_are_bounded_over_all_copies() {
         *next += 1;
         OpId(*next)
     };
-    let steps = r.pump(0, (RATE, &BTreeMap::new()), &grains, &map, &mut new_op);
+    let steps = r.pump(0, (RATE, &BTreeSet::new()), &grains, &map, &mut new_op);
     assert_eq!(steps.len(), REBUILD_CHUNKS_IN_FLIGHT);
     for step in steps {
         let Step::Chunk { op, chunk } = step else {
@@ -240,7 +242,7 @@ fn the_rate_bounds_what_is_read() {
     };
     // 64 KiB per second: a chunk's burst at first, then 1 s per 64 KiB sent.
     let rate = 64 << 10;
-    let steps = r.pump(0, (rate, &BTreeMap::new()), &grains, &map, &mut new_op);
+    let steps = r.pump(0, (rate, &BTreeSet::new()), &grains, &map, &mut new_op);
     assert_eq!(
         steps.len(),
         REBUILD_CHUNKS_PER_COPY,
@@ -255,7 +257,7 @@ fn the_rate_bounds_what_is_read() {
     assert!(
         r.pump(
             REBUILD_RETRY_NS,
-            (rate, &BTreeMap::new()),
+            (rate, &BTreeSet::new()),
             &grains,
             &map,
             &mut new_op
@@ -266,7 +268,7 @@ fn the_rate_bounds_what_is_read() {
     assert!(r
         .pump(
             1_900_000_000,
-            (rate, &BTreeMap::new()),
+            (rate, &BTreeSet::new()),
             &grains,
             &map,
             &mut new_op
@@ -275,7 +277,7 @@ fn the_rate_bounds_what_is_read() {
     assert_eq!(
         r.pump(
             2_100_000_000,
-            (rate, &BTreeMap::new()),
+            (rate, &BTreeSet::new()),
             &grains,
             &map,
             &mut new_op
