@@ -154,6 +154,11 @@ impl NodeHandle {
         rx.await.unwrap_or(false)
     }
 
+    /// The node's reports as they come: one each tick and each applied map.
+    pub fn watch(&self) -> watch::Receiver<NodeReport> {
+        self.reports.clone()
+    }
+
     /// The node's latest report.
     pub fn report(&self) -> NodeReport {
         self.reports.borrow().clone()
@@ -689,6 +694,9 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                             if !restart_pending {
                                 self.engine.restart_applied();
                             }
+                            // A front end waiting for a command to apply is
+                            // woken by this, not by the next tick.
+                            self.report();
                         }
                         Err(e) => tracing::debug!(error = %e, "map not taken"),
                     },

@@ -445,6 +445,20 @@ fn a_volumes_iops_limit_holds_and_its_neighbour_runs_free() {
         list.contains("noisy 268435456 allocated=0 iops_limit=500"),
         "{list}"
     );
+    // noisy's four extents taken one after another, before the clients
+    // run: thin extents are placed as first written, four consecutive pool
+    // extents have their primaries on every node (the chain), so the limit
+    // is held by three primaries at once. (Written by both clients at once,
+    // the two volumes' allocations interleave, and noisy's extents could all
+    // be led by two nodes, or one.)
+    let prefill: Vec<String> = (0..4)
+        .flat_map(|i| ["-c".to_string(), format!("write -P 0x11 {}M 4k", i * 64)])
+        .collect();
+    let mut args = vec!["-f", "raw"];
+    let noisy_uri = cluster.nbd(1, "noisy");
+    args.push(&noisy_uri);
+    args.extend(prefill.iter().map(String::as_str));
+    run("qemu-io", &args, MINUTE);
     let (quiet, noisy) = (cluster.nbd(1, "quiet"), cluster.nbd(2, "noisy"));
 
     // Both at once.
@@ -495,8 +509,9 @@ fn a_volumes_iops_limit_holds_and_its_neighbour_runs_free() {
         (raised - 2.0 * LIMIT).abs() <= 2.0 * LIMIT * 0.1,
         "the raised limit is 1000, the volume ran at {raised:.0} IOPS"
     );
-    // Every node was a primary of the limited volume and admitted some of it:
-    // the limit held over three primaries, not at one.
+    // Every node was a primary of the limited volume (its extents prefilled
+    // in order) and admitted some of it: the limit held over three
+    // primaries, not at one.
     for node in 1..=3u16 {
         let admitted = gauge(node, "weir_volume_admitted{volume=\"noisy\"}");
         assert!(admitted > 0, "node {node} admitted none of noisy");

@@ -51,7 +51,8 @@ use actions::{io_data, io_unit};
 pub use actions::{Action, IoClass, IoCmd, IoId, IoResult};
 pub use audit::Audit;
 use bytes::Bytes;
-pub use config::{ReplicationConfig, DEFAULT_REPLICA_TIMEOUT_NS};
+pub(crate) use config::BUGS_BUILT;
+pub use config::{Bugs, ReplicationConfig, DEFAULT_REPLICA_TIMEOUT_NS};
 use ops::{Acks, FetchOp, FlushOp, Kind, ReadOp, WriteBack, WriteOp};
 use std::collections::{BTreeMap, VecDeque};
 

@@ -9,7 +9,8 @@ pub mod grains;
 pub mod range_lock;
 pub mod versions;
 
+pub(crate) use engine::BUGS_BUILT;
 pub use engine::{
-    Action, Audit, IoClass, IoCmd, IoId, IoResult, RebuildProgress, ReplicationConfig, Replicator,
-    DEFAULT_REPLICA_TIMEOUT_NS,
+    Action, Audit, Bugs, IoClass, IoCmd, IoId, IoResult, RebuildProgress, ReplicationConfig,
+    Replicator, DEFAULT_REPLICA_TIMEOUT_NS,
 };

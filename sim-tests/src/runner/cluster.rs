@@ -187,12 +187,14 @@ fn host_cpu(fabric: &Fabric, id: NodeId, s: &Scenario, poll_cores: u32) -> Optio
 /// The nodes' replication settings: the scenario's, with its bug switches.
 fn replication_config(scenario: &Scenario) -> ReplicationConfig {
     ReplicationConfig {
-        bug_skip_last_replica: scenario.bugs.skip_last_replica,
-        bug_ack_before_slowest: scenario.bugs.ack_before_slowest,
-        bug_serve_before_lease: scenario.bugs.serve_before_lease,
-        bug_rebuild_one_short: scenario.bugs.rebuild_one_short,
-        bug_accept_stale_epoch: scenario.bugs.accept_stale_epoch,
-        bug_ignore_lease_margin: scenario.bugs.ignore_lease_margin,
+        bugs_asked: weir_core::replication::Bugs {
+            skip_last_replica: scenario.bugs.skip_last_replica,
+            ack_before_slowest: scenario.bugs.ack_before_slowest,
+            serve_before_lease: scenario.bugs.serve_before_lease,
+            rebuild_one_short: scenario.bugs.rebuild_one_short,
+            accept_stale_epoch: scenario.bugs.accept_stale_epoch,
+            ignore_lease_margin: scenario.bugs.ignore_lease_margin,
+        },
         lease_margin_ns: scenario
             .cluster
             .clock_bound()

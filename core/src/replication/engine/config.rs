@@ -5,30 +5,42 @@
 /// drop that replica from the in-sync set.
 pub const DEFAULT_REPLICA_TIMEOUT_NS: u64 = 100_000_000;
 
+/// TEST ONLY: deliberate bugs, each to prove that one of the simulator's
+/// checkers can fail. They take effect only where weir-core is built with its
+/// `bugs` feature (the simulator, and weir-core's own tests); in the daemon's
+/// build [`ReplicationConfig::bugs`] is always all off, and the branches that
+/// read it are compiled out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bugs {
+    /// The primary does not forward writes to the last replica of each extent
+    /// and counts it as acknowledged.
+    pub skip_last_replica: bool,
+    /// The primary acknowledges a write as soon as all but the slowest in-sync
+    /// replica have persisted it.
+    pub ack_before_slowest: bool,
+    /// A new primary serves at once after a failover, without waiting for the
+    /// old primary's lease to run out.
+    pub serve_before_lease: bool,
+    /// A rebuild leaves out the extent's newest block, so the replica joins the
+    /// in-sync set one version short.
+    pub rebuild_one_short: bool,
+    /// A replica takes a write that carries an older epoch than its map's,
+    /// trusting the sender's view (no epoch, primary or membership check).
+    pub accept_stale_epoch: bool,
+    /// A primary serves until its lease's end as its own clock reads it,
+    /// ignoring `lease_margin_ns` (safe only when every clock agrees).
+    pub ignore_lease_margin: bool,
+}
+
+/// Whether this build lets deliberate bugs take effect.
+pub(crate) const BUGS_BUILT: bool = cfg!(any(test, feature = "bugs"));
+
 /// Engine switches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReplicationConfig {
-    /// TEST ONLY, a deliberate bug: the primary does not forward writes to the last
-    /// replica of each extent and counts it as acknowledged. The simulator's checkers
-    /// must catch this; it exists to prove that they can fail.
-    pub bug_skip_last_replica: bool,
-    /// TEST ONLY, a deliberate bug: the primary acknowledges a write as soon as all
-    /// but the slowest in-sync replica have persisted it.
-    pub bug_ack_before_slowest: bool,
-    /// TEST ONLY, a deliberate bug: a new primary serves at once after a failover,
-    /// without waiting for the old primary's lease to run out.
-    pub bug_serve_before_lease: bool,
-    /// TEST ONLY, a deliberate bug: a rebuild leaves out the extent's newest
-    /// block, so the replica joins the in-sync set one version short.
-    pub bug_rebuild_one_short: bool,
-    /// TEST ONLY, a deliberate bug: a replica takes a write that carries an older
-    /// epoch than its map's, trusting the sender's view (no epoch, primary or
-    /// membership check).
-    pub bug_accept_stale_epoch: bool,
-    /// TEST ONLY, a deliberate bug: a primary serves until its lease's end as its
-    /// own clock reads it, ignoring `lease_margin_ns` (safe only when every clock
-    /// agrees).
-    pub bug_ignore_lease_margin: bool,
+    /// TEST ONLY: the deliberate bugs asked for (see [`Bugs`]; read through
+    /// [`ReplicationConfig::bugs`]).
+    pub bugs_asked: Bugs,
     /// How long before its lease's end a primary stops serving, ns: the clocks'
     /// disagreement ([`crate::time::ClockBound::lease_margin_ns`]).
     pub lease_margin_ns: u64,
@@ -57,6 +69,16 @@ pub struct ReplicationConfig {
 }
 
 impl ReplicationConfig {
+    /// The deliberate bugs in effect: those asked for, in a build with the
+    /// `bugs` feature; none otherwise.
+    pub fn bugs(&self) -> Bugs {
+        if BUGS_BUILT {
+            self.bugs_asked
+        } else {
+            Bugs::default()
+        }
+    }
+
     /// Blocks per version grain in `volume` (see [`crate::replication::grains::grain_blocks`]).
     pub fn grain_blocks(&self, volume: &crate::map::VolumeSpec) -> u64 {
         crate::replication::grains::grain_blocks(
@@ -73,12 +95,7 @@ impl Default for ReplicationConfig {
     /// [`crate::time::ClockBound::DEFAULT`] for the default lease.
     fn default() -> Self {
         ReplicationConfig {
-            bug_skip_last_replica: false,
-            bug_ack_before_slowest: false,
-            bug_serve_before_lease: false,
-            bug_rebuild_one_short: false,
-            bug_accept_stale_epoch: false,
-            bug_ignore_lease_margin: false,
+            bugs_asked: Bugs::default(),
             lease_margin_ns: crate::time::ClockBound::DEFAULT
                 .lease_margin_ns(crate::control::DEFAULT_LEASE_NS),
             replica_timeout_ns: DEFAULT_REPLICA_TIMEOUT_NS,

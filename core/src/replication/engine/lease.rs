@@ -30,7 +30,7 @@ impl Replicator {
 
     /// The time until which this node may serve, as a primary, under its lease.
     pub(super) fn lease_end(&self) -> u64 {
-        if self.config.bug_ignore_lease_margin {
+        if self.config.bugs().ignore_lease_margin {
             return self.lease_until_ns;
         }
         self.lease_until_ns
@@ -39,7 +39,7 @@ impl Replicator {
 
     /// The earliest time this node may serve `extent` as its primary.
     pub(super) fn serve_from(&self, extent: ExtentId) -> u64 {
-        if self.config.bug_serve_before_lease {
+        if self.config.bugs().serve_before_lease {
             return 0;
         }
         self.map.extent(extent).serve_after_ns

@@ -198,7 +198,7 @@ impl Replicator {
         }
         for copy in self.rebuild.wanted(&self.map, self.me) {
             let full = self.copies_in_full(copy.0, copy.1);
-            let one_short = self.config.bug_rebuild_one_short;
+            let one_short = self.config.bugs().rebuild_one_short;
             let (grains, map) = (&self.grains, &self.map);
             self.rebuild
                 .begin(copy, full, one_short, grains, map, self.now_ns);

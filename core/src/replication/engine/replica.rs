@@ -64,7 +64,7 @@ impl Replicator {
         data: &Bytes,
     ) -> Result<u64, WeirError> {
         let blocks = self.blocks_in_extent(extent, lba, data.len())?;
-        if self.config.bug_accept_stale_epoch && epoch < self.map.extent(extent).epoch {
+        if self.config.bugs().accept_stale_epoch && epoch < self.map.extent(extent).epoch {
             return Ok(blocks);
         }
         self.check_sender(primary, extent, epoch, true, |p, me| {

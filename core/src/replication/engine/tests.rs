@@ -653,7 +653,10 @@ fn a_replica_rejects_an_older_version_over_a_newer_one() {
 #[test]
 fn the_skip_replica_bug_switch_really_skips() {
     let mut c = cluster(ReplicationConfig {
-        bug_skip_last_replica: true,
+        bugs_asked: Bugs {
+            skip_last_replica: true,
+            ..Bugs::default()
+        },
         ..test_config()
     });
     c.client_sends(NodeId(1), write(1, 0, block(4, 1)));
@@ -966,7 +969,10 @@ fn a_new_primary_waits_for_the_old_lease_and_the_bug_switch_does_not() {
         Some(&Message::WriteOk { req: RequestId(2) })
     );
     let buggy = ReplicationConfig {
-        bug_serve_before_lease: true,
+        bugs_asked: Bugs {
+            serve_before_lease: true,
+            ..Bugs::default()
+        },
         ..test_config()
     };
     let c = fail_over_to_n2(buggy, 50_000);
@@ -1026,7 +1032,10 @@ fn audit_facts_show_claims_acks_and_persistence() {
 #[test]
 fn the_ack_before_slowest_bug_switch_acks_early() {
     let mut c = cluster(ReplicationConfig {
-        bug_ack_before_slowest: true,
+        bugs_asked: Bugs {
+            ack_before_slowest: true,
+            ..Bugs::default()
+        },
         ..test_config()
     });
     c.client_sends(NodeId(1), write(1, 0, block(3, 1)));
@@ -1338,7 +1347,10 @@ fn probes_from_a_non_primary_or_with_data_and_stray_answers_are_refused() {
 #[test]
 fn the_rebuild_one_short_bug_switch_leaves_out_the_newest_block() {
     let c = rebuild_cluster(ReplicationConfig {
-        bug_rebuild_one_short: true,
+        bugs_asked: Bugs {
+            rebuild_one_short: true,
+            ..Bugs::default()
+        },
         ..test_config()
     });
     let differ: Vec<u64> = (0..16)

@@ -229,7 +229,7 @@ impl Replicator {
                 *n != self.me && (placement.in_sync.contains(n) || placement.rebuilding.contains(n))
             })
             .collect();
-        if self.config.bug_skip_last_replica {
+        if self.config.bugs().skip_last_replica {
             forward.pop();
         }
         forward
@@ -392,7 +392,8 @@ impl Replicator {
         if let Some(outcome) = acks.count(from, op, result) {
             return self.finish_write(op, outcome);
         }
-        if self.config.bug_ack_before_slowest && acks.waiting.len() == 1 && acks.error.is_none() {
+        if self.config.bugs().ack_before_slowest && acks.waiting.len() == 1 && acks.error.is_none()
+        {
             if let Some(outcome) = acks.retain(|_| false) {
                 self.finish_write(op, outcome);
             }

@@ -28,7 +28,7 @@ struct Copy {
     bytes_skipped: u64,
     bytes_total: u64,
     started_ns: u64,
-    /// TEST ONLY (`bug_rebuild_one_short`): the grain left out.
+    /// TEST ONLY (`Bugs::rebuild_one_short`): the grain left out.
     skip: Option<Lba>,
     /// Copy every grain of the extent, those this node holds no version of at
     /// this version: this node restarted, and the replica may lack writes from
