@@ -35,8 +35,11 @@ static ZEROES: [u8; PIECE as usize] = [0; PIECE as usize];
 const POLL: Duration = Duration::from_millis(2);
 /// How often a front end asks again for a command its node's map does not
 /// show yet: a proposal is lost when the Raft leader it went to fails or
-/// hands over, and asking again is harmless (the map refuses a command that
-/// is done already).
+/// hands over, and asking again is harmless for Allocate, Redirect and
+/// Filled (the map refuses one that is done already). Not for Trim, which
+/// frees whatever extent the index holds when it applies: a second Trim
+/// still in flight after the first applied could free an extent written
+/// since (through another node), so a Trim is asked once.
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 /// Rounds a piece may go through (allocate, redirect, fill, write) before it
 /// gives up: each is a committed step, so a few suffice unless TRIMs and
@@ -110,6 +113,11 @@ pub struct NamedVolumes<T> {
     /// end has seen every primary apply (see
     /// [`crate::control::state::snapshots`]); bounded by the map's volumes.
     barriers: Mutex<BTreeMap<u64, u64>>,
+    /// Commands asked of the control plane lately, and when: the pieces of
+    /// a request (and requests) waiting for the same command ask it once
+    /// per [`ASK_AGAIN`] between them. Entries older than that are pruned
+    /// at each ask, so it holds at most the commands waited for at once.
+    asked: Mutex<BTreeMap<String, tokio::time::Instant>>,
     /// Test-only bug (the simulator's `leak_into_snapshot`): one write, the
     /// third that started after a snapshot was seen applied and went to an
     /// extent a snapshot froze or reads through, also goes in place into the
@@ -172,6 +180,7 @@ impl<T: Transport> NamedVolumes<T> {
             control,
             extent_bytes,
             barriers: Mutex::new(BTreeMap::new()),
+            asked: Mutex::new(BTreeMap::new()),
             bug_leak: std::sync::atomic::AtomicU32::new(0),
         }
     }
@@ -573,6 +582,7 @@ impl<T: Transport> NamedVolumes<T> {
         mut attempts: Attempts,
     ) -> Result<(), ClientError> {
         let needs_space = matches!(command, Command::Allocate { .. } | Command::Redirect { .. });
+        let once = matches!(command, Command::Trim { .. });
         let mut again = crate::time::now();
         // Seen before each look at the map, so a change after it wakes us.
         let mut watch = self.control.watch();
@@ -591,7 +601,7 @@ impl<T: Transport> NamedVolumes<T> {
                     state.allocated_extents()
                 )));
             }
-            if attempts.spent() {
+            if attempts.spent() && attempts.made() > 0 {
                 return Err(if needs_space && free == 0 {
                     ClientError::NoSpace(format!(
                         "no free extent within {:?} ({} freed, being zeroed)",
@@ -606,13 +616,11 @@ impl<T: Transport> NamedVolumes<T> {
                 });
             }
             // Asked at first and again every ASK_AGAIN (the proposal may
-            // have been lost, or refused for want of a free extent).
+            // have been lost, or refused for want of a free extent); a Trim
+            // again only if the node did not take it.
             if crate::time::now() >= again {
-                if !self.control.request(command.clone()) {
-                    tracing::debug!(command = command.kind(), "the node took no command now");
-                }
+                again = self.ask(&command, once);
                 attempts.note_attempt();
-                again = crate::time::now() + ASK_AGAIN;
             }
             let next = again.saturating_duration_since(crate::time::now());
             match &mut watch {
@@ -625,6 +633,29 @@ impl<T: Transport> NamedVolumes<T> {
                 None => tokio::time::sleep(POLL.min(next)).await,
             }
         }
+    }
+
+    /// Ask the control plane for `command` unless it was asked within
+    /// [`ASK_AGAIN`] (by this request or another); when to ask again (never,
+    /// for a command asked `once` that the node took).
+    fn ask(&self, command: &Command, once: bool) -> tokio::time::Instant {
+        let now = crate::time::now();
+        let key = format!("{command:?}");
+        let mut asked = self.asked.lock().expect("asked");
+        asked.retain(|_, at| now.saturating_duration_since(*at) < ASK_AGAIN);
+        if let Some(&at) = asked.get(&key) {
+            return at + ASK_AGAIN;
+        }
+        if !self.control.request(command.clone()) {
+            tracing::debug!(command = command.kind(), "the node took no command now");
+            return now + ASK_AGAIN;
+        }
+        asked.insert(key, now);
+        if once {
+            // Far beyond any request's bound: not asked again.
+            return now + crate::client::REQUEST_TIMEOUT_MAX * 2;
+        }
+        now + ASK_AGAIN
     }
 
     /// The generation of volume `name` whose snapshots this front end has

@@ -65,6 +65,17 @@ fn leader(cluster: &Cluster, asked: u16) -> u32 {
     }
 }
 
+/// The requests node `n`'s front end failed, by its metrics (none is an
+/// empty list).
+fn failed_requests(cluster: &Cluster, n: u16) -> Vec<String> {
+    let url = format!("http://127.0.0.1:{}/metrics", 9400 + n + cluster.offset);
+    let text = ureq::get(&url).call().unwrap().into_string().unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("weir_nbd_errors_total{"))
+        .map(str::to_string)
+        .collect()
+}
+
 /// Start node `n` of `cluster` again from its directory, logging to its log.
 fn restart(cluster: &Cluster, n: u32) -> Restarted {
     let dir = cluster.dir.join(format!("node{n}"));
@@ -151,6 +162,12 @@ fn rolling_restarts_under_fio_verify_see_no_error() {
             "round {round} (n{victim} killed, writing through n{through}): fio failed:\n{text}"
         );
         assert_fio_clean(&text);
+        // Read now: the node written through is the next round's victim.
+        let failed = failed_requests(&cluster, through);
+        assert!(
+            failed.is_empty(),
+            "round {round}: n{through} failed {failed:?}"
+        );
     }
     assert!(killed_leader, "no round killed the Raft leader");
     // Every node serves the last round's blocks.
@@ -160,14 +177,9 @@ fn rolling_restarts_under_fio_verify_see_no_error() {
         assert!(status.success(), "verify through n{node}:\n{text}");
         assert_fio_clean(&text);
     }
-    // No request failed at any node's front end.
+    // No request failed at any node's front end in the verify runs.
     for node in 1..=3u16 {
-        let url = format!("http://127.0.0.1:{}/metrics", 9400 + node + cluster.offset);
-        let text = ureq::get(&url).call().unwrap().into_string().unwrap();
-        let failed: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with("weir_nbd_errors_total{"))
-            .collect();
+        let failed = failed_requests(&cluster, node);
         assert!(failed.is_empty(), "n{node} failed requests: {failed:?}");
     }
     drop(restarted);

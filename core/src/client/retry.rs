@@ -22,10 +22,12 @@ pub const CALL_TIMEOUT_MAX: Duration = Duration::from_secs(4);
 /// Linux block layer's 30 s command timeout, so a kernel client (or qemu)
 /// decides what to do with a slow device before weir fails a request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
-/// The longest bound a client may be given: nodes remember the writes they
-/// applied for longer than this (so a retry of one already overwritten is not
-/// applied again; see the replication engine's applied log), which is why
-/// there is no "wait for ever".
+/// The longest bound a client may be given: nodes keep a write's record for
+/// its retries (so a retry of one already overwritten is not applied again;
+/// see the replication engine's applied log) no longer than a little past
+/// this, which is why there is no "wait for ever". The log's count bound
+/// (65,536 records) may drop a record sooner at a high write rate: a gap
+/// docs/replication.md states.
 pub const REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(600);
 /// Pause before a request's first retry; it doubles with every retry of the
 /// request, up to [`RETRY_BACKOFF_MAX`].
@@ -100,7 +102,7 @@ impl ClientError {
                 // The primary's device is gone or stalled (it stops
                 // heartbeating and its extents fail over), or could not read a
                 // block that a peer repairs.
-                WeirError::Device(d) => !matches!(d, DevError::OutOfRange | DevError::TooLarge),
+                WeirError::Device(d) => matches!(d, DevError::Media(_) | DevError::Timeout | DevError::Gone),
                 WeirError::UnknownVolume(_)
                 | WeirError::OutOfRange { .. }
                 | WeirError::BadLength { .. }
@@ -172,8 +174,9 @@ impl Attempts {
         }
     }
 
-    /// How long the next attempt waits for its reply (never past the bound,
-    /// but at least [`CALL_TIMEOUT`]: a last attempt is worth a whole one).
+    /// How long the next attempt waits for its reply: [`CALL_TIMEOUT`],
+    /// doubled after each attempt that got none, up to [`CALL_TIMEOUT_MAX`]
+    /// (a last attempt may so end that long past the bound).
     pub fn call_timeout(&self) -> Duration {
         self.call_timeout
     }
@@ -296,6 +299,7 @@ mod tests {
             ClientError::NoSpace("full".into()),
             ClientError::Closed,
             WeirError::Device(DevError::OutOfRange).into(),
+            WeirError::Device(DevError::Misaligned).into(),
             TransportError::FrameTooLarge { len: 9, max: 8 }.into(),
         ] {
             assert!(!e.retryable(), "{e}");

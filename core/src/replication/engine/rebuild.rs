@@ -59,12 +59,13 @@ const REBUILD_CHUNKS_PER_COPY: usize = 4;
 pub(super) const REBUILD_CHUNK_TIMEOUT_NS: u64 = 1_000_000_000;
 /// A failed chunk is retried after this long.
 const REBUILD_RETRY_NS: u64 = 10_000_000;
-/// `RebuildDone` is asked again after this long while the copy has not ended
-/// (the request may have been lost with a leader). Far longer than a commit
-/// takes: asked every 10 ms, a restarted node's dozens of copies flooded the
-/// control plane with copies of their requests (hundreds a second, each
-/// applied, or refused, by every member), which slowed every commit and so
-/// made more of them (seen in `node/tests/restarts.rs`, 2026-12-06).
+/// `RebuildDone` is asked again while the copy has not ended (the request may
+/// have been lost with a leader): after [`REBUILD_RETRY_NS`], then twice as
+/// long each time, up to this. Asked every 10 ms, a restarted node's dozens
+/// of copies flooded the control plane with copies of their requests
+/// (hundreds a second, each applied, or refused, by every member), which
+/// slowed every commit and so made more of them (seen in
+/// `node/tests/restarts.rs`, 2026-12-06).
 const REBUILD_DONE_ASK_AGAIN_NS: u64 = 250_000_000;
 
 /// Where a rebuild chunk stands at the primary.
@@ -227,6 +228,12 @@ impl Replicator {
         // Chunks waiting for a window go first; no new chunk starts towards
         // a replica one still waits for.
         let blocked = self.start_waiting_chunks();
+        let waiting = self
+            .ops
+            .chunks
+            .values()
+            .filter(|c| c.phase == ChunkPhase::Waiting)
+            .count();
         let next_op = &mut self.next_op;
         let mut new_op = || {
             *next_op += 1;
@@ -234,7 +241,7 @@ impl Replicator {
         };
         let steps = self.rebuild.pump(
             self.now_ns,
-            (rate, &blocked),
+            (rate, &blocked, waiting),
             &self.grains,
             &self.map,
             &mut new_op,

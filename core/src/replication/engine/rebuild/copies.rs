@@ -21,6 +21,10 @@ struct Copy {
     joining: bool,
     /// When `RebuildDone` was last asked for.
     asked_ns: Option<u64>,
+    /// How long after the last ask `RebuildDone` is asked again: from
+    /// [`REBUILD_RETRY_NS`], doubling with each ask, up to
+    /// [`REBUILD_DONE_ASK_AGAIN_NS`].
+    ask_gap_ns: u64,
     /// No new chunk before this time (after a failed one).
     backoff_until_ns: u64,
     bytes_done: u64,
@@ -289,6 +293,7 @@ impl Rebuilds {
             chunks: BTreeMap::new(),
             joining: false,
             asked_ns: None,
+            ask_gap_ns: REBUILD_RETRY_NS,
             backoff_until_ns: 0,
             bytes_done: 0,
             bytes_skipped: 0,
@@ -304,13 +309,14 @@ impl Rebuilds {
     /// The chunks to start and the `RebuildDone`s to ask for at `now`, within
     /// the bounds: `rate` bytes per second over all copies, at most
     /// [`REBUILD_CHUNKS_IN_FLIGHT`] chunks out, [`REBUILD_CHUNKS_PER_COPY`] per
-    /// copy, none towards a replica in `blocked` (one of its chunks waits for
-    /// room in its window). A copy walked to its end joins once its chunks are
+    /// copy (of which `waiting` chunks, waiting for a window, count only
+    /// against their own copy's), none towards a replica in `blocked` (one of
+    /// its chunks waits for room in its window). A copy walked to its end joins once its chunks are
     /// answered. `new_op` names each chunk.
     pub(in crate::replication::engine) fn pump(
         &mut self,
         now: u64,
-        (rate, blocked): (u64, &BTreeSet<NodeId>),
+        (rate, blocked, waiting): (u64, &BTreeSet<NodeId>, usize),
         grains: &Grains,
         map: &ClusterMap,
         new_op: &mut dyn FnMut() -> OpId,
@@ -332,7 +338,10 @@ impl Rebuilds {
         let since = *self.since_ns.get_or_insert(now);
         let allowed = u128::from(rate) * u128::from(now.saturating_sub(since)) / 1_000_000_000
             + u128::from(REBUILD_CHUNK_BYTES);
-        let mut in_flight: usize = self.copies.values().map(|c| c.chunks.len()).sum();
+        // Chunks waiting for a window do no I/O: they do not hold other
+        // replicas' copies back.
+        let mut in_flight: usize =
+            self.copies.values().map(|c| c.chunks.len()).sum::<usize>() - waiting;
         let keys: Vec<CopyKey> = self.copies.keys().copied().collect();
         for key in keys {
             // Each round starts one chunk; bounded by the copy's chunks in flight.
@@ -380,9 +389,12 @@ impl Rebuilds {
         let c = self.copies.get_mut(&key).expect("listed");
         if owes
             || c.asked_ns
-                .is_some_and(|t| now.saturating_sub(t) < REBUILD_DONE_ASK_AGAIN_NS)
+                .is_some_and(|t| now.saturating_sub(t) < c.ask_gap_ns)
         {
             return None;
+        }
+        if c.asked_ns.is_some() {
+            c.ask_gap_ns = (c.ask_gap_ns * 2).min(REBUILD_DONE_ASK_AGAIN_NS);
         }
         c.asked_ns = Some(now);
         Some(Step::AskDone(crate::control::Command::RebuildDone {
@@ -559,6 +571,7 @@ impl Copy {
         self.cursor = start;
         self.joining = false;
         self.asked_ns = None;
+        self.ask_gap_ns = REBUILD_RETRY_NS;
     }
 
     /// A chunk from `lba` (if known) failed or was given up at `now`: walk

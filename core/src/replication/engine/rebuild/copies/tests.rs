@@ -53,7 +53,7 @@ impl Table {
             OpId(*next)
         };
         let mut started = Vec::new();
-        for step in r.pump(now, (RATE, &self.blocked), grains, map, &mut new_op) {
+        for step in r.pump(now, (RATE, &self.blocked, 0), grains, map, &mut new_op) {
             match step {
                 Step::AskDone(crate::control::Command::RebuildDone { extent, node, .. }) => {
                     assert_eq!((extent, node), (E0, N2));
@@ -133,15 +133,22 @@ fn a_copy_walks_in_bounded_chunks_then_joins_and_asks_once_owed_writes_are_answe
     assert!(r.replica_answered(N2, OpId(1000), false, &map));
     t.pump(&mut r, 3 * MS, &grains, &map);
     assert_eq!(t.asked, 1);
-    t.pump(
-        &mut r,
-        3 * MS + REBUILD_DONE_ASK_AGAIN_NS - 1,
-        &grains,
-        &map,
-    );
+    t.pump(&mut r, 3 * MS + REBUILD_RETRY_NS - 1, &grains, &map);
     assert_eq!(t.asked, 1, "asked just now");
-    t.pump(&mut r, 3 * MS + REBUILD_DONE_ASK_AGAIN_NS, &grains, &map);
+    t.pump(&mut r, 3 * MS + REBUILD_RETRY_NS, &grains, &map);
     assert_eq!(t.asked, 2, "asked again: the request may have been lost");
+    // Then twice as long between asks, up to a bound.
+    let second = 3 * MS + REBUILD_RETRY_NS;
+    t.pump(&mut r, second + 2 * REBUILD_RETRY_NS - 1, &grains, &map);
+    assert_eq!(t.asked, 2, "asked again too soon");
+    t.pump(&mut r, second + 2 * REBUILD_RETRY_NS, &grains, &map);
+    assert_eq!(t.asked, 3);
+    let mut at = second + 2 * REBUILD_RETRY_NS;
+    for _ in 0..10 {
+        at += REBUILD_DONE_ASK_AGAIN_NS;
+        t.pump(&mut r, at, &grains, &map);
+    }
+    assert_eq!(t.asked, 13, "once per bound at most, and no less");
     let p = &r.progress()[0];
     assert_eq!((p.bytes_done, p.bytes_sent), (64 * BS, 64 * BS));
     // A forwarded write the replica failed: it may lack those blocks.
@@ -213,7 +220,7 @@ fn chunks_are_bounded_over_all_copies() {
         *next += 1;
         OpId(*next)
     };
-    let steps = r.pump(0, (RATE, &BTreeSet::new()), &grains, &map, &mut new_op);
+    let steps = r.pump(0, (RATE, &BTreeSet::new(), 0), &grains, &map, &mut new_op);
     assert_eq!(steps.len(), REBUILD_CHUNKS_IN_FLIGHT);
     for step in steps {
         let Step::Chunk { op, chunk } = step else {
@@ -242,7 +249,7 @@ fn the_rate_bounds_what_is_read() {
     };
     // 64 KiB per second: a chunk's burst at first, then 1 s per 64 KiB sent.
     let rate = 64 << 10;
-    let steps = r.pump(0, (rate, &BTreeSet::new()), &grains, &map, &mut new_op);
+    let steps = r.pump(0, (rate, &BTreeSet::new(), 0), &grains, &map, &mut new_op);
     assert_eq!(
         steps.len(),
         REBUILD_CHUNKS_PER_COPY,
@@ -257,7 +264,7 @@ fn the_rate_bounds_what_is_read() {
     assert!(
         r.pump(
             REBUILD_RETRY_NS,
-            (rate, &BTreeSet::new()),
+            (rate, &BTreeSet::new(), 0),
             &grains,
             &map,
             &mut new_op
@@ -268,7 +275,7 @@ fn the_rate_bounds_what_is_read() {
     assert!(r
         .pump(
             1_900_000_000,
-            (rate, &BTreeSet::new()),
+            (rate, &BTreeSet::new(), 0),
             &grains,
             &map,
             &mut new_op
@@ -277,7 +284,7 @@ fn the_rate_bounds_what_is_read() {
     assert_eq!(
         r.pump(
             2_100_000_000,
-            (rate, &BTreeSet::new()),
+            (rate, &BTreeSet::new(), 0),
             &grains,
             &map,
             &mut new_op
