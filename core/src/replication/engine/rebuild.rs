@@ -228,12 +228,6 @@ impl Replicator {
         // Chunks waiting for a window go first; no new chunk starts towards
         // a replica one still waits for.
         let blocked = self.start_waiting_chunks();
-        let waiting = self
-            .ops
-            .chunks
-            .values()
-            .filter(|c| c.phase == ChunkPhase::Waiting)
-            .count();
         let next_op = &mut self.next_op;
         let mut new_op = || {
             *next_op += 1;
@@ -241,7 +235,7 @@ impl Replicator {
         };
         let steps = self.rebuild.pump(
             self.now_ns,
-            (rate, &blocked, waiting),
+            (rate, &blocked),
             &self.grains,
             &self.map,
             &mut new_op,

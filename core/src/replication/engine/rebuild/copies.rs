@@ -309,14 +309,14 @@ impl Rebuilds {
     /// The chunks to start and the `RebuildDone`s to ask for at `now`, within
     /// the bounds: `rate` bytes per second over all copies, at most
     /// [`REBUILD_CHUNKS_IN_FLIGHT`] chunks out, [`REBUILD_CHUNKS_PER_COPY`] per
-    /// copy (of which `waiting` chunks, waiting for a window, count only
-    /// against their own copy's), none towards a replica in `blocked` (one of
-    /// its chunks waits for room in its window). A copy walked to its end joins once its chunks are
-    /// answered. `new_op` names each chunk.
+    /// copy, none towards a replica in `blocked` (one of its chunks waits for
+    /// room in its window). A chunk waiting for a window counts: the bound is
+    /// on chunks that hold a range lock. A copy walked to its end joins once
+    /// its chunks are answered. `new_op` names each chunk.
     pub(in crate::replication::engine) fn pump(
         &mut self,
         now: u64,
-        (rate, blocked, waiting): (u64, &BTreeSet<NodeId>, usize),
+        (rate, blocked): (u64, &BTreeSet<NodeId>),
         grains: &Grains,
         map: &ClusterMap,
         new_op: &mut dyn FnMut() -> OpId,
@@ -338,10 +338,7 @@ impl Rebuilds {
         let since = *self.since_ns.get_or_insert(now);
         let allowed = u128::from(rate) * u128::from(now.saturating_sub(since)) / 1_000_000_000
             + u128::from(REBUILD_CHUNK_BYTES);
-        // Chunks waiting for a window do no I/O: they do not hold other
-        // replicas' copies back.
-        let mut in_flight: usize =
-            self.copies.values().map(|c| c.chunks.len()).sum::<usize>() - waiting;
+        let mut in_flight: usize = self.copies.values().map(|c| c.chunks.len()).sum();
         let keys: Vec<CopyKey> = self.copies.keys().copied().collect();
         for key in keys {
             // Each round starts one chunk; bounded by the copy's chunks in flight.

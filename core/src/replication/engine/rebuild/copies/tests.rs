@@ -53,7 +53,7 @@ impl Table {
             OpId(*next)
         };
         let mut started = Vec::new();
-        for step in r.pump(now, (RATE, &self.blocked, 0), grains, map, &mut new_op) {
+        for step in r.pump(now, (RATE, &self.blocked), grains, map, &mut new_op) {
             match step {
                 Step::AskDone(crate::control::Command::RebuildDone { extent, node, .. }) => {
                     assert_eq!((extent, node), (E0, N2));
@@ -220,7 +220,7 @@ fn chunks_are_bounded_over_all_copies() {
         *next += 1;
         OpId(*next)
     };
-    let steps = r.pump(0, (RATE, &BTreeSet::new(), 0), &grains, &map, &mut new_op);
+    let steps = r.pump(0, (RATE, &BTreeSet::new()), &grains, &map, &mut new_op);
     assert_eq!(steps.len(), REBUILD_CHUNKS_IN_FLIGHT);
     for step in steps {
         let Step::Chunk { op, chunk } = step else {
@@ -249,7 +249,7 @@ fn the_rate_bounds_what_is_read() {
     };
     // 64 KiB per second: a chunk's burst at first, then 1 s per 64 KiB sent.
     let rate = 64 << 10;
-    let steps = r.pump(0, (rate, &BTreeSet::new(), 0), &grains, &map, &mut new_op);
+    let steps = r.pump(0, (rate, &BTreeSet::new()), &grains, &map, &mut new_op);
     assert_eq!(
         steps.len(),
         REBUILD_CHUNKS_PER_COPY,
@@ -264,7 +264,7 @@ fn the_rate_bounds_what_is_read() {
     assert!(
         r.pump(
             REBUILD_RETRY_NS,
-            (rate, &BTreeSet::new(), 0),
+            (rate, &BTreeSet::new()),
             &grains,
             &map,
             &mut new_op
@@ -275,7 +275,7 @@ fn the_rate_bounds_what_is_read() {
     assert!(r
         .pump(
             1_900_000_000,
-            (rate, &BTreeSet::new(), 0),
+            (rate, &BTreeSet::new()),
             &grains,
             &map,
             &mut new_op
@@ -284,7 +284,7 @@ fn the_rate_bounds_what_is_read() {
     assert_eq!(
         r.pump(
             2_100_000_000,
-            (rate, &BTreeSet::new(), 0),
+            (rate, &BTreeSet::new()),
             &grains,
             &map,
             &mut new_op
