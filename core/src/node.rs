@@ -23,6 +23,7 @@ use gate::{Arrival, ClientGate};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
+pub mod boot;
 mod gate;
 
 /// Why a node could not start or stopped.
@@ -75,6 +76,9 @@ pub trait LogStore: Send + Sync + 'static {
     /// Replace everything with `record`, durably and atomically (the old contents
     /// stay whole until the new ones are).
     fn replace(&mut self, record: &[u8]) -> std::io::Result<()>;
+    /// Keep only the first `len` bytes (a torn record after them is dropped at
+    /// start); nothing to do when it holds no more.
+    fn truncate(&mut self, len: u64) -> std::io::Result<()>;
 }
 
 /// What a running node reports about itself, for status pages and metrics.

@@ -19,9 +19,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use weir_core::client::Volume;
-use weir_core::control::{ControlPlane, Timeouts};
+use weir_core::control::Timeouts;
 use weir_core::map::VolumeSpec;
-use weir_core::node::{EventLog, Events, Node, NodeHandle};
+use weir_core::node::boot::{boot, BootReport, Durable, NodeSettings, Stored};
+use weir_core::node::{EventLog, Events, NodeHandle};
 use weir_core::replication::ReplicationConfig;
 use weir_core::sched::SchedConfig;
 use weir_core::{BlockDevice, ClusterMap, DevCommand, NodeId, VolumeId};
@@ -71,121 +72,24 @@ pub async fn run_on(
     }
     let me = NodeId(config.node.id);
     let dir = config.data_dir();
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("creating data_dir {}", dir.display()))?;
-    let lock_path = dir.join("weir.lock");
-    let lock = std::fs::File::create(&lock_path)
-        .with_context(|| format!("creating {}", lock_path.display()))?;
-    lock.try_lock().map_err(|_| {
-        anyhow::anyhow!(
-            "another weir node is running on {} (it holds {})",
-            dir.display(),
-            lock_path.display()
-        )
-    })?;
-    std::fs::write(dir.join("weir.pid"), format!("{}\n", std::process::id()))?;
+    let _lock = lock_data_dir(&dir)?;
 
     // The device, and the node's buffer pool that device reads land in.
     let opened = crate::device::open(&config, POOL_BYTES)?;
     let (bufs, identity, device_name) = (opened.pool, opened.identity, opened.name);
     let device = Arc::new(opened.device);
-
-    // In id order on every node, whatever order each config lists them in: the
-    // first 3 or 5 vote, and every node must agree which.
-    let mut members: Vec<NodeId> = config
-        .cluster
-        .members
-        .iter()
-        .map(|m| NodeId(m.id))
-        .collect();
-    members.sort_unstable();
-    let spec = pool_spec(&config);
-    let map = ClusterMap::new_static(members.clone(), spec, usize::from(config.cluster.replicas))
-        .context("building the cluster map")?;
-    let bootstrap = weir_core::control::plane::bootstrap(&map, config.cluster.replicas);
-    let t = &config.timeouts;
-    let timeouts = Timeouts {
-        lease_ns: t.lease_ms * 1_000_000,
-        detect_ns: t.detect_ms * 1_000_000,
-        replace_ns: t.replace_after_s.saturating_mul(1_000_000_000),
+    let settings = node_settings(&config, device.geometry().optimal_io_blocks > 0)?;
+    let map = settings.map.clone();
+    let durable = Durable {
+        raft: open_store(&dir.join("raft.log"))?,
+        versions: open_store(&dir.join("versions.ckpt"))?,
+        device: identity.clone(),
     };
-    let log_path = dir.join("raft.log");
-    let (mut log, bytes) =
-        LogFile::open(&log_path).with_context(|| format!("opening {}", log_path.display()))?;
-    let (plane, valid) =
-        ControlPlane::open(me, &members, bootstrap, timeouts, rand::random(), &bytes)
-            .context("replaying the raft log")?;
-    log.truncate(valid as u64)?;
-    if plane.restored_epochs().is_some() {
-        tracing::info!(%me, records = bytes.len(), "restarted from the raft log");
-    }
-    let versions_path = dir.join("versions.ckpt");
-    let (mut versions_file, bytes) = LogFile::open(&versions_path)
-        .with_context(|| format!("opening {}", versions_path.display()))?;
-    let pool = pool_spec(&config);
-    // The daemon keeps the default version grain (every node must use the same).
-    let grain_blocks = ReplicationConfig::default().grain_blocks(&pool);
-    let restored = weir_core::replication::versions::replay(
-        &bytes,
-        &identity,
-        pool.capacity_blocks,
-        grain_blocks,
-    );
-    if let Some(other) = &restored.foreign {
-        tracing::warn!(
-            path = %versions_path.display(),
-            this = %identity,
-            other = %other,
-            "block-version checkpoints describe another device; ignored (a rebuild sends every block)"
-        );
-    } else if restored.records > 0 {
-        tracing::info!(
-            grains = restored.versions.len(),
-            records = restored.records,
-            "block versions restored from checkpoints"
-        );
-    }
-    versions_file.truncate(restored.valid_len as u64)?;
-
-    let peers: BTreeMap<NodeId, std::net::SocketAddr> = config
-        .cluster
-        .members
-        .iter()
-        .map(|m| (NodeId(m.id), m.addr))
-        .collect();
-    let tls = config.tls_identity()?;
-    if tls.is_none() {
-        tracing::warn!(
-            "[tls] is not set: member links are not authenticated (weir cluster init-certs \
-             makes a cluster CA and member certificates)"
-        );
-    }
-    let tcp = TcpConfig {
-        cluster_id: config.cluster.id,
-        tls,
-        ..TcpConfig::default()
-    };
-    let node_peers = peers
-        .iter()
-        .filter(|(n, _)| **n != me)
-        .map(|(n, a)| (*n, *a))
-        .collect();
     let client_id = weir_core::front_end::front_end_of(me);
-    let (transport, client) = if let Some(given) = endpoints {
-        given
-    } else if rdma {
-        let (t, c) = crate::rdma::bind(&config, me, client_id, node_peers, peers).await?;
-        (Net::Rdma(t), Net::Rdma(c))
-    } else {
-        let t = TcpTransport::bind(me, Some(config.my_addr()), node_peers, tcp.clone())
-            .await
-            .with_context(|| format!("listening on {}", config.my_addr()))?;
-        let c = TcpTransport::bind(client_id, None, peers, tcp)
-            .await
-            .context("starting the NBD front end's client endpoint")?;
-        (Net::Tcp(t), Net::Tcp(c))
+    let (transport, client) = match endpoints {
+        Some((t, c)) => (Arc::new(t), Arc::new(c)),
+        None => bind(&config, client_id).await?,
     };
-    let (transport, client) = (Arc::new(transport), Arc::new(client));
     // The front end and its own node talk through a channel, not loopback TCP.
     let (node_side, client_side) =
         crate::splice::splice(me, Some(transport.clone()), client_id, Some(client.clone()));
@@ -196,49 +100,15 @@ pub async fn run_on(
     // The front end's write payloads, which its node takes instead of receiving
     // them back from another primary.
     let held = Arc::new(weir_core::front_end::HeldPayloads::default());
-    let mut node = Node::new(
-        node_side,
-        device.clone(),
-        map.clone(),
-        ReplicationConfig {
-            scrub_bytes_per_sec: config.device.scrub_rate.0,
-            checkpoint_every_ns: config.device.checkpoint_ms * 1_000_000,
-            lease_margin_ns: t.lease_margin_ns(),
-            replica_timeout_ns: t.replica_ms * 1_000_000,
-            front_end_payloads: true,
-            ..ReplicationConfig::default()
-        },
-        bufs,
-    )?
-    .with_control(plane, Duration::from_millis(t.tick_ms), events.clone())
-    .with_device_timeout(Duration::from_millis(t.device_ms))
-    .with_sched(SchedConfig {
-        merge: config.device.merge,
-        // Split at the device's optimal I/O boundary where it names one (an
-        // NVMe namespace's NOIOB, through SPDK); io_uring names none.
-        split: device.geometry().optimal_io_blocks > 0,
-        depth_per_queue: config.device.sched_depth,
-        classes: config.device.classes,
-        shares: weir_core::sched::ClassShares {
-            rebuild: weir_core::sched::Share {
-                weight: 1,
-                reservation: config.device.rebuild_reservation,
-            },
-            ..Default::default()
-        },
-        ..SchedConfig::default()
-    })
-    .with_flow(config.flow)
-    .with_admission(
-        weir_core::sched::AdmitConfig {
-            depth: config.qos.admit_depth,
-            ..weir_core::sched::AdmitConfig::default()
-        },
-        false,
-    )
-    .with_log_store(Box::new(log))
-    .with_version_store(Box::new(versions_file), identity, restored.versions)
-    .with_held_payloads(held.clone());
+    let (node, found) = boot(
+        &settings,
+        (node_side, device.clone(), bufs),
+        durable,
+        events.clone(),
+        rand::random(),
+    )?;
+    log_boot(me, &identity, &found);
+    let mut node = node.with_held_payloads(held.clone());
     let handle = node.handle();
     let mut node_task = tokio_real::spawn(node.run());
     let peers_task = tokio_real::spawn(learn_peers(
@@ -363,6 +233,156 @@ pub async fn run_on(
     let _ = admin_thread.join();
     let _ = std::fs::remove_file(dir.join("weir.pid"));
     outcome
+}
+
+/// Bind node `config`'s member endpoint and its front end's (`client_id`)
+/// client endpoint, over TCP or RDMA as `[transport]` says.
+async fn bind(config: &Config, client_id: NodeId) -> anyhow::Result<(Arc<Net>, Arc<Net>)> {
+    let me = NodeId(config.node.id);
+    let peers: BTreeMap<NodeId, std::net::SocketAddr> = config
+        .cluster
+        .members
+        .iter()
+        .map(|m| (NodeId(m.id), m.addr))
+        .collect();
+    let tls = config.tls_identity()?;
+    if tls.is_none() {
+        tracing::warn!(
+            "[tls] is not set: member links are not authenticated (weir cluster init-certs \
+             makes a cluster CA and member certificates)"
+        );
+    }
+    let tcp = TcpConfig {
+        cluster_id: config.cluster.id,
+        tls,
+        ..TcpConfig::default()
+    };
+    let node_peers = peers
+        .iter()
+        .filter(|(n, _)| **n != me)
+        .map(|(n, a)| (*n, *a))
+        .collect();
+    let (transport, client) = if config.transport.kind == crate::config::TransportKind::Rdma {
+        let (t, c) = crate::rdma::bind(config, me, client_id, node_peers, peers).await?;
+        (Net::Rdma(t), Net::Rdma(c))
+    } else {
+        let t = TcpTransport::bind(me, Some(config.my_addr()), node_peers, tcp.clone())
+            .await
+            .with_context(|| format!("listening on {}", config.my_addr()))?;
+        let c = TcpTransport::bind(client_id, None, peers, tcp)
+            .await
+            .context("starting the NBD front end's client endpoint")?;
+        (Net::Tcp(t), Net::Tcp(c))
+    };
+    Ok((Arc::new(transport), Arc::new(client)))
+}
+
+/// Take the data directory's lock (one node per directory; held while the
+/// returned file is open) and write the pid.
+fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating data_dir {}", dir.display()))?;
+    let lock_path = dir.join("weir.lock");
+    let lock = std::fs::File::create(&lock_path)
+        .with_context(|| format!("creating {}", lock_path.display()))?;
+    lock.try_lock().map_err(|_| {
+        anyhow::anyhow!(
+            "another weir node is running on {} (it holds {})",
+            dir.display(),
+            lock_path.display()
+        )
+    })?;
+    std::fs::write(dir.join("weir.pid"), format!("{}\n", std::process::id()))?;
+    Ok(lock)
+}
+
+/// A durable store of the data directory, and what it holds.
+fn open_store(path: &std::path::Path) -> anyhow::Result<Stored> {
+    let (store, bytes) =
+        LogFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    Ok(Stored {
+        store: Box::new(store),
+        bytes,
+    })
+}
+
+/// The node `config` describes, for [`boot`]; `split` when the device names
+/// an optimal I/O boundary to split requests at (an NVMe namespace's NOIOB,
+/// through SPDK; io_uring names none).
+fn node_settings(config: &Config, split: bool) -> anyhow::Result<NodeSettings> {
+    // In id order on every node, whatever order each config lists them in: the
+    // first 3 or 5 vote, and every node must agree which.
+    let mut members: Vec<NodeId> = config
+        .cluster
+        .members
+        .iter()
+        .map(|m| NodeId(m.id))
+        .collect();
+    members.sort_unstable();
+    let replicas = config.cluster.replicas;
+    let map = ClusterMap::new_static(members, pool_spec(config), usize::from(replicas))
+        .context("building the cluster map")?;
+    let t = &config.timeouts;
+    Ok(NodeSettings {
+        map,
+        replicas,
+        replication: ReplicationConfig {
+            scrub_bytes_per_sec: config.device.scrub_rate.0,
+            checkpoint_every_ns: config.device.checkpoint_ms * 1_000_000,
+            lease_margin_ns: t.lease_margin_ns(),
+            replica_timeout_ns: t.replica_ms * 1_000_000,
+            front_end_payloads: true,
+            // The daemon keeps the default version grain (every node must
+            // use the same).
+            ..ReplicationConfig::default()
+        },
+        timeouts: Timeouts {
+            lease_ns: t.lease_ms * 1_000_000,
+            detect_ns: t.detect_ms * 1_000_000,
+            replace_ns: t.replace_after_s.saturating_mul(1_000_000_000),
+        },
+        tick: Duration::from_millis(t.tick_ms),
+        device_timeout: Duration::from_millis(t.device_ms),
+        sched: SchedConfig {
+            merge: config.device.merge,
+            split,
+            depth_per_queue: config.device.sched_depth,
+            classes: config.device.classes,
+            shares: weir_core::sched::ClassShares {
+                rebuild: weir_core::sched::Share {
+                    weight: 1,
+                    reservation: config.device.rebuild_reservation,
+                },
+                ..Default::default()
+            },
+            ..SchedConfig::default()
+        },
+        flow: config.flow,
+        admit: weir_core::sched::AdmitConfig {
+            depth: config.qos.admit_depth,
+            ..weir_core::sched::AdmitConfig::default()
+        },
+        snapshot_entries: None,
+    })
+}
+
+/// Say what the node found in its data directory.
+fn log_boot(me: NodeId, device: &str, found: &BootReport) {
+    if found.restarted {
+        tracing::info!(%me, bytes = found.raft_bytes, "restarted from the raft log");
+    }
+    if let Some(other) = &found.foreign_versions {
+        tracing::warn!(
+            this = %device,
+            other = %other,
+            "block-version checkpoints describe another device; ignored (a rebuild sends every block)"
+        );
+    } else if found.version_records > 0 {
+        tracing::info!(
+            grains = found.version_grains,
+            records = found.version_records,
+            "block versions restored from checkpoints"
+        );
+    }
 }
 
 /// How often a node looks for members' addresses it has not used yet.

@@ -38,9 +38,11 @@ impl LogFile {
             bytes,
         ))
     }
+}
 
+impl weir_core::node::LogStore for LogFile {
     /// Cut a torn tail: keep the first `len` bytes.
-    pub fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
         if self.file.metadata()?.len() > len {
             tracing::warn!(path = %self.path.display(), len, "torn or untrusted tail cut");
             self.file.set_len(len)?;
@@ -48,9 +50,7 @@ impl LogFile {
         }
         Ok(())
     }
-}
 
-impl weir_core::node::LogStore for LogFile {
     fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
         self.file.write_all(record)?;
         self.file.sync_data()

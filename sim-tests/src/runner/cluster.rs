@@ -13,9 +13,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use weir_core::congestion::dcqcn::CnpMode;
 use weir_core::congestion::tcp::Algorithm;
-use weir_core::control::{ControlPlane, Timeouts};
+use weir_core::control::Timeouts;
 use weir_core::map::{ClusterMap, VolumeSpec};
-use weir_core::node::{AuditLog, EventLog, Events, Node, NodeHandle};
+use weir_core::node::boot::{boot, Durable, NodeSettings, Stored};
+use weir_core::node::{AuditLog, EventLog, Events, NodeHandle};
 use weir_core::replication::ReplicationConfig;
 use weir_core::time::Skew;
 use weir_core::{BufPool, NodeId, VolumeId};
@@ -337,18 +338,23 @@ fn start_nodes(
     (audit, handles): (&AuditLog, &Handles),
     (skews, cpus): (&mut Vec<(NodeId, Skew)>, &mut HostCpus),
 ) -> Vec<Host> {
-    let voters = map.nodes().to_vec();
-    let timeouts = timeouts(s);
-    let bootstrap = weir_core::control::plane::bootstrap(map, s.cluster.replicas as u8);
+    let settings = NodeSettings {
+        map: map.clone(),
+        replicas: s.cluster.replicas as u8,
+        replication: config,
+        timeouts: timeouts(s),
+        tick: TICK,
+        device_timeout: Duration::from_millis(s.cluster.device_timeout_ms),
+        sched: s.sched.config(),
+        flow: s.flow,
+        admit: weir_core::sched::AdmitConfig {
+            depth: s.qos.depth,
+            ..weir_core::sched::AdmitConfig::default()
+        },
+        snapshot_entries: Some(s.cluster.raft_snapshot_entries),
+    };
     let mut hosts = Vec::new();
     let bound = s.cluster.clock_bound();
-    let device_timeout = Duration::from_millis(s.cluster.device_timeout_ms);
-    let sched = s.sched.config();
-    let flow = s.flow;
-    let admit = weir_core::sched::AdmitConfig {
-        depth: s.qos.depth,
-        ..weir_core::sched::AdmitConfig::default()
-    };
     let since_ns = weir_core::time::cluster_ns();
     // The operator and the snapshot stage ask nodes for map changes.
     let membership = s.faults.node_adds + s.faults.node_removals > 0 || s.snapshots.rounds > 0;
@@ -393,10 +399,7 @@ fn start_nodes(
         // block-version checkpoints.
         let log = MemLog::default();
         let versions = MemLog::default();
-        let volume_blocks = map.volume().capacity_blocks;
-        let snapshot_entries = s.cluster.raft_snapshot_entries;
-        let grain_blocks = config.grain_blocks(map.volume());
-        let (map, voters, bootstrap) = (map.clone(), voters.clone(), bootstrap.clone());
+        let settings = settings.clone();
         let (events, audit, handles) = (events.clone(), audit.clone(), handles.clone());
         // Run at start and again at every restart: a new incarnation of the node
         // from what survived.
@@ -404,46 +407,23 @@ fn start_nodes(
             // A restarted host's queue pairs are new (a no-op without RDMA's
             // messenger, and at the first start).
             Fabric::current().reboot(id);
-            let bytes = log.0.lock().expect("raft log").clone();
-            let device = format!("sim-ssd-{id}");
-            let restored = {
-                let file = versions.0.lock().expect("versions");
-                weir_core::replication::versions::replay(
-                    &file,
-                    &device,
-                    volume_blocks,
-                    grain_blocks,
-                )
-                .versions
+            let durable = Durable {
+                raft: log.stored(),
+                versions: versions.stored(),
+                device: format!("sim-ssd-{id}"),
             };
-            let (plane, _) = ControlPlane::open(
-                id,
-                &voters,
-                bootstrap.clone(),
-                timeouts,
-                thread_rng().gen(),
-                &bytes,
-            )
-            .expect("valid raft group");
-            let plane = plane.with_snapshot_entries(snapshot_entries);
-            let mut node = Node::new(
+            let adapters = (
                 transport.clone(),
                 ssd.clone(),
-                map.clone(),
-                config,
                 BufPool::new(NODE_POOL_BYTES),
-            )
-            .expect("node fits")
-            .with_control(plane, TICK, events.clone())
-            .with_events_since(cluster_start)
-            .with_skew(skew)
-            .with_device_timeout(device_timeout)
-            .with_sched(sched)
-            .with_flow(flow)
-            .with_admission(admit, false)
-            .with_audit(audit.clone())
-            .with_log_store(Box::new(log.clone()))
-            .with_version_store(Box::new(versions.clone()), device, restored);
+            );
+            let seed = thread_rng().gen();
+            let (node, _) = boot(&settings, adapters, durable, events.clone(), seed)
+                .expect("a validated scenario's node boots");
+            let mut node = node
+                .with_events_since(cluster_start)
+                .with_skew(skew)
+                .with_audit(audit.clone());
             if membership {
                 handles.lock().expect("handles").insert(id, node.handle());
             }
@@ -468,6 +448,16 @@ fn start_nodes(
 #[derive(Clone, Debug, Default)]
 struct MemLog(Arc<Mutex<Vec<u8>>>);
 
+impl MemLog {
+    /// This store for a new incarnation, with what it holds.
+    fn stored(&self) -> Stored {
+        Stored {
+            store: Box::new(self.clone()),
+            bytes: self.0.lock().expect("durable file").clone(),
+        }
+    }
+}
+
 impl weir_core::node::LogStore for MemLog {
     fn append(&mut self, record: &[u8]) -> std::io::Result<()> {
         self.0
@@ -479,6 +469,11 @@ impl weir_core::node::LogStore for MemLog {
 
     fn replace(&mut self, record: &[u8]) -> std::io::Result<()> {
         *self.0.lock().expect("durable file") = record.to_vec();
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.0.lock().expect("durable file").truncate(len as usize);
         Ok(())
     }
 }
