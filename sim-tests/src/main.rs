@@ -111,8 +111,8 @@ fn main() -> ExitCode {
     if let Some(ms) = args.duration_ms {
         scenario.workload.duration_ms = ms;
     }
-    if args.rdma && scenario.fabric.transport == "roce" {
-        scenario.fabric.transport = "rdma".into();
+    if args.rdma && scenario.fabric.transport == weir_sim::scenario::Transport::Roce {
+        scenario.fabric.transport = weir_sim::scenario::Transport::Rdma;
     }
     for bug in &args.bug {
         match bug {

@@ -4,7 +4,7 @@
 
 use crate::checker::Verdict;
 use crate::history::{History, OpKind};
-use crate::scenario::{Pattern, Scenario};
+use crate::scenario::{Pattern, Scenario, Transport};
 use hdrhistogram::Histogram;
 use std::fmt;
 
@@ -167,6 +167,9 @@ pub struct Report {
     /// CPU utilization over the workload by role ("storage", "client"), 0..=1,
     /// when hosts are modelled.
     pub cpu: Vec<(String, f64)>,
+    /// Requests the clients sent through weir-core's front end
+    /// (`NamedVolumes`), by named volume, in name order.
+    pub front_end: Vec<(String, u64)>,
     /// Per named volume (`[[volumes]]`): its name, IOPS (operations completed
     /// within the workload's duration, not after it) and latency.
     pub volumes: Vec<(String, f64, Latency, Latency)>,
@@ -233,6 +236,7 @@ impl Report {
             admission: Default::default(),
             messenger: None,
             cpu: Vec::new(),
+            front_end: Vec::new(),
             volumes: scenario
                 .volume_ranges()
                 .into_iter()
@@ -286,7 +290,7 @@ impl fmt::Display for Report {
         }
         let fs = &s.fabric;
         if fs.lossless() {
-            let messenger = if fs.transport == "rdma" {
+            let messenger = if fs.transport == Transport::Rdma {
                 " (RDMA messenger)"
             } else {
                 ""
@@ -342,6 +346,19 @@ impl fmt::Display for Report {
             "  throughput  {:>10.0} IOPS  {:>9.1} MB/s   (reads {}, writes {}, errors {})",
             self.iops, self.mb_per_sec, self.read.count, self.write.count, self.errors
         )?;
+        if !self.front_end.is_empty() {
+            let total: u64 = self.front_end.iter().map(|(_, n)| n).sum();
+            let by: Vec<String> = self
+                .front_end
+                .iter()
+                .map(|(v, n)| format!("{v} {n}"))
+                .collect();
+            writeln!(
+                f,
+                "  front end   {total} requests through named volumes ({})",
+                by.join(", ")
+            )?;
+        }
         writeln!(f, "  latency us        P50       P99     P99.9       max")?;
         for (name, l) in [("read", &self.read), ("write", &self.write)] {
             writeln!(
@@ -479,8 +496,8 @@ impl fmt::Display for Report {
             "default" => {}
             // `--rdma` where the campaign's own draw is RoCE without it.
             "campaign"
-                if s.fabric.transport == "rdma"
-                    && Scenario::campaign(self.seed).fabric.transport != "rdma" =>
+                if s.fabric.transport == Transport::Rdma
+                    && Scenario::campaign(self.seed).fabric.transport != Transport::Rdma =>
             {
                 write!(f, " --campaign --rdma")?
             }

@@ -160,7 +160,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
             .build()
             .spawn(async move { snapshots::run(args, &s, (epoch, deadline), at).await })
     });
-    let ops = workload::drive(&cluster, &scenario, epoch).await;
+    let (ops, front_end) = workload::drive(&cluster, &scenario, epoch).await;
     let cpu = cpu_by_role(&cluster);
     // Liveness counts from when the faults stop: a node may still be paused, cut
     // off or down before its restart when the workload ends.
@@ -218,6 +218,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     report.payload_copies = weir_core::copies::on_this_thread() - copies_before;
     let flow = weir_core::flow::on_this_thread();
     report.cpu = cpu;
+    report.front_end = front_end;
     report.messenger = cluster.fabric.messenger_totals();
     report.flow = flow.since(&flow_before);
     report.sched = weir_core::sched::on_this_thread().since(&sched_before);

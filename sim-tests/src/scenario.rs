@@ -336,9 +336,11 @@ impl Default for ExtraClients {
 }
 
 mod campaign;
+mod choices;
 mod volumes;
 
-pub use volumes::{QosSpec, VolumeSpecToml};
+pub use choices::{Cnp, Dcqcn, Driver, NetworkStack, Transport};
+pub use volumes::{QosSpec, VolumeSpecToml, REST_VOLUME};
 
 impl Scenario {
     /// Storage hosts: the first members and the nodes that join.
@@ -368,11 +370,11 @@ pub struct FabricSpec {
     /// by RDMA's messenger: connections, credits, granted regions), or the lossy
     /// TCP baseline: "tcp-reno", "tcp-dctcp", "tcp-cubic" (no PFC, no DCQCN,
     /// ECN at K).
-    pub transport: String,
+    pub transport: Transport,
     /// DCQCN reaction-point preset: "hpcc", "paper", "connectx", or "off".
-    pub dcqcn: String,
+    pub dcqcn: Dcqcn,
     /// CNP generation: "per-qp" (at most one per QP per 50 us) or "per-packet".
-    pub cnp: String,
+    pub cnp: Cnp,
     /// Limit each QP's unacknowledged bytes to the path's bandwidth-delay product.
     pub bdp_window: bool,
     /// Switch shared buffer, MiB.
@@ -398,7 +400,7 @@ impl FabricSpec {
     /// Whether the fabric is RoCE's (lossless, PFC and DCQCN), with or without
     /// RDMA's messenger.
     pub fn lossless(&self) -> bool {
-        matches!(self.transport.as_str(), "roce" | "rdma")
+        self.transport.lossless()
     }
 }
 
@@ -408,9 +410,9 @@ impl Default for FabricSpec {
             link_gbps: 100,
             link_delay_ns: 1000,
             mtu_bytes: 4096,
-            transport: "roce".into(),
-            dcqcn: "hpcc".into(),
-            cnp: "per-qp".into(),
+            transport: Transport::Roce,
+            dcqcn: Dcqcn::Hpcc,
+            cnp: Cnp::PerQp,
             bdp_window: false,
             buffer_mib: 32,
             pfc: true,
@@ -435,13 +437,13 @@ pub struct HostSpec {
     /// Two NUMA nodes per host (the NIC on the first).
     pub numa: bool,
     /// "none" (free), "kernel-tcp" or "rdma".
-    pub network_stack: String,
+    pub network_stack: NetworkStack,
 }
 
 impl HostSpec {
     /// Whether hosts cost anything at all.
     pub fn modelled(&self, device: &DeviceSpec) -> bool {
-        self.network_stack != "none" || device.driver != "none"
+        self.network_stack != NetworkStack::None || device.driver != Driver::None
     }
 }
 
@@ -451,7 +453,7 @@ impl Default for HostSpec {
             cores: 16,
             clock_ghz: 3.4,
             numa: false,
-            network_stack: "none".into(),
+            network_stack: NetworkStack::None,
         }
     }
 }
@@ -462,7 +464,7 @@ impl Default for HostSpec {
 pub struct DeviceSpec {
     /// NVMe driver: "none" (free), "kernel" (interrupts) or "polled" (a
     /// user-space driver on a dedicated polling core).
-    pub driver: String,
+    pub driver: Driver,
     /// SSDs per storage node, striped into one namespace (RAID 0, 512 KiB
     /// stripes), each with its own controller, flash and host link.
     pub ssds: u32,
@@ -471,7 +473,7 @@ pub struct DeviceSpec {
 impl Default for DeviceSpec {
     fn default() -> Self {
         DeviceSpec {
-            driver: "none".into(),
+            driver: Driver::None,
             ssds: 1,
         }
     }
@@ -709,24 +711,6 @@ impl Scenario {
         if !matches!(f.mtu_bytes, 1024 | 2048 | 4096) {
             return bad("fabric.mtu_bytes", "must be 1024, 2048 or 4096");
         }
-        if !matches!(
-            f.transport.as_str(),
-            "roce" | "rdma" | "tcp-reno" | "tcp-dctcp" | "tcp-cubic"
-        ) {
-            return bad(
-                "fabric.transport",
-                "must be \"roce\", \"rdma\", \"tcp-reno\", \"tcp-dctcp\" or \"tcp-cubic\"",
-            );
-        }
-        if !matches!(f.dcqcn.as_str(), "hpcc" | "paper" | "connectx" | "off") {
-            return bad(
-                "fabric.dcqcn",
-                "must be \"hpcc\", \"paper\", \"connectx\" or \"off\"",
-            );
-        }
-        if !matches!(f.cnp.as_str(), "per-qp" | "per-packet") {
-            return bad("fabric.cnp", "must be \"per-qp\" or \"per-packet\"");
-        }
         if !matches!(f.ports_per_host, 1 | 2) {
             return bad("fabric.ports_per_host", "must be 1 or 2");
         }
@@ -777,22 +761,10 @@ impl Scenario {
         if h.numa && h.cores < 2 {
             return bad("host.numa", "two NUMA nodes need at least two cores");
         }
-        if !matches!(h.network_stack.as_str(), "none" | "kernel-tcp" | "rdma") {
-            return bad(
-                "host.network_stack",
-                "must be \"none\", \"kernel-tcp\" or \"rdma\"",
-            );
-        }
-        if !matches!(self.device.driver.as_str(), "none" | "kernel" | "polled") {
-            return bad(
-                "device.driver",
-                "must be \"none\", \"kernel\" or \"polled\"",
-            );
-        }
         if self.device.ssds == 0 || self.device.ssds > 32 {
             return bad("device.ssds", "must be between 1 and 32");
         }
-        if self.device.driver == "polled" && h.cores < 2 {
+        if self.device.driver == Driver::Polled && h.cores < 2 {
             return bad(
                 "host.cores",
                 "a polled driver takes a core of its own: at least 2 cores",

@@ -13,7 +13,7 @@
 //! replays it.
 #![cfg(madsim)]
 
-use weir_sim::scenario::Scenario;
+use weir_sim::scenario::{Scenario, Transport};
 
 /// Seeds per test function; four functions so the test harness spreads them over
 /// the cores.
@@ -93,7 +93,7 @@ fn check_seeds(seeds: impl Iterator<Item = u64>) -> Tally {
         let s = Scenario::campaign(seed);
         skewed += u32::from(s.cluster.clock_offset_max_us > 0);
         hosts += u32::from(s.host.modelled(&s.device));
-        rdma += u32::from(s.fabric.transport == "rdma");
+        rdma += u32::from(s.fabric.transport == Transport::Rdma);
         crashes += s.faults.node_crashes;
         stalls += s.faults.node_pauses + s.faults.partitions;
         let (passed, r) = run_seed(seed);

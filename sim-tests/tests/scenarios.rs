@@ -4,7 +4,7 @@
 use weir_core::{Event, NodeId};
 use weir_sim::report::Report;
 use weir_sim::runner::{run, Fault};
-use weir_sim::scenario::{Pattern, Scenario};
+use weir_sim::scenario::{Pattern, Scenario, Transport};
 
 /// How many of the run's node events match `f`.
 fn count(r: &Report, f: impl Fn(&Event) -> bool) -> usize {
@@ -83,7 +83,7 @@ fn swarm(seed: u64) -> Scenario {
     }
     // A quarter run on the lossy TCP baseline instead of RoCE.
     if pick(10, 4) == 0 {
-        s.fabric.transport = "tcp-dctcp".into();
+        s.fabric.transport = Transport::TcpDctcp;
     }
     s
 }
@@ -95,7 +95,7 @@ fn a_sweep_of_24_seeds_passes_every_checker() {
     for seed in 1..=24 {
         let s = swarm(seed);
         faulty += usize::from(s.faults.link_flaps > 0);
-        tcp += usize::from(s.fabric.transport != "roce");
+        tcp += usize::from(s.fabric.transport != Transport::Roce);
         let outcome = run(seed, &s, "swarm");
         if !outcome.report.passed() {
             failed.push(format!("seed {seed}: {:?}\n{}", s, outcome.report));
@@ -470,7 +470,7 @@ fn an_ssd_media_error_is_served_around_and_repaired_from_a_peer() {
 fn the_default_scenario_runs_over_rdmas_messenger_as_over_roce() {
     let mut s = short(40);
     let roce = run(1, &s, "default").report;
-    s.fabric.transport = "rdma".into();
+    s.fabric.transport = Transport::Rdma;
     let r = run(1, &s, "rdma").report;
     assert!(r.passed(), "{r}");
     let m = r.messenger.expect("the messenger carried the frames");
@@ -488,7 +488,7 @@ fn the_default_scenario_runs_over_rdmas_messenger_as_over_roce() {
 #[test]
 fn a_node_restarting_over_rdma_is_connected_again_and_caught_up() {
     let mut s = small(400);
-    s.fabric.transport = "rdma".into();
+    s.fabric.transport = Transport::Rdma;
     s.faults.node_restarts = 1;
     let r = run(3, &s, "rdma-restart").report;
     assert!(r.passed(), "{r}");
@@ -504,7 +504,7 @@ fn a_node_restarting_over_rdma_is_connected_again_and_caught_up() {
 #[test]
 fn a_one_port_link_flap_on_two_port_hosts_moves_connections_and_no_io_fails() {
     let mut s = small(400);
-    s.fabric.transport = "rdma".into();
+    s.fabric.transport = Transport::Rdma;
     s.fabric.ports_per_host = 2;
     // Each flap takes one port of a node or client down for 15..150 ms, far
     // longer than the 8 ms (8 timeouts of 1 ms) a QP retries before it fails.

@@ -9,7 +9,7 @@
 //! one side fixed to isolate the other, it says so.
 
 use super::{Experiment, Variant};
-use crate::scenario::{ExtraClients, Pattern, Scenario};
+use crate::scenario::{Dcqcn, Driver, ExtraClients, NetworkStack, Pattern, Scenario, Transport};
 
 /// Every experiment, in the order `list` prints them.
 pub const ALL: &[Experiment] = &[
@@ -102,16 +102,16 @@ fn base(quick: bool, duration_ms: u64) -> Scenario {
 
 /// Kernel TCP: CUBIC on a lossy fabric, the kernel's socket stack.
 fn kernel_tcp(s: &mut Scenario) {
-    s.fabric.transport = "tcp-cubic".into();
-    s.host.network_stack = "kernel-tcp".into();
+    s.fabric.transport = Transport::TcpCubic;
+    s.host.network_stack = NetworkStack::KernelTcp;
 }
 
 /// RoCE v2 with PFC, ECN and DCQCN, through verbs.
 fn roce(s: &mut Scenario) {
-    s.fabric.transport = "roce".into();
-    s.fabric.dcqcn = "hpcc".into();
+    s.fabric.transport = Transport::Roce;
+    s.fabric.dcqcn = Dcqcn::Hpcc;
     s.fabric.pfc = true;
-    s.host.network_stack = "rdma".into();
+    s.host.network_stack = NetworkStack::Rdma;
 }
 
 fn workload(s: &mut Scenario, pattern: Pattern, block_size: u32, read_percent: u32, qd: u32) {
@@ -142,7 +142,7 @@ fn fabric_matrix(
         for (kind, reads) in [("read", 100), ("write", 0)] {
             let mut s = base(quick, duration_ms);
             s.workload.clients = 3;
-            s.device.driver = "polled".into();
+            s.device.driver = Driver::Polled;
             set(&mut s);
             workload(&mut s, pattern, bs, reads, qd);
             out.push(variant(&format!("{fabric}-{kind}"), s));
@@ -156,12 +156,12 @@ fn fabric_matrix(
 fn rdma_messenger(quick: bool) -> Vec<Variant> {
     let mut out = Vec::new();
     for (size, bs, reads) in [("4k", 4096, 70), ("128k", 128 << 10, 100)] {
-        for via in ["roce", "rdma"] {
+        for via in [Transport::Roce, Transport::Rdma] {
             let mut s = base(quick, 40);
             s.workload.clients = 3;
-            s.device.driver = "polled".into();
+            s.device.driver = Driver::Polled;
             roce(&mut s);
-            s.fabric.transport = via.into();
+            s.fabric.transport = via;
             workload(&mut s, Pattern::Random, bs, reads, 32);
             out.push(variant(&format!("{via}-{size}"), s));
         }
@@ -190,10 +190,14 @@ fn mixed(quick: bool) -> Vec<Variant> {
     };
     let mut out = Vec::new();
     for (fabric, set) in [("tcp", kernel_tcp as fn(&mut Scenario)), ("roce", roce)] {
-        let driver = if fabric == "tcp" { "kernel" } else { "polled" };
+        let driver = if fabric == "tcp" {
+            Driver::Kernel
+        } else {
+            Driver::Polled
+        };
         let mut common = base(quick, 60);
         set(&mut common);
-        common.device.driver = driver.into();
+        common.device.driver = driver;
         // Analytics: 2 clients of 4 KiB random reads; beside them, the ingest.
         let mut reads = common.clone();
         reads.workload.clients = 2;
@@ -239,7 +243,7 @@ fn incast(quick: bool) -> Vec<Variant> {
             s.cluster.nodes = nodes;
             s.cluster.extent_mib = 16;
             s.workload.clients = clients;
-            s.device.driver = "polled".into();
+            s.device.driver = Driver::Polled;
             s.device.ssds = ssds;
             s.fabric.ecn_buffer_pct = 70;
             workload(&mut s, Pattern::Random, bs, 100, qd);
@@ -247,7 +251,7 @@ fn incast(quick: bool) -> Vec<Variant> {
                 "tcp" => kernel_tcp(&mut s),
                 "dcqcn-off" | "dcqcn-off-flow" => {
                     roce(&mut s);
-                    s.fabric.dcqcn = "off".into();
+                    s.fabric.dcqcn = Dcqcn::Off;
                 }
                 _ => roce(&mut s),
             }
@@ -259,7 +263,7 @@ fn incast(quick: bool) -> Vec<Variant> {
 }
 
 fn spdk_vs_kernel(quick: bool) -> Vec<Variant> {
-    ["polled", "kernel"]
+    [Driver::Polled, Driver::Kernel]
         .into_iter()
         .map(|driver| {
             let mut s = base(quick, 100);
@@ -267,9 +271,9 @@ fn spdk_vs_kernel(quick: bool) -> Vec<Variant> {
             s.cluster.replicas = 1;
             s.workload.clients = 1;
             roce(&mut s);
-            s.device.driver = driver.into();
+            s.device.driver = driver;
             workload(&mut s, Pattern::Random, 4096, 100, 16);
-            variant(driver, s)
+            variant(driver.as_str(), s)
         })
         .collect()
 }
@@ -278,12 +282,16 @@ fn full_stack(quick: bool) -> Vec<Variant> {
     let mut out = Vec::new();
     for burst in [false, true] {
         for (name, set, driver) in [
-            ("kernel-tcp", kernel_tcp as fn(&mut Scenario), "kernel"),
-            ("polled-roce", roce, "polled"),
+            (
+                "kernel-tcp",
+                kernel_tcp as fn(&mut Scenario),
+                Driver::Kernel,
+            ),
+            ("polled-roce", roce, Driver::Polled),
         ] {
             let mut s = base(quick, 100);
             set(&mut s);
-            s.device.driver = driver.into();
+            s.device.driver = driver;
             s.device.ssds = 2;
             s.workload.clients = 3;
             workload(&mut s, Pattern::Random, 4096, 70, 64);
@@ -326,7 +334,7 @@ fn merge_split(quick: bool) -> Vec<Variant> {
         for name in ["on", "off", "fifo-deep"] {
             let mut s = base(quick, 100);
             roce(&mut s);
-            s.device.driver = "polled".into();
+            s.device.driver = Driver::Polled;
             s.device.ssds = ssds;
             s.workload.clients = 3;
             workload(&mut s, Pattern::Stream, 4096, 70, 128);
@@ -363,7 +371,7 @@ fn qos(quick: bool) -> Vec<Variant> {
     for name in ["off", "limit", "reserve", "on", "alone"] {
         let mut s = base(quick, 100);
         roce(&mut s);
-        s.device.driver = "polled".into();
+        s.device.driver = Driver::Polled;
         s.workload.clients = 1;
         s.workload.volume = "quiet".into();
         workload(&mut s, Pattern::Random, 4096, 70, 8);
@@ -405,7 +413,7 @@ fn rebuild_under_load(quick: bool) -> Vec<Variant> {
     for name in ["fifo", "classes", "fifo-deep", "classes-deep"] {
         let mut s = base(quick, 300);
         roce(&mut s);
-        s.device.driver = "polled".into();
+        s.device.driver = Driver::Polled;
         s.cluster.volume_mib = 1024;
         // No checkpoints: the restarted node is sent every block it holds.
         s.cluster.checkpoint_ms = 0;

@@ -5,7 +5,7 @@
 
 use super::plan::Host;
 use super::{CHECKER_HOST, FIRST_CLIENT, WARMUP};
-use crate::scenario::Scenario;
+use crate::scenario::{Cnp, Dcqcn, Driver, NetworkStack, Scenario, Transport};
 use madsim::rand::{thread_rng, Rng};
 use madsim::runtime::Handle;
 use std::sync::{Arc, Mutex};
@@ -13,8 +13,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use weir_core::congestion::dcqcn::CnpMode;
 use weir_core::congestion::tcp::Algorithm;
+use weir_core::control::state::{ClusterState, Command};
 use weir_core::control::Timeouts;
 use weir_core::map::{ClusterMap, VolumeSpec};
+use weir_core::named::Control;
 use weir_core::node::boot::{boot, Durable, NodeSettings, Stored};
 use weir_core::node::{AuditLog, EventLog, Events, NodeHandle};
 use weir_core::replication::ReplicationConfig;
@@ -54,8 +56,8 @@ pub(super) struct Cluster {
     pub(super) cpus: HostCpus,
     /// When the cluster started.
     pub(super) start: Instant,
-    /// Each storage node's handle (its latest incarnation's), when the run
-    /// changes membership (an operator asks a node for it).
+    /// Each storage node's handle (its latest incarnation's): the clients'
+    /// front ends and the operator ask the nodes for map changes through them.
     pub(super) handles: Handles,
 }
 
@@ -70,7 +72,7 @@ impl Cluster {
         fabric
             .configure(fabric_config(scenario))
             .expect("validated scenario");
-        if scenario.fabric.transport == "rdma" {
+        if scenario.fabric.transport == Transport::Rdma {
             let rdma = weir_transport_rdma::proto::Config {
                 queue_bytes: (scenario.fabric.send_queue_kib << 10) as usize,
                 ..Default::default()
@@ -127,6 +129,47 @@ impl Cluster {
     }
 }
 
+/// The simulator's control port, which the clients' front ends ask for map
+/// changes and read the map from: the latest map any node applied, and the
+/// leader that map's node knows of (else the first member, not leaving,
+/// that knows a leader and takes the request: a removed node may still take
+/// one, and drop it).
+pub(super) struct Nodes(pub(super) Handles);
+
+impl Nodes {
+    fn handles(&self) -> std::collections::BTreeMap<NodeId, NodeHandle> {
+        self.0.lock().expect("handles").clone()
+    }
+}
+
+impl Control for Nodes {
+    fn state(&self) -> Arc<ClusterState> {
+        self.handles()
+            .values()
+            .map(|h| h.state())
+            .max_by_key(|s| s.applied)
+            .unwrap_or_default()
+    }
+
+    fn request(&self, command: Command) -> bool {
+        let handles = self.handles();
+        let Some(latest) = handles.values().max_by_key(|h| h.state().applied) else {
+            return false;
+        };
+        let state = latest.state();
+        if let Some(leader) = latest.report().leader.and_then(|l| handles.get(&l)) {
+            if leader.request(command.clone()) {
+                return true;
+            }
+        }
+        handles
+            .iter()
+            .filter(|(n, _)| state.nodes.contains_key(n) && !state.leaving.contains(n))
+            .filter(|(_, h)| h.report().leader.is_some())
+            .any(|(_, h)| h.request(command.clone()))
+    }
+}
+
 /// What a host is, for CPU figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Role {
@@ -144,20 +187,20 @@ pub(super) type HostCpus = Vec<(Role, SharedCpu)>;
 /// The network stack of a scenario's hosts, if they pay for one.
 fn net_stack(s: &Scenario) -> Option<weir_host_sim::NetStack> {
     use weir_host_sim::profile::{KernelTcp, Rdma};
-    match s.host.network_stack.as_str() {
-        "kernel-tcp" => Some(weir_host_sim::NetStack::KernelTcp(KernelTcp::LINUX)),
-        "rdma" => Some(weir_host_sim::NetStack::Rdma(Rdma::VERBS)),
-        _ => None,
+    match s.host.network_stack {
+        NetworkStack::KernelTcp => Some(weir_host_sim::NetStack::KernelTcp(KernelTcp::LINUX)),
+        NetworkStack::Rdma => Some(weir_host_sim::NetStack::Rdma(Rdma::VERBS)),
+        NetworkStack::None => None,
     }
 }
 
 /// The storage nodes' NVMe driver, if it costs CPU.
 fn nvme_driver(s: &Scenario) -> Option<weir_host_sim::NvmeDriver> {
     use weir_host_sim::profile::{KernelNvme, PolledNvme};
-    match s.device.driver.as_str() {
-        "kernel" => Some(weir_host_sim::NvmeDriver::Kernel(KernelNvme::LINUX)),
-        "polled" => Some(weir_host_sim::NvmeDriver::Polled(PolledNvme::SPDK)),
-        _ => None,
+    match s.device.driver {
+        Driver::Kernel => Some(weir_host_sim::NvmeDriver::Kernel(KernelNvme::LINUX)),
+        Driver::Polled => Some(weir_host_sim::NvmeDriver::Polled(PolledNvme::SPDK)),
+        Driver::None => None,
     }
 }
 
@@ -216,11 +259,11 @@ fn replication_config(scenario: &Scenario) -> ReplicationConfig {
 fn fabric_config(scenario: &Scenario) -> FabricConfig {
     let f = &scenario.fabric;
     let rate_bps = f.link_gbps * 1_000_000_000;
-    let mut config = match f.transport.as_str() {
-        "tcp-reno" => FabricConfig::tcp(rate_bps, Algorithm::Reno),
-        "tcp-dctcp" => FabricConfig::tcp(rate_bps, Algorithm::Dctcp),
-        "tcp-cubic" => FabricConfig::tcp(rate_bps, Algorithm::Cubic),
-        _ => FabricConfig::at_rate(rate_bps),
+    let mut config = match f.transport {
+        Transport::TcpReno => FabricConfig::tcp(rate_bps, Algorithm::Reno),
+        Transport::TcpDctcp => FabricConfig::tcp(rate_bps, Algorithm::Dctcp),
+        Transport::TcpCubic => FabricConfig::tcp(rate_bps, Algorithm::Cubic),
+        Transport::Roce | Transport::Rdma => FabricConfig::at_rate(rate_bps),
     };
     let hosts = scenario.storage_hosts() + scenario.client_hosts() + 1;
     config.topology = Topology::Star {
@@ -229,7 +272,7 @@ fn fabric_config(scenario: &Scenario) -> FabricConfig {
     config.ports_per_host = f.ports_per_host as usize;
     config.host_link.delay_ns = f.link_delay_ns;
     config.nic.mtu_bytes = f.mtu_bytes;
-    if f.transport == "rdma" {
+    if f.transport == Transport::Rdma {
         // RC's retry count as deployments set it (the largest): a QP gives up
         // after 7 retransmission timeouts without progress, and its error
         // completions reach the messenger.
@@ -244,12 +287,15 @@ fn fabric_config(scenario: &Scenario) -> FabricConfig {
         return config;
     }
     // The reaction point with the switches' ECN marking it was tuned with.
-    if !config.set_dcqcn_preset(&f.dcqcn) {
-        config.nic.dcqcn = None; // "off": the scenario check refuses other names
+    if f.dcqcn == Dcqcn::Off {
+        config.nic.dcqcn = None;
+    } else {
+        let known = config.set_dcqcn_preset(f.dcqcn.as_str());
+        assert!(known, "the fabric knows every preset of the scenario's");
     }
-    config.nic.cnp = match f.cnp.as_str() {
-        "per-packet" => CnpMode::PerPacket { min_gap_ns: 0 },
-        _ => CnpMode::PerQpInterval {
+    config.nic.cnp = match f.cnp {
+        Cnp::PerPacket => CnpMode::PerPacket { min_gap_ns: 0 },
+        Cnp::PerQp => CnpMode::PerQpInterval {
             interval_ns: 50_000,
         },
     };
@@ -293,16 +339,17 @@ fn build_map(scenario: &Scenario) -> ClusterMap {
         };
         map = map.with_named(&create).expect("validated scenario");
     }
-    // With a snapshot stage, the rest of the workload's part of the pool is
-    // a thick volume of its own, so the stage's thin volume takes its
-    // extents from the part kept for it, at the pool's end.
-    let rest = scenario
-        .pool_extents()
-        .saturating_sub(map.state().next_free_extent);
-    if scenario.snapshots.rounds > 0 && rest > 0 {
+    // The rest of the workload's part of the pool is a thick volume of its
+    // own, so every block a client writes is in a named volume (and with a
+    // snapshot stage, the stage's thin volume takes its extents from the part
+    // kept for it, at the pool's end).
+    let first = map.state().next_free_extent;
+    let rest = scenario.pool_extents().saturating_sub(first);
+    if rest > 0 {
+        let extent_bytes = c.extent_mib << 20;
         let create = weir_core::control::Command::CreateNamed {
-            name: "pool-rest".into(),
-            size_bytes: rest * (c.extent_mib << 20),
+            name: crate::scenario::REST_VOLUME.into(),
+            size_bytes: (rest * extent_bytes).min((c.volume_mib << 20) - first * extent_bytes),
             extents: rest,
             qos: weir_core::control::qos::Qos::default(),
             key_check: None,
@@ -356,8 +403,6 @@ fn start_nodes(
     let mut hosts = Vec::new();
     let bound = s.cluster.clock_bound();
     let since_ns = weir_core::time::cluster_ns();
-    // The operator and the snapshot stage ask nodes for map changes.
-    let membership = s.faults.node_adds + s.faults.node_removals > 0 || s.snapshots.rounds > 0;
     for id in (1..=s.storage_hosts()).map(NodeId) {
         let transport = Arc::new(fabric.endpoint(id).expect("new host"));
         // The node's clock, the same in every incarnation (it is the host's).
@@ -424,9 +469,7 @@ fn start_nodes(
                 .with_events_since(cluster_start)
                 .with_skew(skew)
                 .with_audit(audit.clone());
-            if membership {
-                handles.lock().expect("handles").insert(id, node.handle());
-            }
+            handles.lock().expect("handles").insert(id, node.handle());
             async move {
                 if let Err(e) = node.run().await {
                     tracing::error!(error = %e, "node stopped");

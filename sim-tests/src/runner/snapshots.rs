@@ -1,7 +1,7 @@
 //! The snapshot stage (`[snapshots]`): a front end on a client host of its own
 //! drives a thin named volume at the pool's end through weir-core's
-//! `NamedVolumes`, asking the nodes for map changes (the simulator's stand-in
-//! for a node's own front end). One writer writes tagged blocks one at a time
+//! `NamedVolumes`, asking the nodes for map changes (as the workload's
+//! clients do). One writer writes tagged blocks one at a time
 //! while snapshots are taken (at the plan's crashes, so a primary may crash
 //! during one, and spread over the run); then a clone of the first snapshot
 //! is written, the other snapshots read, one deleted and an extent trimmed;
@@ -17,6 +17,7 @@
 //! read before, and the clone must read the snapshot's blocks where it did
 //! not write them.
 
+use super::cluster::Nodes;
 use crate::checker::Verdict;
 use crate::history::{decode_block, encode_block, Tag, Value};
 use crate::scenario::Scenario;
@@ -31,7 +32,6 @@ use weir_core::control::state::ClusterState;
 use weir_core::control::Command;
 use weir_core::map::ClusterMap;
 use weir_core::named::{Control, NamedVolumes, Target};
-use weir_core::node::NodeHandle;
 use weir_transport_sim::SimTransport;
 
 /// The stage's volume and its clone.
@@ -47,46 +47,6 @@ const CLONE_WRITES: u64 = 16;
 /// Writes into the trimmed extent once the freed extents are zeroed.
 const REUSE_WRITES: u64 = 8;
 const REUSE_WRITER: u16 = 4002;
-
-/// The simulator's control port: the latest map any node applied, and the
-/// leader that map's node knows of (else the first member, not leaving,
-/// that knows a leader and takes the request: a removed node may still take
-/// one, and drop it).
-struct Nodes(super::cluster::Handles);
-
-impl Nodes {
-    fn handles(&self) -> std::collections::BTreeMap<weir_core::NodeId, NodeHandle> {
-        self.0.lock().expect("handles").clone()
-    }
-}
-
-impl Control for Nodes {
-    fn state(&self) -> Arc<ClusterState> {
-        self.handles()
-            .values()
-            .map(|h| h.state())
-            .max_by_key(|s| s.applied)
-            .unwrap_or_default()
-    }
-
-    fn request(&self, command: Command) -> bool {
-        let handles = self.handles();
-        let Some(latest) = handles.values().max_by_key(|h| h.state().applied) else {
-            return false;
-        };
-        let state = latest.state();
-        if let Some(leader) = latest.report().leader.and_then(|l| handles.get(&l)) {
-            if leader.request(command.clone()) {
-                return true;
-            }
-        }
-        handles
-            .iter()
-            .filter(|(n, _)| state.nodes.contains_key(n) && !state.leaving.contains(n))
-            .filter(|(_, h)| h.report().leader.is_some())
-            .any(|(_, h)| h.request(command.clone()))
-    }
-}
 
 /// One write of the writer: which block, what, when, and how it ended.
 #[derive(Clone, Copy, Debug)]

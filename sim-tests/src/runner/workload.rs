@@ -1,7 +1,13 @@
 //! Stage 3 of a run: the workload. Each client host (the workload's, then the
-//! `[[extra_clients]]`) opens the volume and runs `queue_depth` workers from its
-//! start until its stop (by default the workload's deadline), each recording every operation it
-//! invokes (and when it completed, if it did) for the history.
+//! `[[extra_clients]]`) opens the pool and weir-core's front end over it
+//! (`NamedVolumes`, the code NBD's requests go through in the daemon) and runs
+//! `queue_depth` workers from its start until its stop (by default the
+//! workload's deadline), each recording every operation it invokes (and when
+//! it completed, if it did) for the history. Every request goes to a named
+//! volume: a client of a `[[volumes]]` volume uses that volume, a client of
+//! none uses the pool's (each block through the volume that holds it,
+//! `pool-rest` where no `[[volumes]]` does). The history keeps pool block
+//! numbers, so the checkers and the read-back see one address space.
 
 use super::cluster::Cluster;
 use crate::history::{decode_block, encode_block, OpKind, OpRecord, Tag, Value};
@@ -9,13 +15,14 @@ use crate::scenario::{Pattern, Scenario};
 use bytes::Bytes;
 use madsim::rand::{thread_rng, Rng};
 use madsim::runtime::Handle;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-use weir_core::client::{ClientOptions, Volume};
+use weir_core::client::{ClientError, ClientOptions, Volume};
 use weir_core::map::ClusterMap;
-use weir_core::Lba;
+use weir_core::named::{NamedVolumes, Target};
 use weir_transport_sim::SimTransport;
 
 /// What one client host does: its workload, its first worker's index among all
@@ -92,8 +99,13 @@ fn plans(scenario: &Scenario, capacity: u64, epoch: Instant, deadline: Instant) 
 }
 
 /// Run every client from `epoch` for the workload's duration; returns every
-/// operation, in completion order (operations that never completed last).
-pub(super) async fn drive(cluster: &Cluster, scenario: &Scenario, epoch: Instant) -> Vec<OpRecord> {
+/// operation, in completion order (operations that never completed last),
+/// and the requests the clients' front ends sent to each named volume.
+pub(super) async fn drive(
+    cluster: &Cluster,
+    scenario: &Scenario,
+    epoch: Instant,
+) -> (Vec<OpRecord>, Vec<(String, u64)>) {
     let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
     let capacity = cluster.map.volume().capacity_blocks;
     let plans = plans(scenario, capacity, epoch, deadline);
@@ -102,6 +114,7 @@ pub(super) async fn drive(cluster: &Cluster, scenario: &Scenario, epoch: Instant
     for ((c, transport), plan) in cluster.clients.iter().cloned().enumerate().zip(plans) {
         let c = c as u32;
         let (map, spec) = (cluster.map.clone(), scenario.clone());
+        let handles = cluster.handles.clone();
         let host = Handle::current()
             .create_node()
             .name(format!("client-{c}"))
@@ -111,35 +124,152 @@ pub(super) async fn drive(cluster: &Cluster, scenario: &Scenario, epoch: Instant
             if plan.start > Instant::now() {
                 weir_core::time::sleep_until_exact(plan.start).await;
             }
-            run_client(transport, map, spec, (c as u16, plan, workers), epoch).await
+            let front = FrontEnd::open(transport, map, handles, &spec);
+            let ops = run_client(front.clone(), spec, (c as u16, plan, workers), epoch).await;
+            (ops, front.requests())
         }));
     }
     let mut ops = Vec::new();
+    let mut requests = BTreeMap::new();
     for client in clients {
-        ops.extend(client.await.expect("client task"));
+        let (done, sent) = client.await.expect("client task");
+        ops.extend(done);
+        for (volume, n) in sent {
+            *requests.entry(volume).or_insert(0) += n;
+        }
     }
     ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
-    ops
+    (ops, requests.into_iter().collect())
+}
+
+/// A client's front end: weir-core's `NamedVolumes` over its pool client,
+/// and where each pool extent lies in the named volumes.
+struct FrontEnd {
+    named: NamedVolumes<SimTransport>,
+    /// Each pool extent's volume and index in it, from the first map (the
+    /// workload's volumes are thick: an extent of theirs never moves).
+    owner: BTreeMap<u64, (Target, u64)>,
+    /// Blocks per extent, and bytes per block.
+    extent_blocks: u64,
+    block_bytes: u64,
+    /// Requests sent to each volume.
+    sent: Mutex<BTreeMap<String, u64>>,
+}
+
+impl FrontEnd {
+    /// Open the pool on `transport` and the front end over it, asking the
+    /// nodes of `handles` for map changes.
+    fn open(
+        transport: Arc<SimTransport>,
+        map: ClusterMap,
+        handles: super::cluster::Handles,
+        spec: &Scenario,
+    ) -> Arc<FrontEnd> {
+        let options = ClientOptions {
+            flow: spec.flow,
+            // The bug: a client that gives up at the first refusal or timeout.
+            request_timeout: if spec.bugs.give_up_at_once {
+                Duration::ZERO
+            } else {
+                ClientOptions::default().request_timeout
+            },
+            ..ClientOptions::default()
+        };
+        let owner = map
+            .state()
+            .named
+            .iter()
+            .flat_map(|(name, v)| {
+                v.alloc.iter().map(|(&index, &extent)| {
+                    let target = Target {
+                        name: name.clone(),
+                        snap: None,
+                        id: Some(v.id),
+                    };
+                    (extent.0, (target, index))
+                })
+            })
+            .collect();
+        let pool = *map.volume();
+        let volume = Volume::open_with(transport, map, thread_rng().gen(), options);
+        let control = Arc::new(super::cluster::Nodes(handles));
+        let block_bytes = u64::from(pool.block_size);
+        let extent_bytes = pool.extent_blocks * block_bytes;
+        Arc::new(FrontEnd {
+            named: NamedVolumes::new(volume, control, extent_bytes),
+            owner,
+            extent_blocks: pool.extent_blocks,
+            block_bytes,
+            sent: Mutex::default(),
+        })
+    }
+
+    /// Requests sent to each volume so far.
+    fn requests(&self) -> BTreeMap<String, u64> {
+        self.sent.lock().expect("counts").clone()
+    }
+
+    /// Pool blocks `[lba, lba + blocks)` as runs within one extent each: the
+    /// volume, the run's byte offset in it, and its blocks.
+    fn parts(&self, lba: u64, blocks: u64) -> Vec<(&Target, u64, u64)> {
+        let mut parts = Vec::new();
+        let (mut at, end) = (lba, lba + blocks);
+        while at < end {
+            let (extent, off) = (at / self.extent_blocks, at % self.extent_blocks);
+            let n = (self.extent_blocks - off).min(end - at);
+            let (target, index) = self
+                .owner
+                .get(&extent)
+                .expect("every block a client uses is in a named volume");
+            let byte = (index * self.extent_blocks + off) * self.block_bytes;
+            parts.push((target, byte, n));
+            at += n;
+        }
+        let mut sent = self.sent.lock().expect("counts");
+        for (target, ..) in &parts {
+            *sent.entry(target.name.clone()).or_insert(0) += 1;
+        }
+        parts
+    }
+
+    async fn read(&self, lba: u64, blocks: u64) -> Result<Bytes, ClientError> {
+        let reads = self
+            .parts(lba, blocks)
+            .into_iter()
+            .map(|(target, at, n)| self.named.read(target, at, n * self.block_bytes));
+        let mut out = Vec::with_capacity((blocks * self.block_bytes) as usize);
+        for data in futures_util::future::join_all(reads).await {
+            let data: Bytes = data?;
+            out.extend_from_slice(&data);
+        }
+        Ok(Bytes::from(out))
+    }
+
+    async fn write(&self, lba: u64, data: Bytes) -> Result<(), ClientError> {
+        let mut from = 0usize;
+        let writes = self
+            .parts(lba, data.len() as u64 / self.block_bytes)
+            .into_iter()
+            .map(|(target, at, n)| {
+                let len = (n * self.block_bytes) as usize;
+                let piece = data.slice(from..from + len);
+                from += len;
+                self.named.write(target, at, piece, false)
+            })
+            .collect::<Vec<_>>();
+        futures_util::future::join_all(writes)
+            .await
+            .into_iter()
+            .collect()
+    }
 }
 
 async fn run_client(
-    transport: Arc<SimTransport>,
-    map: ClusterMap,
+    volume: Arc<FrontEnd>,
     spec: Scenario,
     (client, plan, workers): (u16, ClientPlan, u64),
     epoch: Instant,
 ) -> Vec<OpRecord> {
-    let options = ClientOptions {
-        flow: spec.flow,
-        // The bug: a client that gives up at the first refusal or timeout.
-        request_timeout: if spec.bugs.give_up_at_once {
-            Duration::ZERO
-        } else {
-            ClientOptions::default().request_timeout
-        },
-        ..ClientOptions::default()
-    };
-    let volume = Volume::open_with(transport, map, thread_rng().gen(), options);
     let seq = Arc::new(AtomicU64::new(0));
     let stream = Arc::new(AtomicU64::new(0));
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -172,7 +302,7 @@ async fn run_client(
 }
 
 struct Worker {
-    volume: Arc<Volume<SimTransport>>,
+    volume: Arc<FrontEnd>,
     /// The volume's block size.
     block_size: u32,
     plan: ClientPlan,
@@ -230,9 +360,9 @@ impl Worker {
 
     async fn read(&self, lba: u64, blocks: u64) -> OpRecord {
         let invoke_ns = self.now_ns();
-        let result = self.volume.read(Lba(lba), blocks).await;
+        let result = self.volume.read(lba, blocks).await;
         let complete_ns = self.now_ns();
-        let bs = self.volume.block_size();
+        let bs = self.volume.block_bytes as usize;
         let (values, complete_ns, error) = match result {
             Ok(data) => {
                 let values = data
@@ -268,7 +398,7 @@ impl Worker {
             values.push(Value::Tag(tag));
         }
         let invoke_ns = self.now_ns();
-        let result = self.volume.write(Lba(lba), Bytes::from(data), false).await;
+        let result = self.volume.write(lba, Bytes::from(data)).await;
         let (complete_ns, error) = match result {
             Ok(()) => (Some(self.now_ns()), None),
             Err(e) => {

@@ -1,6 +1,6 @@
 //! The fault campaign's scenarios: a swarm, each seed drawing its own mix.
 
-use super::Scenario;
+use super::{Driver, NetworkStack, Scenario, Transport};
 
 /// The campaign's draw number `salt` for `seed`, in `0..n` (a splitmix64 mix of
 /// the two, so each choice of a seed is independent of the others).
@@ -77,16 +77,16 @@ impl Scenario {
         }
         s.faults.link_flaps = pick(11, 4) as u32;
         if pick(12, 4) == 0 {
-            s.fabric.transport = "tcp-dctcp".into();
+            s.fabric.transport = Transport::TcpDctcp;
         } else if pick(31, 3) == 0 {
             // A third of the RoCE seeds carry their frames through RDMA's
             // messenger (connections, credits, granted regions).
-            s.fabric.transport = "rdma".into();
+            s.fabric.transport = Transport::Rdma;
         }
         // Half the RDMA seeds give every host two NIC ports: a link flap then
         // takes one port of a host, for up to 30 ms (longer than the 8 ms a QP
         // retries for), so connections move to the other path.
-        if s.fabric.transport == "rdma" && pick(32, 2) == 0 {
+        if s.fabric.transport == Transport::Rdma && pick(32, 2) == 0 {
             s.fabric.ports_per_host = 2;
             s.faults.link_flaps = 1 + pick(11, 4) as u32;
             s.faults.flap_down_us = 30_000;
@@ -107,11 +107,11 @@ impl Scenario {
         // depend on) or many.
         if pick(28, 4) == 0 {
             s.host.network_stack = if s.fabric.lossless() {
-                "rdma".into()
+                NetworkStack::Rdma
             } else {
-                "kernel-tcp".into()
+                NetworkStack::KernelTcp
             };
-            s.device.driver = ["kernel", "polled"][pick(29, 2) as usize].into();
+            s.device.driver = [Driver::Kernel, Driver::Polled][pick(29, 2) as usize];
             s.host.cores = [2, 4, 16][pick(30, 3) as usize];
         }
         // A third of the seeds schedule their devices: merging and splitting at

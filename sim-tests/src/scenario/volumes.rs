@@ -5,6 +5,10 @@ use super::Scenario;
 use serde::Deserialize;
 use weir_core::control::qos::Qos;
 
+/// The named volume of the workload's extents that no `[[volumes]]` takes:
+/// every block a client writes is in a named volume.
+pub const REST_VOLUME: &str = "pool-rest";
+
 /// A named volume of the scenario: a share of the pool's extents, with QoS.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -163,8 +167,11 @@ impl Scenario {
                 "the stage needs fewer extents than the pool has",
             );
         }
-        if s.rounds > 0 && self.volumes.iter().any(|v| v.name == "pool-rest") {
-            return bad("volumes.name", "\"pool-rest\" is the snapshot stage's");
+        if self.volumes.iter().any(|v| v.name == REST_VOLUME) {
+            return bad(
+                "volumes.name",
+                "\"pool-rest\" is the name of the pool's extents no volume takes",
+            );
         }
         let taken: u64 = self.volume_extents().iter().map(|&(_, n)| n).sum();
         if self.pool_extents() > weir_core::control::state::MAX_TABLE_ENTRIES
