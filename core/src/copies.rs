@@ -5,11 +5,10 @@
 //! `/metrics`. A copy by the kernel or a device model is not weir's and is not
 //! counted.
 //!
-//! Counted twice: per process (the daemon: one node per process) and per thread
-//! (the simulator runs each simulation on one thread, and tests run several at
-//! once in one process).
+//! Counted per process: the daemon runs one node per process; the simulator
+//! takes the difference over a run (runs in parallel in one process are
+//! counted together, which its tests, expecting none, allow).
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static TOTAL: AtomicU64 = AtomicU64::new(0);
@@ -27,10 +26,6 @@ pub enum Copy {
     Other,
 }
 
-thread_local! {
-    static HERE: Cell<u64> = const { Cell::new(0) };
-}
-
 /// One payload of `bytes` bytes was copied, for `why`.
 pub fn note(bytes: usize, why: Copy) {
     if why == Copy::Receive {
@@ -38,7 +33,6 @@ pub fn note(bytes: usize, why: Copy) {
     }
     TOTAL.fetch_add(1, Ordering::Relaxed);
     TOTAL_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
-    HERE.with(|c| c.set(c.get() + 1));
 }
 
 /// Payload copies in this process so far, and their bytes.
@@ -54,20 +48,13 @@ pub fn beyond_receive() -> u64 {
     TOTAL.load(Ordering::Relaxed) - RECEIVED.load(Ordering::Relaxed)
 }
 
-/// Payload copies on this thread so far.
-pub fn on_this_thread() -> u64 {
-    HERE.with(Cell::get)
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_copy_counts_in_the_process_and_on_its_thread() {
+    fn a_copy_counts_in_the_process() {
         let (before, bytes_before) = super::total();
-        let here = super::on_this_thread();
         super::note(4096, super::Copy::Receive);
         super::note(512, super::Copy::Other);
-        assert_eq!(super::on_this_thread(), here + 2);
         assert!(super::beyond_receive() >= 1);
         let (after, bytes_after) = super::total();
         // Other tests' threads may count too, never less.

@@ -109,6 +109,9 @@ pub struct NodeReport {
     /// The flow towards each peer it sent to: frames sent, held, dropped, and
     /// the transport's congestion signals.
     pub flow: Vec<(NodeId, crate::flow::PeerFlow)>,
+    /// Client writes its engine held back for room in a replica's window,
+    /// so far.
+    pub writes_waited: u64,
     /// Replica writes that took their data from this node's own front end, and
     /// ones that found none held (the replica is then dropped and rebuilds): see
     /// [`crate::front_end`].
@@ -378,6 +381,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             r.checkpoints = self.engine.checkpoints_written().0;
             (r.version_bytes, r.applied_records) = self.engine.version_memory();
             r.flow = self.flow.report();
+            r.writes_waited = self.engine.writes_waited();
             r.front_end_payloads = self.held.as_ref().map_or((0, 0), |h| h.counts());
             r.admission = self.gate.stats();
             r.volume_sched = self.sched.volume_stats();

@@ -117,10 +117,7 @@ fn run_here(seed: u64, scenario: &Scenario, name: &str, options: RunOptions) -> 
 
 /// The stages, in order.
 async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOptions) -> Outcome {
-    let copies_before = weir_core::copies::on_this_thread();
-    let flow_before = weir_core::flow::on_this_thread();
-    let sched_before = weir_core::sched::on_this_thread();
-    let admitted_before = weir_core::sched::admitted_on_this_thread();
+    let copies_before = weir_core::copies::total().0;
     let cluster = cluster::Cluster::start(&scenario).await;
     if let Some(interval) = options.telemetry_interval {
         cluster.fabric.enable_sampling(interval);
@@ -160,7 +157,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
             .build()
             .spawn(async move { snapshots::run(args, &s, (epoch, deadline), at).await })
     });
-    let (ops, front_end) = workload::drive(&cluster, &scenario, epoch).await;
+    let (ops, front_end, read_flow) = workload::drive(&cluster, &scenario, epoch).await;
     let cpu = cpu_by_role(&cluster);
     // Liveness counts from when the faults stop: a node may still be paused, cut
     // off or down before its restart when the workload ends.
@@ -215,14 +212,17 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     report.clocks = summary::clocks_line(&cluster.skews, cluster.config.lease_margin_ns);
     let volume = cluster.map.volume();
     report.grain_bytes = cluster.config.grain_blocks(volume) * u64::from(volume.block_size);
-    report.payload_copies = weir_core::copies::on_this_thread() - copies_before;
-    let flow = weir_core::flow::on_this_thread();
+    report.payload_copies = weir_core::copies::total().0 - copies_before;
+    let counts = cluster.node_counts();
     report.cpu = cpu;
     report.front_end = front_end;
     report.messenger = cluster.fabric.messenger_totals();
-    report.flow = flow.since(&flow_before);
-    report.sched = weir_core::sched::on_this_thread().since(&sched_before);
-    report.admission = weir_core::sched::admitted_on_this_thread().since(&admitted_before);
+    report.flow = counts.flow;
+    for reads in &read_flow {
+        report.flow.add_reads(reads);
+    }
+    report.sched = counts.sched;
+    report.admission = counts.admission;
     report.node_events = cluster
         .events
         .lock()

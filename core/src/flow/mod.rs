@@ -34,7 +34,6 @@ pub use window::{
 use crate::ids::NodeId;
 use crate::transport::{CongestionSignals, SendError, Transport, TransportError};
 use crate::wire::Frame;
-use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 
 /// Bytes of frames held for one peer at most.
@@ -62,6 +61,8 @@ pub struct PeerFlow {
     pub refused: u64,
     /// Frames held now.
     pub held: usize,
+    /// Frames held until the transport had room, so far.
+    pub held_total: u64,
     /// Bytes held now.
     pub held_bytes: usize,
     /// Most bytes held at once.
@@ -77,8 +78,9 @@ pub struct PeerFlow {
     pub window_cuts: u64,
 }
 
-/// Counts over every flow owner on this thread (the simulator runs each
-/// simulation on one thread; its report takes the difference over a run).
+/// Counts summed over flow owners (nodes' [`PeerFlow`]s, their engines'
+/// waiting writes, clients' read windows): the simulator's report sums a
+/// run's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowTotals {
     /// Times a transport refused a frame.
@@ -98,45 +100,23 @@ pub struct FlowTotals {
 }
 
 impl FlowTotals {
-    /// The counts since `before`.
-    pub fn since(&self, before: &FlowTotals) -> FlowTotals {
-        FlowTotals {
-            refused: self.refused - before.refused,
-            held: self.held - before.held,
-            dropped: self.dropped - before.dropped,
-            reads_waited: self.reads_waited - before.reads_waited,
-            read_cuts: self.read_cuts - before.read_cuts,
-            peer_cuts: self.peer_cuts - before.peer_cuts,
-            writes_waited: self.writes_waited - before.writes_waited,
+    /// Add a node's counts: its flow owner's, peer by peer, and the
+    /// client writes its engine held back for a replica's window.
+    pub fn add_node(&mut self, peers: &[(NodeId, PeerFlow)], writes_waited: u64) {
+        for (_, p) in peers {
+            self.refused += p.refused;
+            self.held += p.held_total;
+            self.dropped += p.dropped;
+            self.peer_cuts += p.window_cuts;
         }
+        self.writes_waited += writes_waited;
     }
-}
 
-thread_local! {
-    static HERE: Cell<FlowTotals> = const {
-        Cell::new(FlowTotals {
-            refused: 0,
-            held: 0,
-            dropped: 0,
-            reads_waited: 0,
-            read_cuts: 0,
-            peer_cuts: 0,
-            writes_waited: 0,
-        })
-    };
-}
-
-pub(crate) fn tally(f: impl FnOnce(&mut FlowTotals)) {
-    HERE.with(|c| {
-        let mut t = c.get();
-        f(&mut t);
-        c.set(t);
-    });
-}
-
-/// The flow counts of this thread so far.
-pub fn on_this_thread() -> FlowTotals {
-    HERE.with(Cell::get)
+    /// Add a client's read window's counts.
+    pub fn add_reads(&mut self, reads: &ReadFlowStats) {
+        self.reads_waited += reads.waited;
+        self.read_cuts += reads.window.cuts;
+    }
 }
 
 #[derive(Debug, Default)]
@@ -161,7 +141,6 @@ impl Peer {
     fn drop_held(&mut self, more: u64) {
         let dropped = self.held.len() as u64 + more;
         self.stats.dropped += dropped;
-        tally(|t| t.dropped += dropped);
         self.held.clear();
         self.stats.held_bytes = 0;
     }
@@ -174,7 +153,7 @@ impl Peer {
             self.drop_held(1);
             return Sent::Dropped;
         }
-        tally(|t| t.held += 1);
+        self.stats.held_total += 1;
         self.stats.held_bytes += bytes;
         self.stats.held_bytes_max = self.stats.held_bytes_max.max(self.stats.held_bytes);
         self.held.push_back(frame);
@@ -229,7 +208,6 @@ impl Flow {
                 }
                 Err(SendError::Full(frame)) => {
                     peer.stats.refused += 1;
-                    tally(|t| t.refused += 1);
                     peer.hold(frame)
                 }
                 Err(SendError::Refused(e)) => return Err(e),
@@ -256,7 +234,6 @@ impl Flow {
                     }
                     Err(SendError::Full(frame)) => {
                         peer.stats.refused += 1;
-                        tally(|t| t.refused += 1);
                         peer.held.push_front(frame);
                         break;
                     }
@@ -310,9 +287,7 @@ impl Flow {
         p.stats.signals = signals;
         if config.enabled {
             let w = p.window.get_or_insert_with(|| Window::new(config));
-            if w.observe(sender_marks(&signals), signals.rtt_ns_last, now_ns, 0) {
-                tally(|t| t.peer_cuts += 1);
-            }
+            w.observe(sender_marks(&signals), signals.rtt_ns_last, now_ns, 0);
             p.stats.window_bytes = w.bytes();
             p.stats.window_cuts = w.stats().cuts;
         }

@@ -89,7 +89,6 @@ impl ReadWindow {
         }
         debug_assert!(self.waiting.iter().all(|&(t, _)| t != ticket));
         self.stats.waited += 1;
-        super::tally(|t| t.reads_waited += 1);
         self.waiting.push_back((ticket, bytes));
         Turn::Wait
     }
@@ -142,9 +141,7 @@ impl ReadWindow {
     /// (cumulative) and the latest RTT sample at `now_ns`; cut the window if there
     /// are new marks.
     pub fn observe(&mut self, marks: u64, rtt_ns: u64, now_ns: u64) {
-        if self.window.observe(marks, rtt_ns, now_ns, self.srtt_ns) {
-            super::tally(|t| t.read_cuts += 1);
-        }
+        self.window.observe(marks, rtt_ns, now_ns, self.srtt_ns);
     }
 
     /// What it has done.

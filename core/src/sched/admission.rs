@@ -107,46 +107,15 @@ pub struct VolumeAdmitStats {
 }
 
 impl VolumeAdmitStats {
-    /// The counts since `before` (`waiting` as now).
-    pub fn since(&self, before: &VolumeAdmitStats) -> VolumeAdmitStats {
-        VolumeAdmitStats {
-            admitted: self.admitted - before.admitted,
-            by_reservation: self.by_reservation - before.by_reservation,
-            waiting: self.waiting,
-            waited_ns: self.waited_ns - before.waited_ns,
-            throttled_ns: self.throttled_ns - before.throttled_ns,
-            refused: self.refused - before.refused,
-        }
+    /// Add `other`'s counts (and its waiting).
+    pub fn add(&mut self, other: &VolumeAdmitStats) {
+        self.admitted += other.admitted;
+        self.by_reservation += other.by_reservation;
+        self.waiting += other.waiting;
+        self.waited_ns += other.waited_ns;
+        self.throttled_ns += other.throttled_ns;
+        self.refused += other.refused;
     }
-}
-
-thread_local! {
-    static HERE: std::cell::Cell<VolumeAdmitStats> = const {
-        std::cell::Cell::new(VolumeAdmitStats {
-            admitted: 0,
-            by_reservation: 0,
-            waiting: 0,
-            waited_ns: 0,
-            throttled_ns: 0,
-            refused: 0,
-        })
-    };
-}
-
-/// The counts of every node's admission on this thread so far, all volumes
-/// together (the simulator runs each simulation on one thread; its report
-/// takes the difference over a run). `waiting` is not kept.
-pub fn admitted_on_this_thread() -> VolumeAdmitStats {
-    HERE.with(std::cell::Cell::get)
-}
-
-/// Add to this thread's counts.
-fn count_here(f: impl FnOnce(&mut VolumeAdmitStats)) {
-    HERE.with(|c| {
-        let mut s = c.get();
-        f(&mut s);
-        c.set(s);
-    });
 }
 
 /// What [`Admission::submit`] did with a request.
@@ -307,7 +276,6 @@ impl<R> Admission<R> {
             .or_insert_with(|| VolumeQueue::new(qos));
         if self.waiting >= self.cfg.waiting_max {
             v.stats.refused += 1;
-            count_here(|s| s.refused += 1);
             return Submit::Refused(item);
         }
         v.qos = qos;
@@ -349,12 +317,6 @@ impl<R> Admission<R> {
         let held = t.l.max(t.b).saturating_sub(u128::from(w.arrived_ns));
         let held = u64::try_from(held).unwrap_or(u64::MAX);
         v.stats.throttled_ns += held.min(waited);
-        count_here(|s| {
-            s.admitted += 1;
-            s.by_reservation += u64::from(phase == Phase::Reservation);
-            s.waited_ns += waited;
-            s.throttled_ns += held.min(waited);
-        });
         self.in_engine.insert(w.who, now_ns);
         self.vtime = self.vtime.max(t.p);
         Some(w.item)
@@ -397,7 +359,6 @@ impl<R> Admission<R> {
                 let w = v.queue.pop_front().expect("front");
                 v.stats.waiting -= 1;
                 v.stats.refused += 1;
-                count_here(|s| s.refused += 1);
                 self.waiting -= 1;
                 out.push(w.item);
             }

@@ -20,14 +20,13 @@ use crate::buf::BufPool;
 use crate::device::{DevCompletion, DevError, Geometry};
 use crate::replication::{IoClass, IoCmd, IoId, IoResult};
 pub use admission::{
-    admitted_on_this_thread, Admission, AdmitConfig, Deltas, Submit, VolKey, VolumeAdmitStats, Who,
-    ADMIT_DEPTH_DEFAULT, ADMIT_FORGET_NS, ADMIT_WAITING_MAX_DEFAULT, ADMIT_WAIT_MAX_NS, DELTAS_MAX,
-    DELTA_MAX,
+    Admission, AdmitConfig, Deltas, Submit, VolKey, VolumeAdmitStats, Who, ADMIT_DEPTH_DEFAULT,
+    ADMIT_FORGET_NS, ADMIT_WAITING_MAX_DEFAULT, ADMIT_WAIT_MAX_NS, DELTAS_MAX, DELTA_MAX,
 };
 pub use order::{Finished, WriteOrder};
 pub use queue::{
-    on_this_thread, ClassShares, CmdId, Dispatch, IoQueue, QueueFull, SchedConfig, SchedStats,
-    Share, BACKGROUND_INFLIGHT_MAX, FOREGROUND_WEIGHT, MERGE_SCAN_MAX, WAITING_MAX_DEFAULT,
+    ClassShares, CmdId, Dispatch, IoQueue, QueueFull, SchedConfig, SchedStats, Share,
+    BACKGROUND_INFLIGHT_MAX, FOREGROUND_WEIGHT, MERGE_SCAN_MAX, WAITING_MAX_DEFAULT,
 };
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -145,40 +145,17 @@ pub struct SchedStats {
 }
 
 impl SchedStats {
-    /// The counts since `before` (taken earlier of the same counters).
-    pub fn since(&self, before: &SchedStats) -> SchedStats {
-        SchedStats {
-            requests: self.requests - before.requests,
-            commands: self.commands - before.commands,
-            merged: self.merged - before.merged,
-            split: self.split - before.split,
-            refused: self.refused - before.refused,
-            unmerged: self.unmerged - before.unmerged,
-            waited_ns: self.waited_ns - before.waited_ns,
-            passed: self.passed - before.passed,
-        }
+    /// Add `other`'s counts.
+    pub fn add(&mut self, other: &SchedStats) {
+        self.requests += other.requests;
+        self.commands += other.commands;
+        self.merged += other.merged;
+        self.split += other.split;
+        self.refused += other.refused;
+        self.unmerged += other.unmerged;
+        self.waited_ns += other.waited_ns;
+        self.passed += other.passed;
     }
-}
-
-thread_local! {
-    static HERE: std::cell::Cell<SchedStats> = const {
-        std::cell::Cell::new(SchedStats {
-            requests: 0,
-            commands: 0,
-            merged: 0,
-            split: 0,
-            refused: 0,
-            unmerged: 0,
-            waited_ns: 0,
-            passed: 0,
-        })
-    };
-}
-
-/// The counts of every queue on this thread so far (the simulator runs each
-/// simulation on one thread; its report takes the difference over a run).
-pub fn on_this_thread() -> SchedStats {
-    HERE.with(std::cell::Cell::get)
 }
 
 #[derive(Debug)]
@@ -325,14 +302,9 @@ impl IoQueue {
         }
     }
 
-    /// Count on this queue and on this thread's totals.
+    /// Count on this queue.
     fn count(&mut self, f: impl Fn(&mut SchedStats)) {
         f(&mut self.stats);
-        HERE.with(|c| {
-            let mut t = c.get();
-            f(&mut t);
-            c.set(t);
-        });
     }
 
     /// The settings.

@@ -59,6 +59,46 @@ pub(super) struct Cluster {
     /// Each storage node's handle (its latest incarnation's): the clients'
     /// front ends and the operator ask the nodes for map changes through them.
     pub(super) handles: Handles,
+    /// The counts of every node's incarnations that a restart replaced.
+    pub(super) retired: Arc<Mutex<NodeCounts>>,
+}
+
+/// What nodes counted: their flow owners', device schedulers' and
+/// admission gates' figures, from their reports.
+#[derive(Clone, Debug, Default)]
+pub(super) struct NodeCounts {
+    /// Flow counts (nodes' only: the clients' read windows are the
+    /// workload's).
+    pub(super) flow: weir_core::flow::FlowTotals,
+    /// The device schedulers'.
+    pub(super) sched: weir_core::sched::SchedStats,
+    /// The admission gates', every volume together (`waiting` not kept).
+    pub(super) admission: weir_core::sched::VolumeAdmitStats,
+}
+
+impl NodeCounts {
+    /// Add what `report` says its node counted.
+    pub(super) fn add(&mut self, report: &weir_core::node::NodeReport) {
+        self.flow.add_node(&report.flow, report.writes_waited);
+        self.sched.add(&report.sched);
+        for (_, a) in &report.admission {
+            self.admission.add(a);
+        }
+        self.admission.waiting = 0;
+    }
+}
+
+impl Cluster {
+    /// What every node counted so far: its incarnations replaced by a
+    /// restart (as of their last report: a crash loses at most a tick's
+    /// counts) and its latest one.
+    pub(super) fn node_counts(&self) -> NodeCounts {
+        let mut counts = self.retired.lock().expect("retired counts").clone();
+        for handle in self.handles.lock().expect("handles").values() {
+            counts.add(&handle.report());
+        }
+        counts
+    }
 }
 
 /// The storage nodes' handles, by node.
@@ -88,13 +128,14 @@ impl Cluster {
         let mut skews = Vec::new();
         let mut cpus = Vec::new();
         let handles = Handles::default();
+        let retired: Arc<Mutex<NodeCounts>> = Arc::default();
         let hosts = start_nodes(
             &fabric,
             &map,
             config,
             scenario,
             (&events, start),
-            (&audit, &handles),
+            (&audit, &handles, &retired),
             (&mut skews, &mut cpus),
         );
         // Every host attaches before traffic starts.
@@ -125,6 +166,7 @@ impl Cluster {
             cpus,
             start,
             handles,
+            retired,
         }
     }
 }
@@ -382,7 +424,7 @@ fn start_nodes(
     config: ReplicationConfig,
     s: &Scenario,
     (events, cluster_start): (&EventLog, Instant),
-    (audit, handles): (&AuditLog, &Handles),
+    (audit, handles, retired): (&AuditLog, &Handles, &Arc<Mutex<NodeCounts>>),
     (skews, cpus): (&mut Vec<(NodeId, Skew)>, &mut HostCpus),
 ) -> Vec<Host> {
     let settings = NodeSettings {
@@ -446,6 +488,7 @@ fn start_nodes(
         let versions = MemLog::default();
         let settings = settings.clone();
         let (events, audit, handles) = (events.clone(), audit.clone(), handles.clone());
+        let retired = retired.clone();
         // Run at start and again at every restart: a new incarnation of the node
         // from what survived.
         let incarnation = move || {
@@ -469,7 +512,10 @@ fn start_nodes(
                 .with_events_since(cluster_start)
                 .with_skew(skew)
                 .with_audit(audit.clone());
-            handles.lock().expect("handles").insert(id, node.handle());
+            let old = handles.lock().expect("handles").insert(id, node.handle());
+            if let Some(old) = old {
+                retired.lock().expect("retired counts").add(&old.report());
+            }
             async move {
                 if let Err(e) = node.run().await {
                     tracing::error!(error = %e, "node stopped");

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use weir_core::client::{ClientError, ClientOptions, Volume};
+use weir_core::flow::ReadFlowStats;
 use weir_core::map::ClusterMap;
 use weir_core::named::{NamedVolumes, Target};
 use weir_transport_sim::SimTransport;
@@ -100,12 +101,13 @@ fn plans(scenario: &Scenario, capacity: u64, epoch: Instant, deadline: Instant) 
 
 /// Run every client from `epoch` for the workload's duration; returns every
 /// operation, in completion order (operations that never completed last),
-/// and the requests the clients' front ends sent to each named volume.
+/// the requests the clients' front ends sent to each named volume, and each
+/// client's read window's counts.
 pub(super) async fn drive(
     cluster: &Cluster,
     scenario: &Scenario,
     epoch: Instant,
-) -> (Vec<OpRecord>, Vec<(String, u64)>) {
+) -> (Vec<OpRecord>, Vec<(String, u64)>, Vec<ReadFlowStats>) {
     let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
     let capacity = cluster.map.volume().capacity_blocks;
     let plans = plans(scenario, capacity, epoch, deadline);
@@ -126,20 +128,23 @@ pub(super) async fn drive(
             }
             let front = FrontEnd::open(transport, map, handles, &spec);
             let ops = run_client(front.clone(), spec, (c as u16, plan, workers), epoch).await;
-            (ops, front.requests())
+            let reads = front.named.pool().read_flow().unwrap_or_default();
+            (ops, front.requests(), reads)
         }));
     }
     let mut ops = Vec::new();
     let mut requests = BTreeMap::new();
+    let mut reads = Vec::new();
     for client in clients {
-        let (done, sent) = client.await.expect("client task");
+        let (done, sent, read) = client.await.expect("client task");
+        reads.push(read);
         ops.extend(done);
         for (volume, n) in sent {
             *requests.entry(volume).or_insert(0) += n;
         }
     }
     ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
-    (ops, requests.into_iter().collect())
+    (ops, requests.into_iter().collect(), reads)
 }
 
 /// A client's front end: weir-core's `NamedVolumes` over its pool client,

@@ -21,6 +21,8 @@ pub(super) struct Forwards {
     by_op: BTreeMap<OpId, Vec<(NodeId, u64)>>,
     /// Client writes holding their range lock, waiting for room, in arrival order.
     waiting: VecDeque<OpId>,
+    /// Client writes that waited for room, so far.
+    waited: u64,
 }
 
 impl Forwards {
@@ -97,6 +99,11 @@ impl Replicator {
     /// Client write `op` holds its range lock: start it if its forwards fit
     /// their replicas' windows and no earlier waiting write shares a replica
     /// with it; else it waits.
+    /// Client writes that waited for room in a replica's window, so far.
+    pub fn writes_waited(&self) -> u64 {
+        self.forwards.waited
+    }
+
     pub(super) fn start_within_windows(&mut self, op: OpId) -> Vec<OpId> {
         if self.peer_windows.is_empty() && self.forwards.waiting.is_empty() {
             return self.start_client_write(op);
@@ -108,7 +115,7 @@ impl Replicator {
             .iter()
             .any(|&w| self.replicas_of(w).iter().any(|p| peers.contains(p)));
         if behind || !self.forwards_fit(op, &peers) {
-            crate::flow::tally(|t| t.writes_waited += 1);
+            self.forwards.waited += 1;
             self.forwards.waiting.push_back(op);
             return Vec::new();
         }
