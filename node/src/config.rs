@@ -539,13 +539,20 @@ impl Config {
     }
 
     fn check(&self, path: &Path) -> Result<(), ConfigError> {
-        let bad = |key: &'static str, message: String| {
-            Err(ConfigError::Invalid {
-                path: path.to_path_buf(),
-                key,
-                message,
-            })
+        let invalid = |(key, message)| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            key,
+            message,
         };
+        self.check_links().map_err(invalid)?;
+        self.check_cluster().map_err(invalid)?;
+        self.check_front_end().map_err(invalid)?;
+        self.check_timeouts().map_err(invalid)
+    }
+
+    /// `[flow]`, `[qos]` and `[rdma]`.
+    fn check_links(&self) -> Result<(), (&'static str, String)> {
+        let bad = |key: &'static str, message: String| Err((key, message));
         if let Err((key, why)) = self.flow.check() {
             return bad(key, why.to_string());
         }
@@ -578,6 +585,12 @@ impl Config {
                 format!("{}: must be between 1 MiB and 64 GiB", r.pool_bytes.0),
             );
         }
+        Ok(())
+    }
+
+    /// `[cluster]` and `[node]`.
+    fn check_cluster(&self) -> Result<(), (&'static str, String)> {
+        let bad = |key: &'static str, message: String| Err((key, message));
         let members = &self.cluster.members;
         if members.is_empty() || members.len() > MAX_MEMBERS {
             return bad(
@@ -654,6 +667,12 @@ impl Config {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// `[device]` and `[nbd]`.
+    fn check_front_end(&self) -> Result<(), (&'static str, String)> {
+        let bad = |key: &'static str, message: String| Err((key, message));
         if let Err((key, why)) = self.device.check() {
             return bad(key, why);
         }
@@ -683,6 +702,12 @@ impl Config {
                     .into(),
             );
         }
+        Ok(())
+    }
+
+    /// `[timeouts]`.
+    fn check_timeouts(&self) -> Result<(), (&'static str, String)> {
+        let bad = |key: &'static str, message: String| Err((key, message));
         let t = &self.timeouts;
         if t.tick_ms == 0 || t.detect_ms < 4 * t.tick_ms || t.lease_ms <= t.detect_ms {
             return bad(

@@ -60,13 +60,18 @@ pub async fn run(
 /// [`run`], on the node's and its front end's endpoints if given (bound
 /// already: tests run several nodes in one process on an in-process RDMA
 /// fabric); otherwise on those `[transport]` names.
+///
+/// Longer than a step: it is the start-up sequence of the module's header,
+/// in order, each step a call, and the values it makes (the device, the two
+/// endpoints, the node's handle and task, the front end) all reach the
+/// shutdown at its end.
 pub async fn run_on(
     config: Config,
     shutdown: impl std::future::Future<Output = ()>,
     endpoints: Option<(Net, Net)>,
 ) -> anyhow::Result<()> {
-    let rdma = config.transport.kind == crate::config::TransportKind::Rdma;
-    if rdma && endpoints.is_none() {
+    // RDMA's device is looked for before the data directory is touched.
+    if endpoints.is_none() && config.transport.kind == crate::config::TransportKind::Rdma {
         let found = crate::rdma::check(&config.rdma)?;
         tracing::info!(%found, "RDMA transport");
     }
@@ -117,79 +122,13 @@ pub async fn run_on(
         [transport.clone(), client.clone()],
     ));
 
-    let volume = Volume::open_with(
-        client_side,
-        map.clone(),
-        rand::random(),
-        weir_core::client::ClientOptions {
-            held: Some(held),
-            flow: config.flow,
-            request_timeout: std::time::Duration::from_secs(config.nbd.request_timeout_s),
-        },
-    );
-    let metrics = Arc::new(Metrics::new());
-    let extent_bytes = config.cluster.extent_size.0;
-    let read_flow = {
-        let volume = volume.clone();
-        Box::new(move || volume.read_flow())
-    };
-    let keys = crate::backend::Keys::default();
-    let named = Arc::new(weir_core::named::NamedVolumes::new(
-        volume,
-        Arc::new(handle.clone()),
-        extent_bytes,
-    ));
-    let reclaim_task = tokio_real::spawn(crate::reclaim::run(me, handle.clone(), named.clone()));
-    let backend = Arc::new(WeirBackend::new(
-        named.clone(),
-        handle.clone(),
-        (metrics.clone(), keys.clone()),
-    ));
-    let nbd = tokio_real::net::TcpListener::bind(config.nbd.listen)
-        .await
-        .with_context(|| format!("NBD listen address {}", config.nbd.listen))?;
-    let nbd_tls = config.nbd_tls()?;
-    let nbd_task = tokio_real::spawn(crate::nbd::serve(nbd, backend, nbd_tls));
-
-    let token_path = config.admin_token_path();
-    let token = crate::admin::load_or_create_token(&token_path)
-        .with_context(|| format!("the admin token {}", token_path.display()))?;
-    let admin_addr = config.admin_addr();
-    let server = Arc::new(
-        tiny_http::Server::http(admin_addr)
-            .map_err(|e| anyhow::anyhow!("admin listen address {admin_addr}: {e}"))?,
-    );
-    let admin = Admin {
-        me,
-        handle: handle.clone(),
-        metrics,
-        events,
-        extent_bytes,
-        token,
-        read_flow,
-        rdma: {
-            let (t, c) = (transport.clone(), client.clone());
-            Box::new(move || crate::net::rdma_counters(&[&t, &c]))
-        },
-        tcp_refused: {
-            let (t, c) = (transport.clone(), client.clone());
-            Box::new(move || crate::net::tcp_refused(&[&t, &c]))
-        },
-        keys,
-        barrier: {
-            let (rt, named) = (tokio_real::runtime::Handle::current(), named.clone());
-            Box::new(move |name| rt.block_on(named.barrier(name)).map_err(|e| e.to_string()))
-        },
-    };
-    let admin_server = server.clone();
-    let admin_thread = std::thread::Builder::new()
-        .name("weir-admin".into())
-        .spawn(move || crate::admin::serve(admin_server, admin))?;
+    let front = serve_front_end(&config, me, client_side, (map, held), &handle).await?;
+    let admin = serve_admin(&config, &handle, &front, (events, [&transport, &client]))?;
     tracing::info!(
         %me,
         replication = %config.my_addr(),
         nbd = %config.nbd.listen,
-        admin = %admin_addr,
+        admin = %config.admin_addr(),
         device = %device_name,
         "weir node up"
     );
@@ -206,33 +145,149 @@ pub async fn run_on(
             Err(e) => Err(anyhow::anyhow!("the node task panicked: {e}")),
         },
     };
-    nbd_task.abort();
-    peers_task.abort();
-    reclaim_task.abort();
-    server.unblock();
-    // The block versions the device holds are written down, so the restarted node
-    // is sent only what is written while it is away.
-    if outcome.is_ok() {
-        match tokio_real::time::timeout(Duration::from_secs(10), handle.checkpoint()).await {
-            Ok(true) => {
-                tracing::info!(%me, "block-version checkpoint finished (a failed flush is logged above)")
-            }
-            Ok(false) => {
-                tracing::info!(%me, "no block-version checkpoint (off, or the device is gone)")
-            }
-            Err(_) => tracing::warn!(%me, "block-version checkpoint did not finish in 10 s"),
-        }
+    for task in [
+        front.nbd.abort_handle(),
+        front.reclaim.abort_handle(),
+        peers_task.abort_handle(),
+    ] {
+        task.abort();
     }
-    // Whatever the device caches reaches media before the process goes.
-    if let Err(e) = device.submit(0, DevCommand::Flush).await {
-        tracing::error!(error = %e, "device flush at shutdown failed");
-    }
+    admin.0.unblock();
+    settle(me, &handle, &*device, outcome.is_ok()).await;
     node_task.abort();
     transport.close();
     client.close();
-    let _ = admin_thread.join();
+    let _ = admin.1.join();
     let _ = std::fs::remove_file(dir.join("weir.pid"));
     outcome
+}
+
+/// The node's front end, serving: named volumes over its pool client, NBD,
+/// and the reclaimer.
+struct FrontEnd {
+    named: Arc<weir_core::named::NamedVolumes<crate::splice::Spliced>>,
+    volume: Arc<Volume<crate::splice::Spliced>>,
+    metrics: Arc<Metrics>,
+    keys: crate::backend::Keys,
+    nbd: tokio_real::task::JoinHandle<std::io::Result<()>>,
+    reclaim: tokio_real::task::JoinHandle<()>,
+}
+
+/// Start node `me`'s front end on `client` (its pool client's end of the
+/// splice, with the payloads it `held` for its node) over `map`, and serve
+/// NBD.
+async fn serve_front_end(
+    config: &Config,
+    me: NodeId,
+    client: Arc<crate::splice::Spliced>,
+    (map, held): (ClusterMap, Arc<weir_core::front_end::HeldPayloads>),
+    handle: &NodeHandle,
+) -> anyhow::Result<FrontEnd> {
+    let volume = Volume::open_with(
+        client,
+        map,
+        rand::random(),
+        weir_core::client::ClientOptions {
+            held: Some(held),
+            flow: config.flow,
+            request_timeout: std::time::Duration::from_secs(config.nbd.request_timeout_s),
+        },
+    );
+    let metrics = Arc::new(Metrics::new());
+    let keys = crate::backend::Keys::default();
+    let named = Arc::new(weir_core::named::NamedVolumes::new(
+        volume.clone(),
+        Arc::new(handle.clone()),
+        config.cluster.extent_size.0,
+    ));
+    let reclaim = tokio_real::spawn(crate::reclaim::run(me, handle.clone(), named.clone()));
+    let backend = Arc::new(WeirBackend::new(
+        named.clone(),
+        handle.clone(),
+        (metrics.clone(), keys.clone()),
+    ));
+    let listener = tokio_real::net::TcpListener::bind(config.nbd.listen)
+        .await
+        .with_context(|| format!("NBD listen address {}", config.nbd.listen))?;
+    let nbd = tokio_real::spawn(crate::nbd::serve(listener, backend, config.nbd_tls()?));
+    Ok(FrontEnd {
+        named,
+        volume,
+        metrics,
+        keys,
+        nbd,
+        reclaim,
+    })
+}
+
+/// Serve the admin and metrics endpoint on a thread of its own; the server
+/// (to unblock at shutdown) and the thread.
+fn serve_admin(
+    config: &Config,
+    handle: &NodeHandle,
+    front: &FrontEnd,
+    (events, nets): (EventLog, [&Arc<Net>; 2]),
+) -> anyhow::Result<(Arc<tiny_http::Server>, std::thread::JoinHandle<()>)> {
+    let token_path = config.admin_token_path();
+    let token = crate::admin::load_or_create_token(&token_path)
+        .with_context(|| format!("the admin token {}", token_path.display()))?;
+    let admin_addr = config.admin_addr();
+    let server = Arc::new(
+        tiny_http::Server::http(admin_addr)
+            .map_err(|e| anyhow::anyhow!("admin listen address {admin_addr}: {e}"))?,
+    );
+    let [t, c] = nets.map(Arc::clone);
+    let (t2, c2) = (t.clone(), c.clone());
+    let admin = Admin {
+        me: NodeId(config.node.id),
+        handle: handle.clone(),
+        metrics: front.metrics.clone(),
+        events,
+        extent_bytes: config.cluster.extent_size.0,
+        token,
+        read_flow: {
+            let volume = front.volume.clone();
+            Box::new(move || volume.read_flow())
+        },
+        rdma: Box::new(move || crate::net::rdma_counters(&[&t, &c])),
+        tcp_refused: Box::new(move || crate::net::tcp_refused(&[&t2, &c2])),
+        keys: front.keys.clone(),
+        barrier: {
+            let (rt, named) = (tokio_real::runtime::Handle::current(), front.named.clone());
+            Box::new(move |name| rt.block_on(named.barrier(name)).map_err(|e| e.to_string()))
+        },
+    };
+    let admin_server = server.clone();
+    let thread = std::thread::Builder::new()
+        .name("weir-admin".into())
+        .spawn(move || crate::admin::serve(admin_server, admin))?;
+    Ok((server, thread))
+}
+
+/// At shutdown: write down the block versions the device holds if the node
+/// stopped cleanly (so the restarted node is sent only what is written while
+/// it is away), and flush the device (whatever it caches reaches media before
+/// the process goes).
+async fn settle(me: NodeId, handle: &NodeHandle, device: &impl BlockDevice, clean: bool) {
+    if clean {
+        checkpoint(me, handle).await;
+    }
+    if let Err(e) = device.submit(0, DevCommand::Flush).await {
+        tracing::error!(error = %e, "device flush at shutdown failed");
+    }
+}
+
+/// Write down the block versions the device holds.
+async fn checkpoint(me: NodeId, handle: &NodeHandle) {
+    match tokio_real::time::timeout(Duration::from_secs(10), handle.checkpoint()).await {
+        Ok(true) => {
+            tracing::info!(%me, "block-version checkpoint finished (a failed flush is logged above)")
+        }
+        Ok(false) => {
+            tracing::info!(%me, "no block-version checkpoint (off, or the device is gone)")
+        }
+        Err(_) => tracing::warn!(%me, "block-version checkpoint did not finish in 10 s"),
+    }
 }
 
 /// Bind node `config`'s member endpoint and its front end's (`client_id`)

@@ -322,41 +322,58 @@ fn main() -> anyhow::Result<()> {
             command: Some(command),
             admin,
             ..
-        } => {
-            let token = admin_client::read_token(&admin.token_file);
-            let (addr, token) = (admin.admin.as_str(), token.as_deref());
-            match command {
-                NodeCmd::Add { id, addr: at } => {
-                    at.parse::<std::net::SocketAddr>()
-                        .map_err(|e| anyhow::anyhow!("address {at:?}: {e} (IP:PORT)"))?;
-                    print!(
-                        "{}",
-                        admin_client::post(addr, token, &format!("/nodes/{id}?addr={at}"))?
-                    );
-                }
-                NodeCmd::Remove { id, no_wait } => {
-                    print!(
-                        "{}",
-                        admin_client::delete(addr, token, &format!("/nodes/{id}"))?
-                    );
-                    if !no_wait {
-                        admin_client::follow_removal(addr, token, id)?;
-                    }
-                }
-                NodeCmd::List => print!("{}", admin_client::get(addr, token, "/nodes")?),
-            }
+        } => node_admin(command, admin),
+        Cmd::Cluster { command } => cluster(command),
+        Cmd::Volume { command, admin } => volume(command, admin),
+        Cmd::Snapshot { command, admin } => snapshot(command, admin),
+        Cmd::Status { admin, token_file } => {
+            let token = admin_client::read_token(&token_file);
+            print!(
+                "{}",
+                admin_client::get(&admin, token.as_deref(), "/status")?
+            );
             Ok(())
         }
-        Cmd::Cluster {
-            command:
-                ClusterCmd::Up {
-                    nodes,
-                    dir,
-                    pool_size,
-                    replicas,
-                    port_offset,
-                    nbd_tls,
-                },
+    }
+}
+
+/// `weir node add|remove|list`.
+fn node_admin(command: NodeCmd, admin: AdminArgs) -> anyhow::Result<()> {
+    let token = admin_client::read_token(&admin.token_file);
+    let (addr, token) = (admin.admin.as_str(), token.as_deref());
+    match command {
+        NodeCmd::Add { id, addr: at } => {
+            at.parse::<std::net::SocketAddr>()
+                .map_err(|e| anyhow::anyhow!("address {at:?}: {e} (IP:PORT)"))?;
+            print!(
+                "{}",
+                admin_client::post(addr, token, &format!("/nodes/{id}?addr={at}"))?
+            );
+        }
+        NodeCmd::Remove { id, no_wait } => {
+            print!(
+                "{}",
+                admin_client::delete(addr, token, &format!("/nodes/{id}"))?
+            );
+            if !no_wait {
+                admin_client::follow_removal(addr, token, id)?;
+            }
+        }
+        NodeCmd::List => print!("{}", admin_client::get(addr, token, "/nodes")?),
+    }
+    Ok(())
+}
+
+/// `weir cluster up|init-certs`.
+fn cluster(command: ClusterCmd) -> anyhow::Result<()> {
+    match command {
+        ClusterCmd::Up {
+            nodes,
+            dir,
+            pool_size,
+            replicas,
+            port_offset,
+            nbd_tls,
         } => {
             let pool_size =
                 config::parse_size(&pool_size).map_err(|e| anyhow::anyhow!("--pool-size: {e}"))?;
@@ -378,13 +395,10 @@ fn main() -> anyhow::Result<()> {
             let stop = signalled(&rt);
             rt.block_on(cluster::up(up, stop))
         }
-        Cmd::Cluster {
-            command:
-                ClusterCmd::InitCerts {
-                    dir,
-                    nodes,
-                    nbd_names,
-                },
+        ClusterCmd::InitCerts {
+            dir,
+            nodes,
+            nbd_names,
         } => {
             let made = weir_node::certs::init(&dir, &nodes)?;
             weir_node::certs::init_nbd(&dir, &nbd_names)?;
@@ -408,121 +422,125 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Volume {
-            command,
-            admin: AdminArgs { admin, token_file },
-        } => {
-            let token = admin_client::read_token(&token_file);
-            let token = token.as_deref();
-            // A name is checked here too, before it goes into a URL.
-            let check = |name: &str| {
-                weir_core::control::state::check_name(name)
-                    .map_err(|e| anyhow::anyhow!("volume name {name:?}: {e}"))
-            };
-            let out = match command {
-                VolumeCmd::Create {
-                    name,
-                    size,
-                    qos,
-                    encrypt,
-                    key_file,
-                } => {
-                    check(&name)?;
-                    let bytes =
-                        config::parse_size(&size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
-                    let mut path = format!("/volumes/{name}?size={bytes}{}", qos.query()?);
-                    let key = match (encrypt, &key_file) {
-                        (true, Some(f)) => Some(read_key(f, true)?),
-                        (false, Some(_)) => anyhow::bail!("--key-file goes with --encrypt"),
-                        _ => None,
-                    };
-                    if let Some((hex, key)) = &key {
-                        path +=
-                            &format!("&key_check={}", weir_node::crypt::check_hex(&key.check()));
-                        let made = admin_client::post(&admin, token, &path)?;
-                        let path = format!("/volumes/{name}/key");
-                        let unlocked =
-                            admin_client::post_body(&admin, token, &path, hex).map_err(|e| {
-                                anyhow::anyhow!(
-                                    "volume {name:?} was created, encrypted, but the node was not \
-                                     given its key ({e}); weir volume unlock {name} --key-file ..."
-                                )
-                            })?;
-                        made + &unlocked
-                    } else {
-                        admin_client::post(&admin, token, &path)?
-                    }
-                }
-                VolumeCmd::Unlock { name, key_file } => {
-                    check(&name)?;
-                    let (hex, _) = read_key(&key_file, false)?;
-                    admin_client::post_body(&admin, token, &format!("/volumes/{name}/key"), &hex)?
-                }
-                VolumeCmd::Set { name, qos } => {
-                    check(&name)?;
-                    let query = qos.query()?;
-                    if query.is_empty() {
-                        anyhow::bail!("say what to set: --iops-limit, --bw-limit, --iops-reservation or --weight");
-                    }
-                    let path = format!("/volumes/{name}?{}", &query[1..]);
-                    admin_client::put(&admin, token, &path)?
-                }
-                VolumeCmd::List => admin_client::get(&admin, token, "/volumes")?,
-                VolumeCmd::Clone { snapshot, name } => {
-                    check(&name)?;
-                    let (vol, snap) = split_snapshot(&snapshot)?;
-                    let path = format!("/volumes/{name}?clone={vol}@{snap}");
-                    admin_client::post(&admin, token, &path)?
-                }
-                VolumeCmd::Rollback { snapshot } => {
-                    let (vol, snap) = split_snapshot(&snapshot)?;
-                    let path = format!("/volumes/{vol}/rollback?to={snap}");
-                    admin_client::post(&admin, token, &path)?
-                }
-                VolumeCmd::Delete { name } => {
-                    check(&name)?;
-                    admin_client::delete(&admin, token, &format!("/volumes/{name}"))?
-                }
-            };
-            print!("{out}");
-            Ok(())
-        }
-        Cmd::Snapshot {
-            command,
-            admin: AdminArgs { admin, token_file },
-        } => {
-            let token = admin_client::read_token(&token_file);
-            let token = token.as_deref();
-            let out = match command {
-                SnapshotCmd::Create { volume, name } => {
-                    let (vol, snap) = split_snapshot(&format!("{volume}@{name}"))?;
-                    admin_client::post(&admin, token, &format!("/snapshots/{vol}@{snap}"))?
-                }
-                SnapshotCmd::List { volume } => {
-                    if let Some(v) = &volume {
-                        weir_core::control::state::check_name(v)
-                            .map_err(|e| anyhow::anyhow!("volume name {v:?}: {e}"))?;
-                    }
-                    let path = format!("/snapshots?volume={}", volume.unwrap_or_default());
-                    admin_client::get(&admin, token, &path)?
-                }
-                SnapshotCmd::Delete { snapshot } => {
-                    let (vol, snap) = split_snapshot(&snapshot)?;
-                    admin_client::delete(&admin, token, &format!("/snapshots/{vol}@{snap}"))?
-                }
-            };
-            print!("{out}");
-            Ok(())
-        }
-        Cmd::Status { admin, token_file } => {
-            let token = admin_client::read_token(&token_file);
-            print!(
-                "{}",
-                admin_client::get(&admin, token.as_deref(), "/status")?
-            );
-            Ok(())
-        }
     }
+}
+
+/// `weir volume ...`.
+fn volume(command: VolumeCmd, AdminArgs { admin, token_file }: AdminArgs) -> anyhow::Result<()> {
+    let token = admin_client::read_token(&token_file);
+    let token = token.as_deref();
+    // A name is checked here too, before it goes into a URL.
+    let check = |name: &str| {
+        weir_core::control::state::check_name(name)
+            .map_err(|e| anyhow::anyhow!("volume name {name:?}: {e}"))
+    };
+    let out = match command {
+        VolumeCmd::Create {
+            name,
+            size,
+            qos,
+            encrypt,
+            key_file,
+        } => {
+            check(&name)?;
+            let key_file = match (encrypt, &key_file) {
+                (false, Some(_)) => anyhow::bail!("--key-file goes with --encrypt"),
+                (true, f) => f.as_deref(),
+                (false, None) => None,
+            };
+            create_volume((&admin, token), &name, &size, &qos, key_file)?
+        }
+        VolumeCmd::Unlock { name, key_file } => {
+            check(&name)?;
+            let (hex, _) = read_key(&key_file, false)?;
+            admin_client::post_body(&admin, token, &format!("/volumes/{name}/key"), &hex)?
+        }
+        VolumeCmd::Set { name, qos } => {
+            check(&name)?;
+            let query = qos.query()?;
+            if query.is_empty() {
+                anyhow::bail!(
+                    "say what to set: --iops-limit, --bw-limit, --iops-reservation or --weight"
+                );
+            }
+            let path = format!("/volumes/{name}?{}", &query[1..]);
+            admin_client::put(&admin, token, &path)?
+        }
+        VolumeCmd::List => admin_client::get(&admin, token, "/volumes")?,
+        VolumeCmd::Clone { snapshot, name } => {
+            check(&name)?;
+            let (vol, snap) = split_snapshot(&snapshot)?;
+            let path = format!("/volumes/{name}?clone={vol}@{snap}");
+            admin_client::post(&admin, token, &path)?
+        }
+        VolumeCmd::Rollback { snapshot } => {
+            let (vol, snap) = split_snapshot(&snapshot)?;
+            let path = format!("/volumes/{vol}/rollback?to={snap}");
+            admin_client::post(&admin, token, &path)?
+        }
+        VolumeCmd::Delete { name } => {
+            check(&name)?;
+            admin_client::delete(&admin, token, &format!("/volumes/{name}"))?
+        }
+    };
+    print!("{out}");
+    Ok(())
+}
+
+/// `weir volume create`: a volume `name` of `size` with `qos`, encrypted
+/// with the key in `key_file` (made if missing) if one is given.
+fn create_volume(
+    (admin, token): (&str, Option<&str>),
+    name: &str,
+    size: &str,
+    qos: &QosArgs,
+    key_file: Option<&std::path::Path>,
+) -> anyhow::Result<String> {
+    let bytes = config::parse_size(size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
+    let mut path = format!("/volumes/{name}?size={bytes}{}", qos.query()?);
+    let key = key_file.map(|f| read_key(f, true)).transpose()?;
+    let Some((hex, key)) = &key else {
+        return Ok(admin_client::post(admin, token, &path)?);
+    };
+    path += &format!("&key_check={}", weir_node::crypt::check_hex(&key.check()));
+    let made = admin_client::post(admin, token, &path)?;
+    let path = format!("/volumes/{name}/key");
+    let unlocked = admin_client::post_body(admin, token, &path, hex).map_err(|e| {
+        anyhow::anyhow!(
+            "volume {name:?} was created, encrypted, but the node was not \
+             given its key ({e}); weir volume unlock {name} --key-file ..."
+        )
+    })?;
+    Ok(made + &unlocked)
+}
+
+/// `weir snapshot ...`.
+fn snapshot(
+    command: SnapshotCmd,
+    AdminArgs { admin, token_file }: AdminArgs,
+) -> anyhow::Result<()> {
+    let token = admin_client::read_token(&token_file);
+    let token = token.as_deref();
+    let out = match command {
+        SnapshotCmd::Create { volume, name } => {
+            let (vol, snap) = split_snapshot(&format!("{volume}@{name}"))?;
+            admin_client::post(&admin, token, &format!("/snapshots/{vol}@{snap}"))?
+        }
+        SnapshotCmd::List { volume } => {
+            if let Some(v) = &volume {
+                weir_core::control::state::check_name(v)
+                    .map_err(|e| anyhow::anyhow!("volume name {v:?}: {e}"))?;
+            }
+            let path = format!("/snapshots?volume={}", volume.unwrap_or_default());
+            admin_client::get(&admin, token, &path)?
+        }
+        SnapshotCmd::Delete { snapshot } => {
+            let (vol, snap) = split_snapshot(&snapshot)?;
+            admin_client::delete(&admin, token, &format!("/snapshots/{vol}@{snap}"))?
+        }
+    };
+    print!("{out}");
+    Ok(())
 }
 
 /// A volume key from `path` (made there first if `make` and it is missing):

@@ -122,6 +122,9 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Metrics, all zero.
+    ///
+    /// One table, argued long: each metric registered once, with its name
+    /// and help text, in the order `/metrics` lists them.
     pub fn new() -> Self {
         let m = Metrics {
             registry: Mutex::new(Registry::with_prefix("weir")),

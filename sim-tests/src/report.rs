@@ -237,21 +237,7 @@ impl Report {
             messenger: None,
             cpu: Vec::new(),
             front_end: Vec::new(),
-            volumes: scenario
-                .volume_ranges()
-                .into_iter()
-                .map(|(name, first, blocks)| {
-                    let of =
-                        |o: &crate::history::OpRecord| o.lba >= first && o.lba < first + blocks;
-                    let n = history
-                        .ops
-                        .iter()
-                        .filter(|o| o.complete_ns.is_some_and(|t| t < duration_ns) && of(o))
-                        .count();
-                    let lat = |kind| Latency::measure_where(history, |o| o.kind == kind && of(o));
-                    (name, n as f64 / secs, lat(OpKind::Read), lat(OpKind::Write))
-                })
-                .collect(),
+            volumes: volume_figures(scenario, history, duration_ns),
             node_events: Vec::new(),
             faults: Vec::new(),
             events: Vec::new(),
@@ -264,8 +250,9 @@ impl Report {
     }
 }
 
-impl fmt::Display for Report {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Report {
+    /// The scenario: cluster, clocks, fabric, hosts, workload.
+    fn fmt_setup(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.scenario;
         let (c, w) = (&s.cluster, &s.workload);
         writeln!(
@@ -288,7 +275,35 @@ impl fmt::Display for Report {
         if !self.clocks.is_empty() {
             writeln!(f, "  clocks    {}", self.clocks)?;
         }
-        let fs = &s.fabric;
+        self.fmt_fabric(f)?;
+        if s.host.modelled(&s.device) {
+            writeln!(
+                f,
+                "  hosts     {} cores at {} GHz{}, network stack {}, NVMe driver {}, {} SSD(s) a node",
+                s.host.cores,
+                s.host.clock_ghz,
+                if s.host.numa { ", two NUMA nodes" } else { "" },
+                s.host.network_stack,
+                s.device.driver,
+                s.device.ssds
+            )?;
+        }
+        let pattern = match w.pattern {
+            Pattern::Random => "random",
+            Pattern::Sequential => "sequential",
+            Pattern::Stream => "stream",
+        };
+        writeln!(
+            f,
+            "  workload  {} B {pattern}, {}% reads, {} clients x QD{}, {} ms simulated",
+            w.block_size, w.read_percent, w.clients, w.queue_depth, w.duration_ms
+        )?;
+        Ok(())
+    }
+
+    /// The fabric's line.
+    fn fmt_fabric(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fs = &self.scenario.fabric;
         if fs.lossless() {
             let messenger = if fs.transport == Transport::Rdma {
                 " (RDMA messenger)"
@@ -318,28 +333,11 @@ impl fmt::Display for Report {
                 fs.transport, fs.link_gbps, fs.link_delay_ns, fs.mtu_bytes, fs.buffer_mib
             )?;
         }
-        if s.host.modelled(&s.device) {
-            writeln!(
-                f,
-                "  hosts     {} cores at {} GHz{}, network stack {}, NVMe driver {}, {} SSD(s) a node",
-                s.host.cores,
-                s.host.clock_ghz,
-                if s.host.numa { ", two NUMA nodes" } else { "" },
-                s.host.network_stack,
-                s.device.driver,
-                s.device.ssds
-            )?;
-        }
-        let pattern = match w.pattern {
-            Pattern::Random => "random",
-            Pattern::Sequential => "sequential",
-            Pattern::Stream => "stream",
-        };
-        writeln!(
-            f,
-            "  workload  {} B {pattern}, {}% reads, {} clients x QD{}, {} ms simulated",
-            w.block_size, w.read_percent, w.clients, w.queue_depth, w.duration_ms
-        )?;
+        Ok(())
+    }
+
+    /// Throughput, latency and their stability.
+    fn fmt_measured(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f)?;
         writeln!(
             f,
@@ -375,6 +373,11 @@ impl fmt::Display for Report {
             100.0 * self.interval_iops_stddev / self.interval_iops_mean.max(1.0),
             self.intervals
         )?;
+        Ok(())
+    }
+
+    /// What the nodes, the fabric and the hosts counted.
+    fn fmt_counts(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
             "  copies  {} payload copies, {:.2} per replicated write",
@@ -399,6 +402,46 @@ impl fmt::Display for Report {
                 self.flow.writes_waited
             )?;
         }
+        self.fmt_queues(f)?;
+        if let Some(m) = &self.messenger {
+            writeln!(
+                f,
+                "  rdma    {} connections up, {} refused (broke the protocol), {} reset, {} images dropped, {} frames lost",
+                m.connects, m.refused, m.resets, m.dropped, m.frames_lost
+            )?;
+            writeln!(
+                f,
+                "          {} QPs failed past their retries, {} connections moved to the other path, {} frames sent again",
+                self.fabric.qp_errors, m.failovers, m.replayed
+            )?;
+        }
+        if !self.cpu.is_empty() {
+            let roles: Vec<String> = self
+                .cpu
+                .iter()
+                .map(|(role, u)| format!("{role} {:.1}%", 100.0 * u))
+                .collect();
+            writeln!(f, "  cpu     {} busy", roles.join(", "))?;
+        }
+        let fb = &self.fabric;
+        writeln!(
+            f,
+            "  fabric  {} packets, {:.1} MB on the wire, deepest switch queue {} KiB",
+            fb.nic_packets,
+            fb.nic_bytes as f64 / 1e6,
+            fb.switch_queue_bytes_max / 1024
+        )?;
+        writeln!(
+            f,
+            "          {} ECN marks, {} CNPs, {} PFC pauses, {} drops, {} retransmits",
+            fb.ecn_marks, fb.cnps, fb.pauses, fb.drops, fb.retransmits
+        )?;
+        Ok(())
+    }
+
+    /// The device schedulers', the admission gates' and each volume's
+    /// figures.
+    fn fmt_queues(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Only when the scenario schedules: reports of FIFO runs stay as they were.
         if self.scenario.sched != crate::scenario::SchedSpec::default() {
             let q = &self.sched;
@@ -439,39 +482,11 @@ impl fmt::Display for Report {
                 read.p50_us, read.p99_us, write.p50_us, write.p99_us
             )?;
         }
-        if let Some(m) = &self.messenger {
-            writeln!(
-                f,
-                "  rdma    {} connections up, {} refused (broke the protocol), {} reset, {} images dropped, {} frames lost",
-                m.connects, m.refused, m.resets, m.dropped, m.frames_lost
-            )?;
-            writeln!(
-                f,
-                "          {} QPs failed past their retries, {} connections moved to the other path, {} frames sent again",
-                self.fabric.qp_errors, m.failovers, m.replayed
-            )?;
-        }
-        if !self.cpu.is_empty() {
-            let roles: Vec<String> = self
-                .cpu
-                .iter()
-                .map(|(role, u)| format!("{role} {:.1}%", 100.0 * u))
-                .collect();
-            writeln!(f, "  cpu     {} busy", roles.join(", "))?;
-        }
-        let fb = &self.fabric;
-        writeln!(
-            f,
-            "  fabric  {} packets, {:.1} MB on the wire, deepest switch queue {} KiB",
-            fb.nic_packets,
-            fb.nic_bytes as f64 / 1e6,
-            fb.switch_queue_bytes_max / 1024
-        )?;
-        writeln!(
-            f,
-            "          {} ECN marks, {} CNPs, {} PFC pauses, {} drops, {} retransmits",
-            fb.ecn_marks, fb.cnps, fb.pauses, fb.drops, fb.retransmits
-        )?;
+        Ok(())
+    }
+
+    /// The faults injected and the control plane's events.
+    fn fmt_log(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if !self.faults.is_empty() {
             writeln!(f, "  faults")?;
             for fault in &self.faults {
@@ -484,6 +499,12 @@ impl fmt::Display for Report {
                 writeln!(f, "    {event}")?;
             }
         }
+        Ok(())
+    }
+
+    /// The checkers' verdicts, and how to replay the run.
+    fn fmt_verdict(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.scenario;
         writeln!(f)?;
         writeln!(f, "  checkers")?;
         for v in &self.verdicts {
@@ -518,5 +539,39 @@ impl fmt::Display for Report {
             }
         }
         writeln!(f)
+    }
+}
+
+/// Each `[[volumes]]` volume's name, IOPS (operations completed within
+/// the workload's `duration_ns`) and latency in `history`.
+fn volume_figures(
+    scenario: &Scenario,
+    history: &History,
+    duration_ns: u64,
+) -> Vec<(String, f64, Latency, Latency)> {
+    let secs = duration_ns as f64 / 1e9;
+    scenario
+        .volume_ranges()
+        .into_iter()
+        .map(|(name, first, blocks)| {
+            let of = |o: &crate::history::OpRecord| o.lba >= first && o.lba < first + blocks;
+            let n = history
+                .ops
+                .iter()
+                .filter(|o| o.complete_ns.is_some_and(|t| t < duration_ns) && of(o))
+                .count();
+            let lat = |kind| Latency::measure_where(history, |o| o.kind == kind && of(o));
+            (name, n as f64 / secs, lat(OpKind::Read), lat(OpKind::Write))
+        })
+        .collect()
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_setup(f)?;
+        self.fmt_measured(f)?;
+        self.fmt_counts(f)?;
+        self.fmt_log(f)?;
+        self.fmt_verdict(f)
     }
 }

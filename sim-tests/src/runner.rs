@@ -122,21 +122,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     if let Some(interval) = options.telemetry_interval {
         cluster.fabric.enable_sampling(interval);
     }
-
-    let links: Vec<(usize, String)> = cluster
-        .fabric
-        .links()
-        .into_iter()
-        .filter(|(_, name)| !name.contains("host"))
-        .collect();
-    let nodes: Vec<NodeId> = cluster.hosts.iter().map(|(n, ..)| *n).collect();
-    let plan = FaultPlan::draw(&links, &nodes, &scenario, &cluster.map);
-    let kills = plan::KillLog::default();
-    plan.inject(
-        &cluster.fabric,
-        (&cluster.hosts, &cluster.handles),
-        (&cluster.events, &kills, cluster.start),
-    );
+    let (plan, kills) = inject_faults(&cluster, &scenario);
 
     let epoch = Instant::now();
     let base_ns = weir_core::time::cluster_ns();
@@ -144,19 +130,7 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         let now = cluster.fabric.now_since_epoch_ns();
         cpu.lock().expect("cpu").start_window(now);
     }
-    // The snapshot stage on a client host of its own, beside the workload.
-    let stage = (scenario.snapshots.rounds > 0).then(|| {
-        let transport = cluster.clients.last().cloned().expect("the stage's host");
-        let args = (transport, cluster.handles.clone(), cluster.map.clone());
-        let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
-        let at = snapshot_times(&plan, &scenario);
-        let s = scenario.clone();
-        madsim::runtime::Handle::current()
-            .create_node()
-            .name("snapshots")
-            .build()
-            .spawn(async move { snapshots::run(args, &s, (epoch, deadline), at).await })
-    });
+    let stage = start_snapshot_stage(&cluster, &scenario, &plan, epoch);
     let (ops, front_end, read_flow) = workload::drive(&cluster, &scenario, epoch).await;
     let cpu = cpu_by_role(&cluster);
     // Liveness counts from when the faults stop: a node may still be paused, cut
@@ -168,68 +142,28 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         .iter()
         .map(|(.., ssd)| ssd.unreadable_written_blocks())
         .sum();
-
-    let replicas = scenario.cluster.replicas as usize;
-    let checker = cluster.checker.clone();
-    let (replica_reads, expected_copies, liveness) = readback::read_back(
-        checker,
-        cluster.map.clone(),
-        &ops,
-        replicas,
-        (plan.live(&nodes), plan.removed()),
-    )
-    .await;
-    let history = History {
-        ops,
-        replica_reads,
-        expected_copies,
-    };
-
+    let (history, liveness) = read_back(&cluster, &scenario, ops, &plan).await;
     let snapshots = match stage {
         Some(stage) => Some(stage.await.expect("the snapshot stage")),
         None => None,
     };
     let audit = std::mem::take(&mut *cluster.audit.lock().expect("audit log"));
-    let voters = weir_core::control::raft::voters_of(cluster.map.nodes());
-    let tolerance = tolerance::judge(&plan, &voters);
-    let mut verdicts = vec![
-        check_availability(
-            &history,
-            tolerance == tolerance::Tolerance::Within,
-            &tolerance.to_string(),
-        ),
-        check_linearizable(&history),
-        check_no_lost_writes(&history, replicas),
-        check_leases(&audit, &kills.lock().expect("kill log"), base_ns),
-        check_acks_persisted(&audit, base_ns),
-        check_epochs(&audit, base_ns),
-        liveness,
-    ];
+    let mut verdicts = judge(
+        &cluster,
+        &scenario,
+        (&history, &audit),
+        (&plan, &kills),
+        base_ns,
+    );
+    verdicts.push(liveness);
     verdicts.extend(snapshots);
     let fabric_summary = summary::fabric(&cluster.fabric);
     let mut report = Report::new(seed, &scenario, &name, &history, fabric_summary, verdicts);
     report.faults = plan.lines();
-    report.clocks = summary::clocks_line(&cluster.skews, cluster.config.lease_margin_ns);
-    let volume = cluster.map.volume();
-    report.grain_bytes = cluster.config.grain_blocks(volume) * u64::from(volume.block_size);
     report.payload_copies = weir_core::copies::total().0 - copies_before;
-    let counts = cluster.node_counts();
     report.cpu = cpu;
     report.front_end = front_end;
-    report.messenger = cluster.fabric.messenger_totals();
-    report.flow = counts.flow;
-    for reads in &read_flow {
-        report.flow.add_reads(reads);
-    }
-    report.sched = counts.sched;
-    report.admission = counts.admission;
-    report.node_events = cluster
-        .events
-        .lock()
-        .expect("event log")
-        .iter()
-        .cloned()
-        .collect();
+    fill_counts(&mut report, &cluster, &read_flow);
     let context = summary::Context {
         history: &history,
         audit: &audit,
@@ -247,6 +181,125 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
         plan,
         telemetry,
     }
+}
+
+/// Draw the run's fault plan from the cluster's links and nodes, and inject
+/// it; the plan and the log of the crashes it made.
+fn inject_faults(cluster: &cluster::Cluster, scenario: &Scenario) -> (FaultPlan, plan::KillLog) {
+    let links: Vec<(usize, String)> = cluster
+        .fabric
+        .links()
+        .into_iter()
+        .filter(|(_, name)| !name.contains("host"))
+        .collect();
+    let nodes: Vec<NodeId> = cluster.hosts.iter().map(|(n, ..)| *n).collect();
+    let plan = FaultPlan::draw(&links, &nodes, scenario, &cluster.map);
+    let kills = plan::KillLog::default();
+    plan.inject(
+        &cluster.fabric,
+        (&cluster.hosts, &cluster.handles),
+        (&cluster.events, &kills, cluster.start),
+    );
+    (plan, kills)
+}
+
+/// The snapshot stage, if the scenario has one, on a client host of its own
+/// beside the workload (which starts at `epoch`).
+fn start_snapshot_stage(
+    cluster: &cluster::Cluster,
+    scenario: &Scenario,
+    plan: &FaultPlan,
+    epoch: Instant,
+) -> Option<madsim::task::JoinHandle<crate::checker::Verdict>> {
+    (scenario.snapshots.rounds > 0).then(|| {
+        let transport = cluster.clients.last().cloned().expect("the stage's host");
+        let args = (transport, cluster.handles.clone(), cluster.map.clone());
+        let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
+        let at = snapshot_times(plan, scenario);
+        let s = scenario.clone();
+        madsim::runtime::Handle::current()
+            .create_node()
+            .name("snapshots")
+            .build()
+            .spawn(async move { snapshots::run(args, &s, (epoch, deadline), at).await })
+    })
+}
+
+/// Read back what `ops` wrote from every replica that should hold it: the
+/// run's history, and the liveness verdict.
+async fn read_back(
+    cluster: &cluster::Cluster,
+    scenario: &Scenario,
+    ops: Vec<crate::history::OpRecord>,
+    plan: &FaultPlan,
+) -> (History, crate::checker::Verdict) {
+    let nodes: Vec<NodeId> = cluster.hosts.iter().map(|(n, ..)| *n).collect();
+    let (replica_reads, expected_copies, liveness) = readback::read_back(
+        cluster.checker.clone(),
+        cluster.map.clone(),
+        &ops,
+        scenario.cluster.replicas as usize,
+        (plan.live(&nodes), plan.removed()),
+    )
+    .await;
+    let history = History {
+        ops,
+        replica_reads,
+        expected_copies,
+    };
+    (history, liveness)
+}
+
+/// The checkers' verdicts on the history and the nodes' audit facts (but
+/// liveness, the read-back's, and the snapshot stage's).
+fn judge(
+    cluster: &cluster::Cluster,
+    scenario: &Scenario,
+    (history, audit): (&History, &[(NodeId, weir_core::replication::Audit)]),
+    (plan, kills): (&FaultPlan, &plan::KillLog),
+    base_ns: u64,
+) -> Vec<crate::checker::Verdict> {
+    let voters = weir_core::control::raft::voters_of(cluster.map.nodes());
+    let tolerance = tolerance::judge(plan, &voters);
+    vec![
+        check_availability(
+            history,
+            tolerance == tolerance::Tolerance::Within,
+            &tolerance.to_string(),
+        ),
+        check_linearizable(history),
+        check_no_lost_writes(history, scenario.cluster.replicas as usize),
+        check_leases(audit, &kills.lock().expect("kill log"), base_ns),
+        check_acks_persisted(audit, base_ns),
+        check_epochs(audit, base_ns),
+    ]
+}
+
+/// The nodes' settings and counts in `report`, and the clients' read
+/// windows' counts.
+fn fill_counts(
+    report: &mut Report,
+    cluster: &cluster::Cluster,
+    read_flow: &[weir_core::flow::ReadFlowStats],
+) {
+    report.clocks = summary::clocks_line(&cluster.skews, cluster.config.lease_margin_ns);
+    let volume = cluster.map.volume();
+    report.grain_bytes = cluster.config.grain_blocks(volume) * u64::from(volume.block_size);
+    let counts = cluster.node_counts();
+    report.messenger = cluster.fabric.messenger_totals();
+    report.flow = counts.flow;
+    for reads in read_flow {
+        report.flow.add_reads(reads);
+    }
+    report.sched = counts.sched;
+    report.admission = counts.admission;
+    report.node_events = cluster
+        .events
+        .lock()
+        .expect("event log")
+        .iter()
+        .cloned()
+        .collect();
 }
 
 /// When the snapshot stage takes its snapshots (from the workload's start):

@@ -643,6 +643,35 @@ impl Scenario {
                 "must be between 1 and the volume size",
             );
         }
+        self.validate_clients()?;
+        self.validate_volumes()?;
+        if let Err((key, why)) = self.flow.check() {
+            return bad(key, why);
+        }
+        if self.sched.depth > 1024 {
+            return bad("sched.depth", "must be at most 1024 (0: the device's)");
+        }
+        if let Err(why) = self.sched.config().shares.check() {
+            return bad(
+                "sched.foreground_weight, rebuild_weight, rebuild_reservation",
+                why,
+            );
+        }
+        if !(1..=1 << 20).contains(&self.sched.waiting_max) {
+            return bad("sched.waiting_max", "must be between 1 and 1048576");
+        }
+        if w.duration_ms == 0 || w.duration_ms > 60_000 {
+            return bad("workload.duration_ms", "must be between 1 and 60000");
+        }
+        self.validate_fabric()?;
+        self.validate_host()?;
+        self.validate_faults()
+    }
+
+    /// Check `[workload]`'s clients and `[[extra_clients]]`.
+    fn validate_clients(&self) -> Result<(), (&'static str, String)> {
+        let (c, w) = (&self.cluster, &self.workload);
+        let bad = |key, why: &str| Err((key, why.to_string()));
         if w.read_percent > 100 {
             return bad("workload.read_percent", "must be at most 100");
         }
@@ -685,25 +714,13 @@ impl Scenario {
         if self.client_hosts() > 256 {
             return bad("extra_clients.clients", "at most 256 client hosts in all");
         }
-        self.validate_volumes()?;
-        if let Err((key, why)) = self.flow.check() {
-            return bad(key, why);
-        }
-        if self.sched.depth > 1024 {
-            return bad("sched.depth", "must be at most 1024 (0: the device's)");
-        }
-        if let Err(why) = self.sched.config().shares.check() {
-            return bad(
-                "sched.foreground_weight, rebuild_weight, rebuild_reservation",
-                why,
-            );
-        }
-        if !(1..=1 << 20).contains(&self.sched.waiting_max) {
-            return bad("sched.waiting_max", "must be between 1 and 1048576");
-        }
-        if w.duration_ms == 0 || w.duration_ms > 60_000 {
-            return bad("workload.duration_ms", "must be between 1 and 60000");
-        }
+        Ok(())
+    }
+
+    /// Check `[fabric]` and the cluster's timing settings.
+    fn validate_fabric(&self) -> Result<(), (&'static str, String)> {
+        let c = &self.cluster;
+        let bad = |key, why: &str| Err((key, why.to_string()));
         let f = &self.fabric;
         if f.link_gbps == 0 || f.link_gbps > 1600 {
             return bad("fabric.link_gbps", "must be between 1 and 1600");
@@ -751,6 +768,12 @@ impl Scenario {
         if f.ecn_buffer_pct > 100 {
             return bad("fabric.ecn_buffer_pct", "must be between 0 (off) and 100");
         }
+        Ok(())
+    }
+
+    /// Check `[host]` and `[device]`.
+    fn validate_host(&self) -> Result<(), (&'static str, String)> {
+        let bad = |key, why: &str| Err((key, why.to_string()));
         let h = &self.host;
         if h.cores == 0 || h.cores > 256 {
             return bad("host.cores", "must be between 1 and 256");
@@ -770,6 +793,14 @@ impl Scenario {
                 "a polled driver takes a core of its own: at least 2 cores",
             );
         }
+        Ok(())
+    }
+
+    /// Check `[faults]` (and the fabric's buffers, which its faults fill).
+    fn validate_faults(&self) -> Result<(), (&'static str, String)> {
+        let f = &self.fabric;
+        let c = &self.cluster;
+        let bad = |key, why: &str| Err((key, why.to_string()));
         let x = &self.faults;
         if !(0.0..0.5).contains(&x.link_loss) || !(0.0..0.5).contains(&x.link_corrupt) {
             return bad("faults.link_loss/link_corrupt", "must be in [0, 0.5)");

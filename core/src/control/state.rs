@@ -224,6 +224,9 @@ impl ClusterState {
     }
 
     /// Apply one command. A refused command changes nothing but `applied`.
+    ///
+    /// One table, argued long: an arm per command, each a call to its own
+    /// step.
     pub fn apply(&mut self, cmd: &Command) -> Result<Vec<Change>, Refusal> {
         self.applied += 1;
         let result = match cmd {

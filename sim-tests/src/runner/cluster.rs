@@ -415,19 +415,10 @@ fn timeouts(s: &Scenario) -> Timeouts {
     }
 }
 
-/// Start every storage node (data path + control plane): the map's members,
-/// then the nodes that join later (which know the first members, not the map);
-/// returns the madsim node of each, for crash faults.
-fn start_nodes(
-    fabric: &Arc<Fabric>,
-    map: &ClusterMap,
-    config: ReplicationConfig,
-    s: &Scenario,
-    (events, cluster_start): (&EventLog, Instant),
-    (audit, handles, retired): (&AuditLog, &Handles, &Arc<Mutex<NodeCounts>>),
-    (skews, cpus): (&mut Vec<(NodeId, Skew)>, &mut HostCpus),
-) -> Vec<Host> {
-    let settings = NodeSettings {
+/// The nodes of `s`, for [`boot`]: the map every node starts with and the
+/// scenario's settings.
+fn node_settings(s: &Scenario, map: &ClusterMap, config: ReplicationConfig) -> NodeSettings {
+    NodeSettings {
         map: map.clone(),
         replicas: s.cluster.replicas as u8,
         replication: config,
@@ -441,46 +432,31 @@ fn start_nodes(
             ..weir_core::sched::AdmitConfig::default()
         },
         snapshot_entries: Some(s.cluster.raft_snapshot_entries),
-    };
+    }
+}
+
+/// Start every storage node (data path + control plane): the map's members,
+/// then the nodes that join later (which know the first members, not the map);
+/// returns the madsim node of each, for crash faults.
+fn start_nodes(
+    fabric: &Arc<Fabric>,
+    map: &ClusterMap,
+    config: ReplicationConfig,
+    s: &Scenario,
+    (events, cluster_start): (&EventLog, Instant),
+    (audit, handles, retired): (&AuditLog, &Handles, &Arc<Mutex<NodeCounts>>),
+    (skews, cpus): (&mut Vec<(NodeId, Skew)>, &mut HostCpus),
+) -> Vec<Host> {
+    let settings = node_settings(s, map, config);
     let mut hosts = Vec::new();
     let bound = s.cluster.clock_bound();
     let since_ns = weir_core::time::cluster_ns();
     for id in (1..=s.storage_hosts()).map(NodeId) {
         let transport = Arc::new(fabric.endpoint(id).expect("new host"));
         // The node's clock, the same in every incarnation (it is the host's).
-        let skew = Skew {
-            offset_ns: thread_rng()
-                .gen_range(-(bound.offset_max_ns as i64)..=bound.offset_max_ns as i64),
-            drift_ppm: thread_rng()
-                .gen_range(-(bound.drift_max_ppm as i64)..=bound.drift_max_ppm as i64),
-            since_ns,
-            offset_max_ns: bound.offset_max_ns,
-        };
-        assert!(skew.within(&bound));
+        let skew = node_clock(&bound, since_ns);
         skews.push((id, skew));
-        let ssd = SsdConfig {
-            block_size: s.cluster.block_size,
-            drives: s.device.ssds,
-            ..SsdConfig::default()
-        };
-        let mut ssd = SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config");
-        let driver = nvme_driver(s);
-        let poll_cores = u32::from(matches!(driver, Some(weir_host_sim::NvmeDriver::Polled(_))));
-        if let Some(cpu) = host_cpu(fabric, id, s, poll_cores) {
-            if let Some(driver) = driver {
-                ssd = ssd.with_host(weir_nvme_sim::DeviceHost {
-                    cpu: cpu.clone(),
-                    driver,
-                    epoch: fabric.epoch(),
-                    // With two NUMA nodes the SSD hangs off the second, the NIC
-                    // off the first: the polling core (the host's last) is local.
-                    numa_node: u8::from(s.host.numa),
-                    poller: 0,
-                });
-            }
-            cpus.push((Role::Storage, cpu));
-        }
-        let ssd = Arc::new(ssd);
+        let ssd = node_ssd(fabric, id, s, cpus);
         let device = ssd.clone();
         // What survives a crash: the device, the durable Raft log and the
         // block-version checkpoints.
@@ -530,6 +506,48 @@ fn start_nodes(
         hosts.push((id, host.id(), device));
     }
     hosts
+}
+
+/// A node's clock within `bound` of the cluster's, from `since_ns`.
+fn node_clock(bound: &weir_core::time::ClockBound, since_ns: u64) -> Skew {
+    let skew = Skew {
+        offset_ns: thread_rng()
+            .gen_range(-(bound.offset_max_ns as i64)..=bound.offset_max_ns as i64),
+        drift_ppm: thread_rng()
+            .gen_range(-(bound.drift_max_ppm as i64)..=bound.drift_max_ppm as i64),
+        since_ns,
+        offset_max_ns: bound.offset_max_ns,
+    };
+    assert!(skew.within(bound));
+    skew
+}
+
+/// Storage node `id`'s SSD, on its host's CPU (added to `cpus`) when hosts
+/// are modelled.
+fn node_ssd(fabric: &Fabric, id: NodeId, s: &Scenario, cpus: &mut HostCpus) -> Arc<SimSsd> {
+    let ssd = SsdConfig {
+        block_size: s.cluster.block_size,
+        drives: s.device.ssds,
+        ..SsdConfig::default()
+    };
+    let mut ssd = SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config");
+    let driver = nvme_driver(s);
+    let poll_cores = u32::from(matches!(driver, Some(weir_host_sim::NvmeDriver::Polled(_))));
+    if let Some(cpu) = host_cpu(fabric, id, s, poll_cores) {
+        if let Some(driver) = driver {
+            ssd = ssd.with_host(weir_nvme_sim::DeviceHost {
+                cpu: cpu.clone(),
+                driver,
+                epoch: fabric.epoch(),
+                // With two NUMA nodes the SSD hangs off the second, the NIC
+                // off the first: the polling core (the host's last) is local.
+                numa_node: u8::from(s.host.numa),
+                poller: 0,
+            });
+        }
+        cpus.push((Role::Storage, cpu));
+    }
+    Arc::new(ssd)
 }
 
 /// A node's durable Raft log, or its block-version checkpoints, in the simulator:

@@ -184,285 +184,356 @@ pub(super) async fn run(
     (epoch, deadline): (Instant, Instant),
     at: Vec<Duration>,
 ) -> Verdict {
-    let c = &scenario.cluster;
-    let extent_bytes = c.extent_mib << 20;
-    let bs = u64::from(c.block_size);
-    let blocks = scenario.snapshots.extents * extent_bytes / bs;
-    let control = Arc::new(Nodes(handles));
-    let options = weir_core::client::ClientOptions {
-        flow: scenario.flow,
-        ..Default::default()
-    };
-    let volume = Volume::open_with(transport, map, thread_rng().gen(), options);
-    let mut named = NamedVolumes::new(volume, control.clone(), extent_bytes);
-    if scenario.bugs.leak_into_snapshot {
-        named = named.with_bug_leak_into_snapshot();
-    }
-    let named = Arc::new(named);
+    let stage = Stage::open((transport, handles, map), scenario, epoch);
     let mut log = Log::default();
-    let scope = |log: &Log| {
-        format!(
-            "{} writes, {} snapshots, a clone, {} freed extents zeroed, a volume of {blocks} blocks",
-            log.writes.len(),
-            log.taken.len(),
-            log.reclaimed
-        )
-    };
     let create = Command::CreateNamed {
         name: VOLUME.into(),
-        size_bytes: blocks * bs,
+        size_bytes: stage.blocks * stage.bs,
         extents: scenario.snapshots.extents,
         qos: Default::default(),
         key_check: None,
         thin: true,
     };
-    if !commit(&control, create, |s| s.named.contains_key(VOLUME)).await {
+    if !commit(&stage.control, create, |s| s.named.contains_key(VOLUME)).await {
         log.problems
             .push("the stage's volume was not created".into());
     }
-    let log = Arc::new(std::sync::Mutex::new(log));
+    let mut log = stage.write_while_snapshotting(log, deadline, at).await;
+    let taken: Vec<Taken> = log.taken.clone();
+    if let Some(first) = stage.read_snapshots(&mut log, &taken).await {
+        stage.write_a_clone(&mut log, first).await;
+    }
+    stage.delete_and_trim(&mut log, taken.last()).await;
+    log.reclaimed = stage.reclaim_and_reuse(&mut log).await;
+    let now = ns_since(epoch);
+    match stage.read(the_volume()).await {
+        Ok(data) => log.check("the volume", &data, stage.bs as usize, (now, now)),
+        Err(e) => log.problems.push(format!("the volume unreadable: {e}")),
+    }
+    Verdict {
+        name: "snapshots",
+        scope: format!(
+            "{} writes, {} snapshots, a clone, {} freed extents zeroed, a volume of {} blocks",
+            log.writes.len(),
+            log.taken.len(),
+            log.reclaimed,
+            stage.blocks
+        ),
+        violations: log.problems,
+    }
+}
 
-    // The writer, until the deadline.
-    let writer = {
-        let (named, log) = (named.clone(), log.clone());
-        tokio::spawn(async move {
-            let mut seq = 0u64;
-            while Instant::now() < deadline {
-                seq += 1;
-                let block = thread_rng().gen_range(0..blocks);
-                let write =
-                    tagged_write(&named, Tag::new(WRITER, seq, 0), (block, bs), epoch).await;
-                log.lock().expect("log").writes.push(write);
-            }
-        })
-    };
-    // The snapshots, while it writes.
-    for (i, after) in at.iter().enumerate() {
-        weir_core::time::sleep_until_exact(epoch + *after).await;
-        let name = format!("s{i}");
-        let req_ns = ns_since(epoch);
+/// The stage's front end and its volume's geometry.
+struct Stage {
+    named: Arc<NamedVolumes<SimTransport>>,
+    control: Arc<Nodes>,
+    /// Blocks of the volume, bytes of a block and of an extent.
+    blocks: u64,
+    bs: u64,
+    extent_bytes: u64,
+    /// Times count from here.
+    epoch: Instant,
+}
+
+impl Stage {
+    /// The stage's front end on `transport`, asking the nodes of `handles`.
+    fn open(
+        (transport, handles, map): (Arc<SimTransport>, super::cluster::Handles, ClusterMap),
+        scenario: &Scenario,
+        epoch: Instant,
+    ) -> Stage {
+        let c = &scenario.cluster;
+        let extent_bytes = c.extent_mib << 20;
+        let bs = u64::from(c.block_size);
+        let control = Arc::new(Nodes(handles));
+        let options = weir_core::client::ClientOptions {
+            flow: scenario.flow,
+            ..Default::default()
+        };
+        let volume = Volume::open_with(transport, map, thread_rng().gen(), options);
+        let mut named = NamedVolumes::new(volume, control.clone(), extent_bytes);
+        if scenario.bugs.leak_into_snapshot {
+            named = named.with_bug_leak_into_snapshot();
+        }
+        Stage {
+            named: Arc::new(named),
+            control,
+            blocks: scenario.snapshots.extents * extent_bytes / bs,
+            bs,
+            extent_bytes,
+            epoch,
+        }
+    }
+
+    /// The writer writes until `deadline` while snapshots are taken at `at`.
+    async fn write_while_snapshotting(
+        &self,
+        log: Log,
+        deadline: Instant,
+        at: Vec<Duration>,
+    ) -> Log {
+        let log = Arc::new(std::sync::Mutex::new(log));
+        let (epoch, blocks, bs) = (self.epoch, self.blocks, self.bs);
+        let writer = {
+            let (named, log) = (self.named.clone(), log.clone());
+            tokio::spawn(async move {
+                let mut seq = 0u64;
+                while Instant::now() < deadline {
+                    seq += 1;
+                    let block = thread_rng().gen_range(0..blocks);
+                    let write =
+                        tagged_write(&named, Tag::new(WRITER, seq, 0), (block, bs), epoch).await;
+                    log.lock().expect("log").writes.push(write);
+                }
+            })
+        };
+        for (i, after) in at.iter().enumerate() {
+            weir_core::time::sleep_until_exact(epoch + *after).await;
+            let taken = self.snapshot(format!("s{i}")).await;
+            log.lock().expect("log").taken.push(taken);
+        }
+        writer.await.expect("the writer");
+        Arc::try_unwrap(log)
+            .expect("the writer is done")
+            .into_inner()
+            .expect("log")
+    }
+
+    /// Take snapshot `name` of the volume and wait out its barrier.
+    async fn snapshot(&self, name: String) -> Taken {
+        let req_ns = ns_since(self.epoch);
         let command = Command::Snapshot {
             name: VOLUME.into(),
             snap: name.clone(),
         };
-        let taken = commit(&control, command, |s| {
+        let taken = commit(&self.control, command, |s| {
             s.named
                 .get(VOLUME)
                 .is_some_and(|v| v.snapshots.contains_key(&name))
         })
         .await;
         let ret_ns = match taken {
-            true => named.barrier(VOLUME).await.ok().map(|()| ns_since(epoch)),
+            true => (self.named.barrier(VOLUME).await.ok()).map(|()| ns_since(self.epoch)),
             false => None,
         };
-        log.lock().expect("log").taken.push(Taken {
+        Taken {
             name,
             req_ns,
             ret_ns,
-        });
+        }
     }
-    writer.await.expect("the writer");
-    let mut log = Arc::try_unwrap(log)
-        .expect("the writer is done")
-        .into_inner()
-        .expect("log");
-    let taken: Vec<Taken> = log.taken.clone();
-    let exists = |snap: &str| {
-        control
+
+    /// Whether the volume has snapshot `snap` now.
+    fn exists(&self, snap: &str) -> bool {
+        self.control
             .state()
             .named
             .get(VOLUME)
             .is_some_and(|v| v.snapshots.contains_key(snap))
-    };
-    let read = |target: Target| {
-        let named = named.clone();
-        async move {
-            let mut tries = 0;
-            loop {
-                match named.read(&target, 0, blocks * bs).await {
-                    Ok(data) => return Ok(data),
-                    // Faults may still be healing: the stage's reads wait.
-                    Err(e) if tries < 10 => {
-                        tries += 1;
-                        tracing::debug!(error = %e, "snapshot stage read retried");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                    Err(e) => return Err::<Bytes, ClientError>(e),
+    }
+
+    /// Read all of `target`, waiting out faults that may still be healing.
+    async fn read(&self, target: Target) -> Result<Bytes, ClientError> {
+        let mut tries = 0;
+        loop {
+            match self.named.read(&target, 0, self.blocks * self.bs).await {
+                Ok(data) => return Ok(data),
+                Err(e) if tries < 10 => {
+                    tries += 1;
+                    tracing::debug!(error = %e, "snapshot stage read retried");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
                 }
+                Err(e) => return Err(e),
             }
-        }
-    };
-    let snap = |name: &str| Target {
-        name: VOLUME.into(),
-        snap: Some(name.into()),
-        id: None,
-    };
-    let mut first: Option<(Taken, Bytes)> = None;
-    for t in &taken {
-        if !exists(&t.name) {
-            continue; // Asked, never committed.
-        }
-        match read(snap(&t.name)).await {
-            Ok(data) => {
-                let ret = t.ret_ns.unwrap_or(u64::MAX);
-                log.check(
-                    &format!("snapshot {}", t.name),
-                    &data,
-                    bs as usize,
-                    (t.req_ns, ret),
-                );
-                if first.is_none() {
-                    first = Some((t.clone(), data));
-                }
-            }
-            Err(e) => log
-                .problems
-                .push(format!("snapshot {} unreadable: {e}", t.name)),
         }
     }
-    // A clone of the first snapshot, written: its writes show in neither the
-    // snapshot nor the volume.
-    if let Some((t, before)) = first {
+
+    /// Read and check every snapshot committed; the first, with its contents.
+    async fn read_snapshots(&self, log: &mut Log, taken: &[Taken]) -> Option<(Taken, Bytes)> {
+        let mut first: Option<(Taken, Bytes)> = None;
+        for t in taken {
+            if !self.exists(&t.name) {
+                continue; // Asked, never committed.
+            }
+            match self.read(snap(&t.name)).await {
+                Ok(data) => {
+                    let ret = t.ret_ns.unwrap_or(u64::MAX);
+                    let what = format!("snapshot {}", t.name);
+                    log.check(&what, &data, self.bs as usize, (t.req_ns, ret));
+                    if first.is_none() {
+                        first = Some((t.clone(), data));
+                    }
+                }
+                Err(e) => log
+                    .problems
+                    .push(format!("snapshot {} unreadable: {e}", t.name)),
+            }
+        }
+        first
+    }
+
+    /// A clone of snapshot `t` (which read `before`), written: its writes
+    /// show in neither the snapshot nor the volume.
+    async fn write_a_clone(&self, log: &mut Log, (t, before): (Taken, Bytes)) {
         let clone = Command::Clone {
             name: VOLUME.into(),
             snap: t.name.clone(),
             new: CLONE.into(),
         };
-        if commit(&control, clone, |s| s.named.contains_key(CLONE)).await {
-            let mut written = BTreeMap::new();
-            for seq in 1..=CLONE_WRITES {
-                let block = thread_rng().gen_range(0..blocks);
-                let tag = Tag::new(CLONE_WRITER, seq, 0);
-                let mut data = BytesMut::zeroed(bs as usize);
-                encode_block(&mut data, tag, block);
-                let clone = Target {
-                    name: CLONE.into(),
-                    snap: None,
-                    id: None,
-                };
-                match named.write(&clone, block * bs, data.freeze(), false).await {
-                    Ok(()) => {
-                        written.insert(block, tag);
-                    }
-                    Err(e) => {
-                        log.problems
-                            .push(format!("a write of the clone failed: {e}"));
-                        break;
-                    }
-                }
-            }
-            let target = Target {
-                name: CLONE.into(),
-                snap: None,
-                id: None,
-            };
-            match read(target).await {
-                Ok(data) => {
-                    for (b, bytes) in data.chunks(bs as usize).enumerate() {
-                        let b = b as u64;
-                        let want = match written.get(&b) {
-                            Some(&tag) => Value::Tag(tag),
-                            None => {
-                                decode_block(&before[b as usize * bs as usize..][..bs as usize], b)
-                            }
-                        };
-                        let got = decode_block(bytes, b);
-                        if got != want {
-                            log.problems
-                                .push(format!("clone: block {b} holds {got}, should hold {want}"));
-                            break;
-                        }
-                    }
-                }
-                Err(e) => log.problems.push(format!("the clone unreadable: {e}")),
-            }
-            match read(snap(&t.name)).await {
-                Ok(again) if again != before => log.problems.push(format!(
-                    "snapshot {} changed after its clone was written",
-                    t.name
-                )),
-                Ok(_) => {}
-                Err(e) => log
-                    .problems
-                    .push(format!("snapshot {} unreadable: {e}", t.name)),
-            }
-        } else {
+        if !commit(&self.control, clone, |s| s.named.contains_key(CLONE)).await {
             log.problems.push("the clone was not created".into());
+            return;
+        }
+        let written = self.write_clone(log).await;
+        match self.read(clone_target()).await {
+            Ok(data) => self.check_clone(log, &data, &written, &before),
+            Err(e) => log.problems.push(format!("the clone unreadable: {e}")),
+        }
+        match self.read(snap(&t.name)).await {
+            Ok(again) if again != before => log.problems.push(format!(
+                "snapshot {} changed after its clone was written",
+                t.name
+            )),
+            Ok(_) => {}
+            Err(e) => log
+                .problems
+                .push(format!("snapshot {} unreadable: {e}", t.name)),
         }
     }
-    // Delete the last snapshot, trim the volume's first extent: the volume
-    // reads zeroes there, and the writer's last values elsewhere.
-    if let Some(t) = taken.last().filter(|t| exists(&t.name)) {
-        let delete = Command::DeleteSnapshot {
-            name: VOLUME.into(),
-            snap: t.name.clone(),
-        };
-        let name = t.name.clone();
-        if !commit(&control, delete, |s| {
-            s.named
-                .get(VOLUME)
-                .is_some_and(|v| !v.snapshots.contains_key(&name))
-        })
-        .await
-        {
-            log.problems
-                .push(format!("snapshot {name} was not deleted"));
-        }
-    }
-    let invoke_ns = ns_since(epoch);
-    let extent_blocks = extent_bytes / bs;
-    match named
-        .zero(&the_volume(), (0, extent_bytes), |_, _| async { Ok(()) })
-        .await
-    {
-        Ok(()) => {
-            let ack_ns = Some(ns_since(epoch));
-            for block in 0..extent_blocks {
-                log.writes.push(Write {
-                    block,
-                    tag: Tag::INITIAL,
-                    invoke_ns,
-                    ack_ns,
-                });
+
+    /// Write tagged blocks into the clone; the tags, by block.
+    async fn write_clone(&self, log: &mut Log) -> BTreeMap<u64, Tag> {
+        let bs = self.bs;
+        let mut written = BTreeMap::new();
+        for seq in 1..=CLONE_WRITES {
+            let block = thread_rng().gen_range(0..self.blocks);
+            let tag = Tag::new(CLONE_WRITER, seq, 0);
+            let mut data = BytesMut::zeroed(bs as usize);
+            encode_block(&mut data, tag, block);
+            let clone = clone_target();
+            match self
+                .named
+                .write(&clone, block * bs, data.freeze(), false)
+                .await
+            {
+                Ok(()) => {
+                    written.insert(block, tag);
+                }
+                Err(e) => {
+                    log.problems
+                        .push(format!("a write of the clone failed: {e}"));
+                    break;
+                }
             }
         }
-        Err(e) => log.problems.push(format!("a trim failed: {e}")),
+        written
     }
-    // Reclaim what was freed, as a node's reclaimer does (zeroes, then
-    // `Zeroed`), and write into the trimmed extent again: it takes a zeroed
-    // extent and must read none of what the freed ones held.
-    let state = control.state();
-    let dirty: Vec<_> = state
-        .dirty
-        .iter()
-        .filter_map(|&e| Some((e, state.extents.get(&e)?.primary_since)))
-        .collect();
-    let mut reclaimed = 0;
-    for (extent, since) in dirty {
-        if named.zero_freed(extent, since).await.is_ok()
-            && commit(&control, Command::Zeroed { extent, since }, |s| {
-                !s.dirty.contains(&extent)
-            })
-            .await
-        {
-            reclaimed += 1;
+
+    /// The clone holds what was `written` into it, and its snapshot's
+    /// contents `before` elsewhere.
+    fn check_clone(&self, log: &mut Log, data: &[u8], written: &BTreeMap<u64, Tag>, before: &[u8]) {
+        let bs = self.bs as usize;
+        for (b, bytes) in data.chunks(bs).enumerate() {
+            let want = match written.get(&(b as u64)) {
+                Some(&tag) => Value::Tag(tag),
+                None => decode_block(&before[b * bs..][..bs], b as u64),
+            };
+            let got = decode_block(bytes, b as u64);
+            if got != want {
+                log.problems
+                    .push(format!("clone: block {b} holds {got}, should hold {want}"));
+                break;
+            }
         }
     }
-    for seq in 1..=REUSE_WRITES {
-        let block = thread_rng().gen_range(0..extent_blocks.min(blocks));
-        let tag = Tag::new(REUSE_WRITER, seq, 0);
-        log.writes
-            .push(tagged_write(&named, tag, (block, bs), epoch).await);
+
+    /// Delete the `last` snapshot, trim the volume's first extent: the
+    /// volume reads zeroes there, and the writer's last values elsewhere.
+    async fn delete_and_trim(&self, log: &mut Log, last: Option<&Taken>) {
+        if let Some(t) = last.filter(|t| self.exists(&t.name)) {
+            let delete = Command::DeleteSnapshot {
+                name: VOLUME.into(),
+                snap: t.name.clone(),
+            };
+            let name = t.name.clone();
+            let deleted = commit(&self.control, delete, |s| {
+                s.named
+                    .get(VOLUME)
+                    .is_some_and(|v| !v.snapshots.contains_key(&name))
+            });
+            if !deleted.await {
+                log.problems
+                    .push(format!("snapshot {name} was not deleted"));
+            }
+        }
+        let invoke_ns = ns_since(self.epoch);
+        let volume = the_volume();
+        let trim = self
+            .named
+            .zero(&volume, (0, self.extent_bytes), |_, _| async { Ok(()) });
+        match trim.await {
+            Ok(()) => {
+                let ack_ns = Some(ns_since(self.epoch));
+                for block in 0..self.extent_bytes / self.bs {
+                    log.writes.push(Write {
+                        block,
+                        tag: Tag::INITIAL,
+                        invoke_ns,
+                        ack_ns,
+                    });
+                }
+            }
+            Err(e) => log.problems.push(format!("a trim failed: {e}")),
+        }
     }
-    let now = ns_since(epoch);
-    match read(the_volume()).await {
-        Ok(data) => log.check("the volume", &data, bs as usize, (now, now)),
-        Err(e) => log.problems.push(format!("the volume unreadable: {e}")),
+
+    /// Reclaim what was freed, as a node's reclaimer does (zeroes, then
+    /// `Zeroed`), and write into the trimmed extent again: it takes a zeroed
+    /// extent and must read none of what the freed ones held. The extents
+    /// reclaimed.
+    async fn reclaim_and_reuse(&self, log: &mut Log) -> usize {
+        let state = self.control.state();
+        let dirty: Vec<_> = state
+            .dirty
+            .iter()
+            .filter_map(|&e| Some((e, state.extents.get(&e)?.primary_since)))
+            .collect();
+        let mut reclaimed = 0;
+        for (extent, since) in dirty {
+            if self.named.zero_freed(extent, since).await.is_ok()
+                && commit(&self.control, Command::Zeroed { extent, since }, |s| {
+                    !s.dirty.contains(&extent)
+                })
+                .await
+            {
+                reclaimed += 1;
+            }
+        }
+        let extent_blocks = self.extent_bytes / self.bs;
+        for seq in 1..=REUSE_WRITES {
+            let block = thread_rng().gen_range(0..extent_blocks.min(self.blocks));
+            let tag = Tag::new(REUSE_WRITER, seq, 0);
+            let write = tagged_write(&self.named, tag, (block, self.bs), self.epoch).await;
+            log.writes.push(write);
+        }
+        reclaimed
     }
-    log.reclaimed = reclaimed;
-    Verdict {
-        name: "snapshots",
-        scope: scope(&log),
-        violations: log.problems,
+}
+
+/// Snapshot `name` of the stage's volume.
+fn snap(name: &str) -> Target {
+    Target {
+        name: VOLUME.into(),
+        snap: Some(name.into()),
+        id: None,
+    }
+}
+
+/// The clone.
+fn clone_target() -> Target {
+    Target {
+        name: CLONE.into(),
+        snap: None,
+        id: None,
     }
 }

@@ -21,6 +21,10 @@ impl Scenario {
     /// the devices' I/O schedulers merging and splitting on a third, and QoS
     /// admission on a third.
     /// `cargo xtask sim --campaign --seed N` replays one.
+    ///
+    /// One table, argued long: a draw per knob, each with its reason beside
+    /// it, in the order the seed's bits are taken (reordering them would change
+    /// every seed's scenario).
     pub fn campaign(seed: u64) -> Scenario {
         let pick = |salt: u64, n: u64| campaign_pick(seed, salt, n);
         let mut s = Scenario::default();

@@ -4,6 +4,8 @@ use crate::control::state::{ClusterState, Command, ConfRole};
 
 /// The event of an applied `command` that changed the map, if it is one worth
 /// reporting.
+///
+/// One table, argued long: an arm per command worth an event.
 pub(super) fn describe(
     command: &Command,
     changes: &[crate::control::state::Change],
