@@ -150,6 +150,7 @@ pub fn serve(server: Arc<Server>, admin: Admin) {
 }
 
 impl Admin {
+    /// One table, argued long: an arm per method and path, each a call.
     fn route(&self, request: &mut Request) -> (u16, String) {
         if needs_token(request) && !carries(request, &self.token) {
             tracing::info!(

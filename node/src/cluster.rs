@@ -93,6 +93,34 @@ pub fn node_config(up: &ClusterUp, n: u32) -> String {
 
 /// Start the cluster and keep it up until `stop` resolves.
 pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    check(&up)?;
+    std::fs::create_dir_all(&up.dir).with_context(|| format!("creating {}", up.dir.display()))?;
+    let exe = std::env::current_exe().context("finding the weir binary")?;
+    let token_path = up.dir.join("admin.token");
+    let token = crate::admin::load_or_create_token(&token_path)
+        .with_context(|| format!("the admin token {}", token_path.display()))?;
+    // The cluster's CA and the members' certificates, made at the first start.
+    let members: Vec<u32> = (1..=up.nodes).collect();
+    crate::certs::init(&up.dir.join("certs"), &members).context("the cluster's certificates")?;
+    crate::certs::init_nbd(
+        &up.dir.join("certs"),
+        &["localhost".into(), "127.0.0.1".into()],
+    )
+    .context("the NBD front ends' certificates")?;
+    let mut children = start_nodes(&up, &exe, &token)?;
+    if let Err(e) = wait_ready(&up, &mut children).await {
+        stop_all(&mut children);
+        return Err(e);
+    }
+    print_cluster(&up, &token_path);
+    watch(&mut children, stop).await;
+    println!("weir: stopping the cluster");
+    stop_all(&mut children);
+    Ok(())
+}
+
+/// Refuse what `weir cluster up` cannot run.
+fn check(up: &ClusterUp) -> anyhow::Result<()> {
     if up.nodes == 0 || up.nodes > crate::config::MAX_MEMBERS as u32 {
         bail!(
             "--nodes {}: 1 to {} nodes are supported",
@@ -113,33 +141,27 @@ pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> a
             up.port_offset
         );
     }
-    std::fs::create_dir_all(&up.dir).with_context(|| format!("creating {}", up.dir.display()))?;
-    let exe = std::env::current_exe().context("finding the weir binary")?;
-    let token_path = up.dir.join("admin.token");
-    let token = crate::admin::load_or_create_token(&token_path)
-        .with_context(|| format!("the admin token {}", token_path.display()))?;
-    // The cluster's CA and the members' certificates, made at the first start.
-    let members: Vec<u32> = (1..=up.nodes).collect();
-    crate::certs::init(&up.dir.join("certs"), &members).context("the cluster's certificates")?;
-    crate::certs::init_nbd(
-        &up.dir.join("certs"),
-        &["localhost".into(), "127.0.0.1".into()],
-    )
-    .context("the NBD front ends' certificates")?;
+    Ok(())
+}
+
+/// Start every node of `up` (`exe` is the weir binary), each with its data
+/// directory, the admin `token` and its config (written at the first start);
+/// none is left running if one fails to start.
+fn start_nodes(up: &ClusterUp, exe: &Path, token: &str) -> anyhow::Result<Vec<(u32, Child)>> {
     let mut children: Vec<(u32, Child)> = Vec::new();
     for n in 1..=up.nodes {
         let dir = up.dir.join(format!("node{n}"));
         std::fs::create_dir_all(&dir)?;
-        write_token(&dir.join("admin.token"), &token)?;
+        write_token(&dir.join("admin.token"), token)?;
         let config = dir.join("weir.toml");
         if !config.exists() {
-            std::fs::write(&config, node_config(&up, n))?;
+            std::fs::write(&config, node_config(up, n))?;
         }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(dir.join("weir.log"))?;
-        let child = Command::new(&exe)
+        let child = Command::new(exe)
             .arg("node")
             .arg("--config")
             .arg(&config)
@@ -156,10 +178,11 @@ pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> a
             }
         }
     }
-    if let Err(e) = wait_ready(&up, &mut children).await {
-        stop_all(&mut children);
-        return Err(e);
-    }
+    Ok(children)
+}
+
+/// Say where the cluster's nodes listen and how to go on.
+fn print_cluster(up: &ClusterUp, token_path: &Path) {
     println!("weir: {} nodes up in {}", up.nodes, up.dir.display());
     for n in 1..=up.nodes {
         println!(
@@ -189,6 +212,10 @@ pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> a
         "Ctrl-C stops the cluster; starting it again on {} brings it back.",
         up.dir.display()
     );
+}
+
+/// Report nodes that exit until `stop`.
+async fn watch(children: &mut [(u32, Child)], stop: impl std::future::Future<Output = ()>) {
     tokio_real::pin!(stop);
     let mut exited = vec![false; children.len()];
     loop {
@@ -205,9 +232,6 @@ pub async fn up(up: ClusterUp, stop: impl std::future::Future<Output = ()>) -> a
             }
         }
     }
-    println!("weir: stopping the cluster");
-    stop_all(&mut children);
-    Ok(())
 }
 
 /// Put the cluster's token where node `path`'s directory keeps its own (mode

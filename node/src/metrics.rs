@@ -448,6 +448,18 @@ impl Metrics {
 
     /// The text exposition, with the gauges refreshed from `report` of node `me`.
     pub fn render(&self, me: NodeId, report: &NodeReport) -> String {
+        self.set_replicas(me, report);
+        self.set_node(report);
+        self.set_links(report);
+        self.set_volumes(report);
+        let mut out = String::new();
+        let registry = self.registry.lock().expect("registry");
+        encode(&mut out, &registry).expect("writing to a String cannot fail");
+        out
+    }
+
+    /// The replicas node `me` holds, by state.
+    fn set_replicas(&self, me: NodeId, report: &NodeReport) {
         let (mut primary, mut in_sync, mut rebuilding, mut out) = (0, 0, 0, 0);
         for ext in report.state.extents.values() {
             if !ext.replicas.contains(&me) {
@@ -476,6 +488,10 @@ impl Metrics {
                 })
                 .set(n);
         }
+    }
+
+    /// Rebuilds, the device and its scheduler, checkpoints, copies.
+    fn set_node(&self, report: &NodeReport) {
         let done: u64 = report.rebuilds.iter().map(|r| r.bytes_done).sum();
         let total: u64 = report.rebuilds.iter().map(|r| r.bytes_total).sum();
         self.rebuild_done.set(done as i64);
@@ -501,6 +517,10 @@ impl Metrics {
             .set(weir_core::copies::total().0.min(i64::MAX as u64) as i64);
         self.payload_copies_beyond_receive
             .set(weir_core::copies::beyond_receive().min(i64::MAX as u64) as i64);
+    }
+
+    /// The front end's payloads, the members, and each peer's flow.
+    fn set_links(&self, report: &NodeReport) {
         let (taken, missed) = report.front_end_payloads;
         for (outcome, n) in [("taken", taken), ("missed", missed)] {
             self.front_end_payloads
@@ -539,6 +559,10 @@ impl Metrics {
                     .set(value.min(i64::MAX as u64) as i64);
             }
         }
+    }
+
+    /// Each volume's admission and scheduling.
+    fn set_volumes(&self, report: &NodeReport) {
         // Volumes come and go: the families hold the current ones only.
         for (.., family) in self.admission.iter().chain(&self.volume_sched) {
             family.clear();
@@ -582,10 +606,6 @@ impl Metrics {
             };
             set(&self.volume_sched, &label, &[v.merged, v.split]);
         }
-        let mut out = String::new();
-        let registry = self.registry.lock().expect("registry");
-        encode(&mut out, &registry).expect("writing to a String cannot fail");
-        out
     }
 }
 

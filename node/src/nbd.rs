@@ -269,47 +269,11 @@ async fn handshake<B: Backend>(
     tls: &NbdTls,
 ) -> Result<Option<(Export, Reader, Writer)>, ConnError> {
     let mut secured = false;
-    w.write_u64(NBDMAGIC).await?;
-    w.write_u64(IHAVEOPT).await?;
-    w.write_u16(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).await?;
-    w.flush().await?;
-    let client_flags = r.read_u32().await?;
-    if client_flags & !CLIENT_FLAGS_KNOWN != 0 || client_flags & 1 == 0 {
-        return Err(ConnError::Protocol(format!(
-            "client flags {client_flags:#x}"
-        )));
-    }
-    let no_zeroes = client_flags & 2 != 0;
+    let no_zeroes = greet(&mut r, &mut w).await?;
     loop {
-        let magic = r.read_u64().await?;
-        if magic != IHAVEOPT {
-            return Err(ConnError::Protocol(format!("option magic {magic:#x}")));
-        }
-        let option = r.read_u32().await?;
-        let len = r.read_u32().await?;
-        if len > MAX_OPTION {
-            if option == OPT_EXPORT_NAME || len > MAX_IO {
-                // No error reply exists for EXPORT_NAME; and a huge payload is not
-                // worth reading. The spec allows closing here.
-                return Err(ConnError::Protocol(format!(
-                    "option {option} of {len} bytes"
-                )));
-            }
-            // Skip it in bounded memory and say it was too big.
-            let skipped = tokio_real::io::copy(
-                &mut (&mut r).take(u64::from(len)),
-                &mut tokio_real::io::sink(),
-            )
-            .await?;
-            if skipped != u64::from(len) {
-                return Err(ConnError::Protocol("option payload cut short".into()));
-            }
-            reply(&mut w, option, REP_ERR_TOO_BIG, b"option payload too large").await?;
-            w.flush().await?;
-            continue;
-        }
-        let mut data = vec![0; len as usize];
-        r.read_exact(&mut data).await?;
+        let Some((option, data)) = read_option(&mut r, &mut w).await? else {
+            continue; // Too large: skipped and answered.
+        };
         if tls.require && !secured && option != OPT_STARTTLS && option != OPT_ABORT {
             if option == OPT_EXPORT_NAME {
                 // It has no error reply: the protocol says to close.
@@ -342,41 +306,14 @@ async fn handshake<B: Backend>(
                         reply(&mut w, option, REP_ERR_UNSUP, b"this server has no TLS").await?
                     }
                     (Some(acceptor), None) => {
-                        reply(&mut w, option, REP_ACK, &[]).await?;
-                        w.flush().await?;
-                        // The client starts TLS only after the ACK: anything
-                        // already buffered is a protocol violation.
-                        if !r.buffer().is_empty() {
-                            return Err(ConnError::Protocol(
-                                "data after NBD_OPT_STARTTLS before the TLS handshake".into(),
-                            ));
-                        }
-                        let stream = r.into_inner().unsplit(w.into_inner());
-                        let secure = acceptor.accept(stream).await?;
-                        // Option haggling starts again inside TLS; nothing
-                        // negotiated before it carries over.
-                        (r, w) = halves(Box::new(secure));
+                        (r, w) = start_tls(r, w, acceptor).await?;
                         secured = true;
                         continue;
                     }
                 }
             }
             OPT_EXPORT_NAME => {
-                let name = String::from_utf8_lossy(&data);
-                let Some(export) = find(backend, &name) else {
-                    return Err(ConnError::Protocol(format!("unknown export {name:?}")));
-                };
-                // This option has no error reply: a volume that cannot be
-                // opened here ends the connection, with its reason logged.
-                if let Some(why) = &export.locked {
-                    return Err(ConnError::Protocol(why.clone()));
-                }
-                w.write_u64(export.size).await?;
-                w.write_u16(transmission_flags(&export)).await?;
-                if !no_zeroes {
-                    w.write_all(&[0; 124]).await?;
-                }
-                w.flush().await?;
+                let export = export_name(&mut w, backend, &data, no_zeroes).await?;
                 return Ok(Some((export, r, w)));
             }
             OPT_ABORT => {
@@ -384,55 +321,174 @@ async fn handshake<B: Backend>(
                 w.flush().await?;
                 return Ok(None);
             }
-            OPT_LIST => {
-                if !data.is_empty() {
-                    reply(&mut w, option, REP_ERR_INVALID, b"LIST takes no data").await?;
-                } else {
-                    for e in backend.exports() {
-                        let mut body = (e.name.len() as u32).to_be_bytes().to_vec();
-                        body.extend_from_slice(e.name.as_bytes());
-                        reply(&mut w, option, REP_SERVER, &body).await?;
-                    }
-                    reply(&mut w, option, REP_ACK, &[]).await?;
+            OPT_LIST => list(&mut w, backend, &data).await?,
+            OPT_INFO | OPT_GO => {
+                if let Some(export) = info(&mut w, backend, option, &data).await? {
+                    w.flush().await?;
+                    return Ok(Some((export, r, w)));
                 }
             }
-            OPT_INFO | OPT_GO => match parse_info_request(&data) {
-                Err(msg) => reply(&mut w, option, REP_ERR_INVALID, msg.as_bytes()).await?,
-                Ok((name, _requests)) => match find(backend, &name) {
-                    None => {
-                        let msg = format!("no volume named {name:?}");
-                        reply(&mut w, option, REP_ERR_UNKNOWN, msg.as_bytes()).await?
-                    }
-                    Some(Export {
-                        locked: Some(why), ..
-                    }) => reply(&mut w, option, REP_ERR_POLICY, why.as_bytes()).await?,
-                    Some(export) => {
-                        let mut info = INFO_EXPORT.to_be_bytes().to_vec();
-                        info.extend_from_slice(&export.size.to_be_bytes());
-                        info.extend_from_slice(&transmission_flags(&export).to_be_bytes());
-                        reply(&mut w, option, REP_INFO, &info).await?;
-                        // Always sent: clients that did not ask may ignore it.
-                        let mut sizes = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
-                        // Minimum 1: clients such as nbdfuse pass on unaligned I/O,
-                        // and libnbd refuses requests below an advertised minimum.
-                        sizes.extend_from_slice(&1u32.to_be_bytes());
-                        // Minimum 1: clients such as nbdfuse pass on unaligned I/O,
-                        // and libnbd refuses requests below an advertised minimum.
-                        sizes.extend_from_slice(&1u32.to_be_bytes());
-                        sizes.extend_from_slice(&MAX_IO.to_be_bytes());
-                        reply(&mut w, option, REP_INFO, &sizes).await?;
-                        reply(&mut w, option, REP_ACK, &[]).await?;
-                        if option == OPT_GO {
-                            w.flush().await?;
-                            return Ok(Some((export, r, w)));
-                        }
-                    }
-                },
-            },
             _ => reply(&mut w, option, REP_ERR_UNSUP, &[]).await?,
         }
         w.flush().await?;
     }
+}
+
+/// The server's greeting, and the client's flags: whether it asked for no
+/// zeroes after an export's flags.
+async fn greet(r: &mut Reader, w: &mut Writer) -> Result<bool, ConnError> {
+    w.write_u64(NBDMAGIC).await?;
+    w.write_u64(IHAVEOPT).await?;
+    w.write_u16(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).await?;
+    w.flush().await?;
+    let client_flags = r.read_u32().await?;
+    if client_flags & !CLIENT_FLAGS_KNOWN != 0 || client_flags & 1 == 0 {
+        return Err(ConnError::Protocol(format!(
+            "client flags {client_flags:#x}"
+        )));
+    }
+    Ok(client_flags & 2 != 0)
+}
+
+/// The client's next option and its data; `None` for one too large, which
+/// was skipped (in bounded memory) and answered.
+async fn read_option(r: &mut Reader, w: &mut Writer) -> Result<Option<(u32, Vec<u8>)>, ConnError> {
+    let magic = r.read_u64().await?;
+    if magic != IHAVEOPT {
+        return Err(ConnError::Protocol(format!("option magic {magic:#x}")));
+    }
+    let option = r.read_u32().await?;
+    let len = r.read_u32().await?;
+    if len > MAX_OPTION {
+        if option == OPT_EXPORT_NAME || len > MAX_IO {
+            // No error reply exists for EXPORT_NAME; and a huge payload is not
+            // worth reading. The spec allows closing here.
+            return Err(ConnError::Protocol(format!(
+                "option {option} of {len} bytes"
+            )));
+        }
+        let skipped = tokio_real::io::copy(
+            &mut (&mut *r).take(u64::from(len)),
+            &mut tokio_real::io::sink(),
+        )
+        .await?;
+        if skipped != u64::from(len) {
+            return Err(ConnError::Protocol("option payload cut short".into()));
+        }
+        reply(w, option, REP_ERR_TOO_BIG, b"option payload too large").await?;
+        w.flush().await?;
+        return Ok(None);
+    }
+    let mut data = vec![0; len as usize];
+    r.read_exact(&mut data).await?;
+    Ok(Some((option, data)))
+}
+
+/// Say yes to STARTTLS and run the TLS handshake: the connection's halves
+/// inside TLS, where option haggling starts again (nothing negotiated before
+/// it carries over).
+async fn start_tls(
+    r: Reader,
+    mut w: Writer,
+    acceptor: &tokio_rustls::TlsAcceptor,
+) -> Result<(Reader, Writer), ConnError> {
+    reply(&mut w, OPT_STARTTLS, REP_ACK, &[]).await?;
+    w.flush().await?;
+    // The client starts TLS only after the ACK: anything already buffered is
+    // a protocol violation.
+    if !r.buffer().is_empty() {
+        return Err(ConnError::Protocol(
+            "data after NBD_OPT_STARTTLS before the TLS handshake".into(),
+        ));
+    }
+    let stream = r.into_inner().unsplit(w.into_inner());
+    let secure = acceptor.accept(stream).await?;
+    Ok(halves(Box::new(secure)))
+}
+
+/// NBD_OPT_EXPORT_NAME for export `data`: the export, its size and flags
+/// sent. It has no error reply: an unknown volume, or one that cannot be
+/// opened here, ends the connection, with its reason logged.
+async fn export_name<B: Backend>(
+    w: &mut Writer,
+    backend: &B,
+    data: &[u8],
+    no_zeroes: bool,
+) -> Result<Export, ConnError> {
+    let name = String::from_utf8_lossy(data);
+    let Some(export) = find(backend, &name) else {
+        return Err(ConnError::Protocol(format!("unknown export {name:?}")));
+    };
+    if let Some(why) = &export.locked {
+        return Err(ConnError::Protocol(why.clone()));
+    }
+    w.write_u64(export.size).await?;
+    w.write_u16(transmission_flags(&export)).await?;
+    if !no_zeroes {
+        w.write_all(&[0; 124]).await?;
+    }
+    w.flush().await?;
+    Ok(export)
+}
+
+/// NBD_OPT_LIST: every export's name.
+async fn list<B: Backend>(w: &mut Writer, backend: &B, data: &[u8]) -> Result<(), ConnError> {
+    if !data.is_empty() {
+        reply(w, OPT_LIST, REP_ERR_INVALID, b"LIST takes no data").await?;
+        return Ok(());
+    }
+    for e in backend.exports() {
+        let mut body = (e.name.len() as u32).to_be_bytes().to_vec();
+        body.extend_from_slice(e.name.as_bytes());
+        reply(w, OPT_LIST, REP_SERVER, &body).await?;
+    }
+    reply(w, OPT_LIST, REP_ACK, &[]).await?;
+    Ok(())
+}
+
+/// NBD_OPT_INFO or NBD_OPT_GO (`option`) for the export `data` names: its
+/// size, flags and block sizes, or why not. The export, for a GO answered.
+async fn info<B: Backend>(
+    w: &mut Writer,
+    backend: &B,
+    option: u32,
+    data: &[u8],
+) -> Result<Option<Export>, ConnError> {
+    let name = match parse_info_request(data) {
+        Err(msg) => {
+            reply(w, option, REP_ERR_INVALID, msg.as_bytes()).await?;
+            return Ok(None);
+        }
+        Ok((name, _requests)) => name,
+    };
+    let export = match find(backend, &name) {
+        None => {
+            let msg = format!("no volume named {name:?}");
+            reply(w, option, REP_ERR_UNKNOWN, msg.as_bytes()).await?;
+            return Ok(None);
+        }
+        Some(Export {
+            locked: Some(why), ..
+        }) => {
+            reply(w, option, REP_ERR_POLICY, why.as_bytes()).await?;
+            return Ok(None);
+        }
+        Some(export) => export,
+    };
+    let mut info = INFO_EXPORT.to_be_bytes().to_vec();
+    info.extend_from_slice(&export.size.to_be_bytes());
+    info.extend_from_slice(&transmission_flags(&export).to_be_bytes());
+    reply(w, option, REP_INFO, &info).await?;
+    // Always sent: clients that did not ask may ignore it. Minimum and
+    // preferred 1: clients such as nbdfuse pass on unaligned I/O, and libnbd
+    // refuses requests below an advertised minimum.
+    let mut sizes = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+    sizes.extend_from_slice(&1u32.to_be_bytes());
+    sizes.extend_from_slice(&1u32.to_be_bytes());
+    sizes.extend_from_slice(&MAX_IO.to_be_bytes());
+    reply(w, option, REP_INFO, &sizes).await?;
+    reply(w, option, REP_ACK, &[]).await?;
+    Ok((option == OPT_GO).then_some(export))
 }
 
 /// Parse an INFO/GO payload: name length, name, request count, requests.

@@ -268,99 +268,19 @@ pub fn check_no_lost_writes(history: &History, replicas: usize) -> Verdict {
     }
     let mut written = 0usize;
     for (&lba, ops) in &blocks {
-        let writes: Vec<&BlockOp> = ops.iter().filter(|o| o.write).collect();
-        if writes.is_empty() {
+        if !ops.iter().any(|o| o.write) {
             continue;
         }
         written += 1;
         let block_start = violations.len();
-        // The latest completed write: every final value must be at least this new.
-        let latest = writes
-            .iter()
-            .filter(|w| w.complete_ns != u64::MAX)
-            .max_by_key(|w| w.complete_ns);
-        let acknowledged = writes.iter().any(|w| w.complete_ns != u64::MAX);
-        let allowed = |v: &Value| -> bool {
-            if *v == Value::Tag(Tag::INITIAL) {
-                return !acknowledged;
-            }
-            let Some(w) = writes.iter().find(|w| w.value == *v) else {
-                return false;
-            };
-            // Not certainly followed by another acknowledged write.
-            !writes
-                .iter()
-                .any(|o| o.complete_ns != u64::MAX && w.complete_ns < o.invoke_ns)
-        };
         let copies = reads_by_block.get(&lba).map(Vec::as_slice).unwrap_or(&[]);
         let expected = history
             .expected_copies
             .get(&lba)
             .copied()
             .unwrap_or(replicas);
-        if copies.len() != expected || expected == 0 {
-            violations.push(format!(
-                "block {lba}: read back from {} in-sync replicas, expected {expected} (at least 1)",
-                copies.len()
-            ));
-        }
-        for &(node, value) in copies {
-            match value {
-                None => violations.push(format!("block {lba}: replica n{node} could not be read")),
-                Some(v) if !allowed(&v) => {
-                    let lost = latest.map(|w| {
-                        let Value::Tag(t) = w.value else {
-                            unreachable!()
-                        };
-                        describe_write(t, Some(w))
-                    });
-                    violations.push(format!(
-                        "block {lba}: replica n{node} holds {v}, but acknowledged write {} \
-                         is the latest: lost",
-                        lost.unwrap_or_else(|| "(none acknowledged)".into())
-                    ));
-                }
-                Some(_) => {}
-            }
-        }
-        // The read-backs come after every operation: they must also be linearizable
-        // with what clients read (a replica may not keep a value that a read has
-        // already seen overwritten).
-        let mut with_final = ops.clone();
-        for &(_, value) in copies {
-            if let Some(value) = value {
-                with_final.push(BlockOp {
-                    write: false,
-                    value,
-                    invoke_ns: u64::MAX - 2,
-                    complete_ns: u64::MAX - 1,
-                });
-            }
-        }
-        let mut order = Vec::new();
-        check_register(lba, &with_final, &mut order);
-        // Reported only when the plainer checks above found nothing for this block.
-        if violations.len() == block_start && !order.is_empty() {
-            violations.push(format!(
-                "block {lba}: the replicas' final value contradicts what clients read: {}",
-                order[0]
-            ));
-        }
-        let mut values = copies.iter().filter_map(|(_, v)| *v);
-        if let Some(first) = values.next() {
-            if values.any(|v| v != first) {
-                let all: Vec<String> = copies
-                    .iter()
-                    .map(|(n, v)| {
-                        format!("n{n}: {}", v.map_or("unreadable".into(), |v| v.to_string()))
-                    })
-                    .collect();
-                violations.push(format!(
-                    "block {lba}: replicas diverge ({})",
-                    all.join(", ")
-                ));
-            }
-        }
+        check_copies(lba, ops, (copies, expected), &mut violations);
+        check_final(lba, ops, copies, block_start, &mut violations);
     }
     Verdict {
         name: "no acknowledged write lost",
@@ -369,6 +289,109 @@ pub fn check_no_lost_writes(history: &History, replicas: usize) -> Verdict {
             history.replica_reads.len()
         ),
         violations,
+    }
+}
+
+/// Block `lba`'s copies read back (`expected` of them, one per in-sync
+/// replica) each hold a value the block's operations `ops` allow: the
+/// latest acknowledged write's, or one not certainly overwritten.
+fn check_copies(
+    lba: u64,
+    ops: &[BlockOp],
+    (copies, expected): (&[(u32, Option<Value>)], usize),
+    violations: &mut Vec<String>,
+) {
+    let writes: Vec<&BlockOp> = ops.iter().filter(|o| o.write).collect();
+    // The latest completed write: every final value must be at least this new.
+    let latest = writes
+        .iter()
+        .filter(|w| w.complete_ns != u64::MAX)
+        .max_by_key(|w| w.complete_ns);
+    let acknowledged = writes.iter().any(|w| w.complete_ns != u64::MAX);
+    let allowed = |v: &Value| -> bool {
+        if *v == Value::Tag(Tag::INITIAL) {
+            return !acknowledged;
+        }
+        let Some(w) = writes.iter().find(|w| w.value == *v) else {
+            return false;
+        };
+        // Not certainly followed by another acknowledged write.
+        !writes
+            .iter()
+            .any(|o| o.complete_ns != u64::MAX && w.complete_ns < o.invoke_ns)
+    };
+    if copies.len() != expected || expected == 0 {
+        violations.push(format!(
+            "block {lba}: read back from {} in-sync replicas, expected {expected} (at least 1)",
+            copies.len()
+        ));
+    }
+    for &(node, value) in copies {
+        match value {
+            None => violations.push(format!("block {lba}: replica n{node} could not be read")),
+            Some(v) if !allowed(&v) => {
+                let lost = latest.map(|w| {
+                    let Value::Tag(t) = w.value else {
+                        unreachable!()
+                    };
+                    describe_write(t, Some(w))
+                });
+                violations.push(format!(
+                    "block {lba}: replica n{node} holds {v}, but acknowledged write {} \
+                     is the latest: lost",
+                    lost.unwrap_or_else(|| "(none acknowledged)".into())
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// The copies of block `lba` are linearizable with what clients read in
+/// `ops` (reported only when nothing else was for the block, from
+/// `block_start`), and agree.
+fn check_final(
+    lba: u64,
+    ops: &[BlockOp],
+    copies: &[(u32, Option<Value>)],
+    block_start: usize,
+    violations: &mut Vec<String>,
+) {
+    // The read-backs come after every operation: they must also be linearizable
+    // with what clients read (a replica may not keep a value that a read has
+    // already seen overwritten).
+    let mut with_final = ops.to_vec();
+    for &(_, value) in copies {
+        if let Some(value) = value {
+            with_final.push(BlockOp {
+                write: false,
+                value,
+                invoke_ns: u64::MAX - 2,
+                complete_ns: u64::MAX - 1,
+            });
+        }
+    }
+    let mut order = Vec::new();
+    check_register(lba, &with_final, &mut order);
+    // Reported only when the plainer checks above found nothing for this block.
+    if violations.len() == block_start && !order.is_empty() {
+        violations.push(format!(
+            "block {lba}: the replicas' final value contradicts what clients read: {}",
+            order[0]
+        ));
+    }
+    let mut values = copies.iter().filter_map(|(_, v)| *v);
+    if let Some(first) = values.next() {
+        if values.any(|v| v != first) {
+            let all: Vec<String> = copies
+                .iter()
+                .map(|(n, v)| format!("n{n}: {}", v.map_or("unreadable".into(), |v| v.to_string())))
+                .collect();
+            violations.push(format!(
+                "block {lba}: replicas diverge ({})",
+                all.join(", ")
+            ));
+        }
     }
 }
 

@@ -105,6 +105,19 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The host a crash, pause or device fault strikes (`None` for the
+    /// others: link faults, restarts, joins and removals).
+    fn struck_host(&self) -> Option<NodeId> {
+        match *self {
+            Fault::Crash { node }
+            | Fault::Pause { node, .. }
+            | Fault::DeviceHang { node, .. }
+            | Fault::DeviceLoss { node }
+            | Fault::MediaErrors { node, .. } => Some(node),
+            _ => None,
+        }
+    }
+
     /// The node the fault strikes, if it is a node fault.
     pub fn node(&self) -> Option<NodeId> {
         match self {
@@ -244,6 +257,8 @@ impl FaultPlan {
         plan
     }
 
+    /// One table, argued long: a draw per fault kind, in the order the seed's
+    /// randomness is taken (reordering would change every seed's plan).
     fn draw_faults(
         links: &[(usize, String)],
         nodes: &[NodeId],
@@ -435,7 +450,6 @@ impl FaultPlan {
         (hosts, handles): (&[Host], &super::cluster::Handles),
         (events, kills, cluster_start): (&EventLog, &KillLog, Instant),
     ) {
-        use weir_transport_sim::fabric::Fault as Link;
         let host_of = |node: NodeId| {
             hosts
                 .iter()
@@ -443,136 +457,158 @@ impl FaultPlan {
                 .cloned()
                 .expect("a victim is a host")
         };
-        let at = Duration::from_micros;
         for p in &self.faults {
             let at_us = p.at_us;
+            if let Some(node) = p.fault.struck_host() {
+                tokio::spawn(strike(host_of(node), at_us, p.fault.clone(), kills.clone()));
+                continue;
+            }
             match p.fault.clone() {
-                Fault::LinkErrors { loss, corrupt } => {
-                    let links: Vec<usize> = fabric
-                        .links()
-                        .into_iter()
-                        .filter(|(_, name)| !name.contains("host"))
-                        .map(|(link, _)| link)
-                        .collect();
-                    for link in links {
-                        fabric.inject(
-                            Duration::ZERO,
-                            Link::LinkErrors {
-                                link,
-                                loss,
-                                corrupt,
-                            },
-                        );
-                    }
-                }
-                Fault::LinkFlap { link, down_us, .. } => {
-                    fabric.inject(at(at_us), Link::LinkDown { link });
-                    fabric.inject(at(at_us + down_us), Link::LinkUp { link });
-                }
-                Fault::Partition { node, for_us } => {
-                    let suffix = format!("->{node}");
-                    for (link, _) in fabric
-                        .links()
-                        .into_iter()
-                        .filter(|(_, n)| n.ends_with(&suffix))
-                    {
-                        fabric.inject(at(at_us), Link::LinkDown { link });
-                        fabric.inject(at(at_us + for_us), Link::LinkUp { link });
-                    }
-                }
-                Fault::Crash { node } => {
-                    let (_, host, _) = host_of(node);
-                    let kills = kills.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(at(at_us)).await;
-                        Handle::current().kill(host);
-                        let now = weir_core::time::cluster_ns();
-                        kills.lock().expect("kill log").push((node, now));
-                    });
-                }
-                Fault::Pause { node, for_us } => {
-                    let (_, host, _) = host_of(node);
-                    tokio::spawn(async move {
-                        tokio::time::sleep(at(at_us)).await;
-                        Handle::current().pause(host);
-                        tokio::time::sleep(at(for_us)).await;
-                        Handle::current().resume(host);
-                    });
-                }
-                Fault::DeviceHang { node, for_us } => {
-                    let (.., ssd) = host_of(node);
-                    tokio::spawn(async move {
-                        tokio::time::sleep(at(at_us)).await;
-                        ssd.hang();
-                        tokio::time::sleep(at(for_us)).await;
-                        ssd.resume();
-                    });
-                }
+                f @ (Fault::LinkErrors { .. }
+                | Fault::LinkFlap { .. }
+                | Fault::Partition { .. }) => link_fault(fabric, at_us, f),
                 Fault::Restart {
                     node,
                     power_loss,
                     after_us,
                 } => {
-                    let (_, host, ssd) = host_of(node);
-                    let (events, kills) = (events.clone(), kills.clone());
-                    tokio::spawn(async move {
-                        tokio::time::sleep(at(at_us)).await;
-                        Handle::current().kill(host);
-                        let now = weir_core::time::cluster_ns();
-                        kills.lock().expect("kill log").push((node, now));
-                        if power_loss {
-                            let dropped_blocks = ssd.power_loss() as u64;
-                            let lost = Event::PowerLost {
-                                node,
-                                dropped_blocks,
-                            };
-                            // Event times count from the cluster's start, like the
-                            // nodes' own.
-                            let at = (Instant::now() - cluster_start).as_nanos() as u64;
-                            events.lock().expect("event log").push(at, lost);
-                        }
-                        tokio::time::sleep(at(after_us)).await;
-                        ssd.power_on();
-                        Handle::current().restart(host);
-                    });
+                    let victim = host_of(node);
+                    let logs = (events.clone(), kills.clone(), cluster_start);
+                    tokio::spawn(restart(victim, (at_us, after_us, power_loss), logs));
                 }
-                Fault::DeviceLoss { node } => {
-                    let (.., ssd) = host_of(node);
-                    tokio::spawn(async move {
-                        tokio::time::sleep(at(at_us)).await;
-                        // Unpowered for good: every command fails with `Gone`.
-                        ssd.power_loss();
-                    });
-                }
-                Fault::MediaErrors {
-                    node,
-                    first,
-                    blocks,
-                } => {
-                    let (.., ssd) = host_of(node);
-                    tokio::spawn(async move {
-                        tokio::time::sleep(at(at_us)).await;
-                        ssd.media_error(Lba(first), blocks);
-                    });
-                }
+                Fault::Crash { .. }
+                | Fault::Pause { .. }
+                | Fault::DeviceHang { .. }
+                | Fault::DeviceLoss { .. }
+                | Fault::MediaErrors { .. } => unreachable!("struck above"),
                 Fault::Join { node } => {
                     let command = Command::JoinNode {
                         node,
                         addr: String::new(),
                     };
                     let done = move |s: &ClusterState| s.nodes.contains_key(&node);
-                    tokio::spawn(operator(handles.clone(), at(at_us), command, done));
+                    tokio::spawn(operator(
+                        handles.clone(),
+                        Duration::from_micros(at_us),
+                        command,
+                        done,
+                    ));
                 }
                 Fault::Remove { node } => {
                     let command = Command::RemoveNode { node };
                     let done = move |s: &ClusterState| {
                         s.leaving.contains(&node) || !s.nodes.contains_key(&node)
                     };
-                    tokio::spawn(operator(handles.clone(), at(at_us), command, done));
+                    tokio::spawn(operator(
+                        handles.clone(),
+                        Duration::from_micros(at_us),
+                        command,
+                        done,
+                    ));
                 }
             }
         }
     }
+}
+
+/// Inject link fault `fault` of the plan at `at_us`.
+fn link_fault(fabric: &Fabric, at_us: u64, fault: Fault) {
+    use weir_transport_sim::fabric::Fault as Link;
+    let at = Duration::from_micros;
+    match fault {
+        Fault::LinkErrors { loss, corrupt } => {
+            let links: Vec<usize> = fabric
+                .links()
+                .into_iter()
+                .filter(|(_, name)| !name.contains("host"))
+                .map(|(link, _)| link)
+                .collect();
+            for link in links {
+                fabric.inject(
+                    Duration::ZERO,
+                    Link::LinkErrors {
+                        link,
+                        loss,
+                        corrupt,
+                    },
+                );
+            }
+        }
+        Fault::LinkFlap { link, down_us, .. } => {
+            fabric.inject(at(at_us), Link::LinkDown { link });
+            fabric.inject(at(at_us + down_us), Link::LinkUp { link });
+        }
+        Fault::Partition { node, for_us } => {
+            let suffix = format!("->{node}");
+            for (link, _) in fabric
+                .links()
+                .into_iter()
+                .filter(|(_, n)| n.ends_with(&suffix))
+            {
+                fabric.inject(at(at_us), Link::LinkDown { link });
+                fabric.inject(at(at_us + for_us), Link::LinkUp { link });
+            }
+        }
+        _ => unreachable!("not a link fault: {fault:?}"),
+    }
+}
+
+/// Strike `victim` with `fault` (a crash, pause or device fault of the
+/// plan) at `at_us`; a crash is logged in `kills`.
+async fn strike((node, host, ssd): Host, at_us: u64, fault: Fault, kills: KillLog) {
+    let at = Duration::from_micros;
+    tokio::time::sleep(at(at_us)).await;
+    match fault {
+        Fault::Crash { .. } => {
+            Handle::current().kill(host);
+            let now = weir_core::time::cluster_ns();
+            kills.lock().expect("kill log").push((node, now));
+        }
+        Fault::Pause { for_us, .. } => {
+            Handle::current().pause(host);
+            tokio::time::sleep(at(for_us)).await;
+            Handle::current().resume(host);
+        }
+        Fault::DeviceHang { for_us, .. } => {
+            ssd.hang();
+            tokio::time::sleep(at(for_us)).await;
+            ssd.resume();
+        }
+        // Unpowered for good: every command fails with `Gone`.
+        Fault::DeviceLoss { .. } => {
+            ssd.power_loss();
+        }
+        Fault::MediaErrors { first, blocks, .. } => ssd.media_error(Lba(first), blocks),
+        _ => unreachable!("not a strike: {fault:?}"),
+    }
+}
+
+/// Crash `victim` at `at_us`, cutting its SSD's power too if `power_loss`
+/// (logged with the nodes' events), and start it again `after_us` later.
+async fn restart(
+    (node, host, ssd): Host,
+    (at_us, after_us, power_loss): (u64, u64, bool),
+    (events, kills, cluster_start): (EventLog, KillLog, Instant),
+) {
+    let at = Duration::from_micros;
+    tokio::time::sleep(at(at_us)).await;
+    Handle::current().kill(host);
+    let now = weir_core::time::cluster_ns();
+    kills.lock().expect("kill log").push((node, now));
+    if power_loss {
+        let dropped_blocks = ssd.power_loss() as u64;
+        let lost = Event::PowerLost {
+            node,
+            dropped_blocks,
+        };
+        // Event times count from the cluster's start, like the
+        // nodes' own.
+        let at = (Instant::now() - cluster_start).as_nanos() as u64;
+        events.lock().expect("event log").push(at, lost);
+    }
+    tokio::time::sleep(at(after_us)).await;
+    ssd.power_on();
+    Handle::current().restart(host);
 }
 
 /// An operator's membership request: at `after`, ask a node (the first whose
