@@ -368,89 +368,42 @@ impl<T: Transport> NamedVolumes<T> {
             let state = map.state();
             let v = volume_of(state, name, id)?;
             let Some(&extent) = v.alloc.get(&index) else {
-                self.commit(
-                    Command::Allocate {
-                        name: name.to_string(),
-                        index,
-                    },
-                    |s| {
-                        s.named
-                            .get(name)
-                            .is_some_and(|v| v.alloc.contains_key(&index))
-                    },
-                    attempts,
-                )
-                .await?;
+                let allocate = Command::Allocate {
+                    name: name.to_string(),
+                    index,
+                };
+                let done = |s: &ClusterState| {
+                    s.named
+                        .get(name)
+                        .is_some_and(|v| v.alloc.contains_key(&index))
+                };
+                self.commit(allocate, done, attempts).await?;
                 continue;
             };
-            // The bug: once, a write that started after this front end saw
-            // the snapshot applied goes in place into the extent the
-            // snapshot froze as well.
-            // (Only a write that started after the volume's latest snapshot
-            // was seen applied, with no snapshot taken since.)
-            if crate::replication::BUGS_BUILT
-                && settled > 0
-                && settled == v.generation
-                && self.bug_leak.load(std::sync::atomic::Ordering::Relaxed) > 0
-            {
-                let frozen = match state.rows.get(&extent) {
-                    _ if map.frozen(extent) => Some(extent),
-                    Some(row) => Some(row.base),
-                    None => None,
-                };
-                if let Some(into) = frozen {
-                    let left = self
-                        .bug_leak
-                        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                    if left == 1 {
-                        let at = self.lba(into, off);
-                        self.volume.write_at(|_| Ok(at), data.clone(), fua).await?;
-                    }
-                }
+            if crate::replication::BUGS_BUILT && settled > 0 && settled == v.generation {
+                self.maybe_leak(&map, extent, off, (&data, fua)).await?;
             }
             if map.frozen(extent) {
-                self.commit(
-                    Command::Redirect {
-                        name: name.to_string(),
-                        index,
-                        from: extent,
-                    },
-                    |s| {
-                        s.named
-                            .get(name)
-                            .is_some_and(|v| v.alloc.get(&index) != Some(&extent))
-                    },
-                    attempts,
-                )
-                .await?;
+                let redirect = Command::Redirect {
+                    name: name.to_string(),
+                    index,
+                    from: extent,
+                };
+                let done = |s: &ClusterState| {
+                    s.named
+                        .get(name)
+                        .is_some_and(|v| v.alloc.get(&index) != Some(&extent))
+                };
+                self.commit(redirect, done, attempts).await?;
                 continue;
             }
             if state.rows.get(&extent).is_some_and(|r| !r.has(chunk)) {
                 self.fill(extent, chunk, attempts).await?;
                 continue;
             }
-            // Only while the table still holds `extent`, writable, with the
-            // chunk its own.
-            let written = self
-                .volume
-                .write_at_with(
-                    attempts,
-                    |map| {
-                        let s = map.state();
-                        let v = volume_of(s, name, id)?;
-                        let same = v.alloc.get(&index) == Some(&extent)
-                            && !map.frozen(extent)
-                            && s.rows.get(&extent).is_none_or(|r| r.has(chunk));
-                        if !same {
-                            return Err(ClientError::Moved);
-                        }
-                        Ok(self.lba(extent, off))
-                    },
-                    data.clone(),
-                    fua,
-                )
-                .await;
-            match written {
+            let target = (name, id, index, extent);
+            let written = self.write_in_place(target, (chunk, off), &data, (fua, attempts));
+            match written.await {
                 Err(ClientError::Moved) => continue,
                 other => return other,
             }
@@ -458,6 +411,62 @@ impl<T: Transport> NamedVolumes<T> {
         Err(ClientError::Unmapped(format!(
             "extent {index} of volume {name:?} kept changing hands"
         )))
+    }
+
+    /// Write `data` at `off` of `extent`, index `index` of volume `name`
+    /// (numbered `id`), only while the table still holds `extent` there,
+    /// writable, with its chunk `chunk` its own (else `Moved`).
+    async fn write_in_place(
+        &self,
+        (name, id, index, extent): (&str, Option<u64>, u64, ExtentId),
+        (chunk, off): (u32, u64),
+        data: &Bytes,
+        (fua, attempts): (bool, Attempts),
+    ) -> Result<(), ClientError> {
+        let still = |map: &ClusterMap| {
+            let s = map.state();
+            let v = volume_of(s, name, id)?;
+            let same = v.alloc.get(&index) == Some(&extent)
+                && !map.frozen(extent)
+                && s.rows.get(&extent).is_none_or(|r| r.has(chunk));
+            if !same {
+                return Err(ClientError::Moved);
+            }
+            Ok(self.lba(extent, off))
+        };
+        self.volume
+            .write_at_with(attempts, still, data.clone(), fua)
+            .await
+    }
+
+    /// The bug: once, a write that started after this front end saw the
+    /// volume's latest snapshot applied (with no snapshot taken since) goes
+    /// in place into the extent the snapshot froze as well.
+    async fn maybe_leak(
+        &self,
+        map: &ClusterMap,
+        extent: ExtentId,
+        off: u64,
+        (data, fua): (&Bytes, bool),
+    ) -> Result<(), ClientError> {
+        if self.bug_leak.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        let frozen = match map.state().rows.get(&extent) {
+            _ if map.frozen(extent) => Some(extent),
+            Some(row) => Some(row.base),
+            None => None,
+        };
+        if let Some(into) = frozen {
+            let left = self
+                .bug_leak
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            if left == 1 {
+                let at = self.lba(into, off);
+                self.volume.write_at(|_| Ok(at), data.clone(), fua).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Copy chunk `chunk` of redirected `extent` from its base, then have it

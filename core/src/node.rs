@@ -691,23 +691,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     PlaneAction::Map {
                         state,
                         restart_pending,
-                    } => match self.engine.map().with_state(state) {
-                        Ok(map) => {
-                            self.clock();
-                            let opened = self.gate.set_map(&map);
-                            self.engine.handle_map(map);
-                            for (from, msg) in opened {
-                                self.give_engine(from, msg);
-                            }
-                            if !restart_pending {
-                                self.engine.restart_applied();
-                            }
-                            // A front end waiting for a command to apply is
-                            // woken by this, not by the next tick.
-                            self.report();
-                        }
-                        Err(e) => tracing::debug!(error = %e, "map not taken"),
-                    },
+                    } => self.take_map(state, restart_pending),
                     PlaneAction::Event(event) => self.event(start, event),
                     PlaneAction::Persist(record) => {
                         if let Some(store) = &mut self.log_store {
@@ -731,17 +715,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     },
                     Action::Io { io, cmd } => self.issue(io, cmd, done),
                     Action::Event(event) => self.event(start, event),
-                    Action::Checkpoint { runs, full } => {
-                        if let Some((store, device)) = &mut self.version_store {
-                            use crate::replication::versions::encode;
-                            let done = if full {
-                                store.replace(&encode(Some(device), &runs))
-                            } else {
-                                store.append(&encode(None, &runs))
-                            };
-                            done.map_err(NodeError::Checkpoint)?;
-                        }
-                    }
+                    Action::Checkpoint { runs, full } => self.checkpoint(&runs, full)?,
                     Action::Audit(fact) => {
                         if let Some(log) = &self.audit {
                             let skew = self.skew;
@@ -756,6 +730,47 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 return Ok(());
             }
         }
+    }
+
+    /// Take the control plane's new map `state` (the engine, the admission
+    /// gate); `restart_pending`: this node's restart is not applied yet.
+    fn take_map(&mut self, state: ClusterState, restart_pending: bool) {
+        match self.engine.map().with_state(state) {
+            Ok(map) => {
+                self.clock();
+                let opened = self.gate.set_map(&map);
+                self.engine.handle_map(map);
+                for (from, msg) in opened {
+                    self.give_engine(from, msg);
+                }
+                if !restart_pending {
+                    self.engine.restart_applied();
+                }
+                // A front end waiting for a command to apply is woken by
+                // this, not by the next tick.
+                self.report();
+            }
+            Err(e) => tracing::debug!(error = %e, "map not taken"),
+        }
+    }
+
+    /// Write a checkpoint of `runs` of block versions: all of them (`full`,
+    /// replacing the store's contents) or what changed since the last.
+    fn checkpoint(
+        &mut self,
+        runs: &[crate::replication::versions::VersionRun],
+        full: bool,
+    ) -> Result<(), NodeError> {
+        let Some((store, device)) = &mut self.version_store else {
+            return Ok(());
+        };
+        use crate::replication::versions::encode;
+        let done = if full {
+            store.replace(&encode(Some(device), runs))
+        } else {
+            store.append(&encode(None, runs))
+        };
+        done.map_err(NodeError::Checkpoint)
     }
 
     /// Log an event, and keep it in the event log with the time since `start`.

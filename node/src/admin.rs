@@ -149,6 +149,42 @@ pub fn serve(server: Arc<Server>, admin: Admin) {
     }
 }
 
+/// A volume creation's `query`: its size, QoS and key check value; what is
+/// wrong with it, for a 400.
+fn parse_create(query: &str) -> Result<(u64, Qos, Option<[u8; 16]>), String> {
+    let size = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("size="))
+        .map(crate::config::parse_size);
+    let size = match size {
+        Some(Ok(s)) if s > 0 && s % u64::from(crate::nbd::BLOCK) == 0 => s,
+        Some(Ok(_)) => {
+            return Err("size must be above 0 and a multiple of 4096 bytes (4K)\n".into());
+        }
+        Some(Err(e)) => return Err(format!("size: {e}\n")),
+        None => return Err("say the size: ?size=10G\n".into()),
+    };
+    let qos = parse_qos(query, Qos::default(), true)?;
+    // Given at most once, and then well formed: never an unencrypted
+    // volume for a request that asked for an encrypted one.
+    let given: Vec<&str> = query
+        .split('&')
+        .filter(|kv| kv.split('=').next() == Some("key_check"))
+        .collect();
+    let key_check = match given[..] {
+        [] => None,
+        [kv] => match kv
+            .strip_prefix("key_check=")
+            .and_then(crate::crypt::check_from_hex)
+        {
+            Some(check) => Some(check),
+            None => return Err("key_check is 32 hex digits\n".into()),
+        },
+        _ => return Err("key_check is given once\n".into()),
+    };
+    Ok((size, qos, key_check))
+}
+
 impl Admin {
     /// One table, argued long: an arm per method and path, each a call.
     fn route(&self, request: &mut Request) -> (u16, String) {
@@ -292,41 +328,9 @@ impl Admin {
         if let Err(e) = check_name(name) {
             return (400, format!("{e}\n"));
         }
-        let size = query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix("size="))
-            .map(crate::config::parse_size);
-        let size = match size {
-            Some(Ok(s)) if s > 0 && s % u64::from(crate::nbd::BLOCK) == 0 => s,
-            Some(Ok(_)) => {
-                return (
-                    400,
-                    "size must be above 0 and a multiple of 4096 bytes (4K)\n".into(),
-                )
-            }
-            Some(Err(e)) => return (400, format!("size: {e}\n")),
-            None => return (400, "say the size: ?size=10G\n".into()),
-        };
-        let qos = match parse_qos(query, Qos::default(), true) {
-            Ok(q) => q,
+        let (size, qos, key_check) = match parse_create(query) {
+            Ok(asked) => asked,
             Err(e) => return (400, e),
-        };
-        // Given at most once, and then well formed: never an unencrypted
-        // volume for a request that asked for an encrypted one.
-        let given: Vec<&str> = query
-            .split('&')
-            .filter(|kv| kv.split('=').next() == Some("key_check"))
-            .collect();
-        let key_check = match given[..] {
-            [] => None,
-            [kv] => match kv
-                .strip_prefix("key_check=")
-                .and_then(crate::crypt::check_from_hex)
-            {
-                Some(check) => Some(check),
-                None => return (400, "key_check is 32 hex digits\n".into()),
-            },
-            _ => return (400, "key_check is given once\n".into()),
         };
         let extents = size.div_ceil(self.extent_bytes);
         let state = self.handle.report().state;
@@ -501,6 +505,12 @@ impl Admin {
                 r.extent, r.node, r.bytes_done, r.bytes_total, r.bytes_sent
             );
         }
+        self.recent_events(&mut out);
+        out
+    }
+
+    /// The node's recent events, for the status page.
+    fn recent_events(&self, out: &mut String) {
         let events = self.events.lock().expect("event log");
         if !events.is_empty() {
             let _ = writeln!(out, "recent events (seconds since start):");
@@ -509,7 +519,6 @@ impl Admin {
                 let _ = writeln!(out, "  {:10.3} {line}", *at as f64 / 1e9);
             }
         }
-        out
     }
 }
 

@@ -601,6 +601,44 @@ impl Config {
                 ),
             );
         }
+        self.check_ids()?;
+        let r = usize::from(self.cluster.replicas);
+        if r == 0 || r > members.len() {
+            return bad(
+                "cluster.replicas",
+                format!("{r}: must be 1 to the member count ({})", members.len()),
+            );
+        }
+        let extent = self.cluster.extent_size.0;
+        if extent < (1 << 20) || !extent.is_power_of_two() {
+            return bad(
+                "cluster.extent_size",
+                format!("{extent} bytes: must be a power of two of at least 1M"),
+            );
+        }
+        let pool = self.cluster.pool_size.0;
+        if pool == 0 || !pool.is_multiple_of(extent) {
+            return bad(
+                "cluster.pool_size",
+                format!("{pool} bytes: must be a whole number of extents ({extent} bytes)"),
+            );
+        }
+        if pool / extent > MAX_EXTENTS {
+            return bad(
+                "cluster.pool_size",
+                format!(
+                    "{} extents; at most {MAX_EXTENTS} (raise cluster.extent_size)",
+                    pool / extent
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The members' ids and this node's.
+    fn check_ids(&self) -> Result<(), (&'static str, String)> {
+        let bad = |key: &'static str, message: String| Err((key, message));
+        let members = &self.cluster.members;
         let mut ids: Vec<u32> = members.iter().map(|m| m.id).collect();
         ids.sort_unstable();
         if ids.windows(2).any(|w| w[0] == w[1]) || ids.contains(&0) {
@@ -635,36 +673,6 @@ impl Config {
             return bad(
                 "node.id",
                 format!("must be 1 to {}", crate::CLIENT_ID_BASE - 1),
-            );
-        }
-        let r = usize::from(self.cluster.replicas);
-        if r == 0 || r > members.len() {
-            return bad(
-                "cluster.replicas",
-                format!("{r}: must be 1 to the member count ({})", members.len()),
-            );
-        }
-        let extent = self.cluster.extent_size.0;
-        if extent < (1 << 20) || !extent.is_power_of_two() {
-            return bad(
-                "cluster.extent_size",
-                format!("{extent} bytes: must be a power of two of at least 1M"),
-            );
-        }
-        let pool = self.cluster.pool_size.0;
-        if pool == 0 || !pool.is_multiple_of(extent) {
-            return bad(
-                "cluster.pool_size",
-                format!("{pool} bytes: must be a whole number of extents ({extent} bytes)"),
-            );
-        }
-        if pool / extent > MAX_EXTENTS {
-            return bad(
-                "cluster.pool_size",
-                format!(
-                    "{} extents; at most {MAX_EXTENTS} (raise cluster.extent_size)",
-                    pool / extent
-                ),
             );
         }
         Ok(())

@@ -32,86 +32,92 @@ pub struct Opened {
 
 /// Open the device `config` names, with a buffer pool of `pool_bytes`.
 pub fn open(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
-    let d = &config.device;
-    match d.driver {
-        DeviceDriver::Uring => {
-            let path = config.device_path();
-            let pool = BufPool::new(pool_bytes);
-            // With `register_buffers` the pool's regions are all reserved now
-            // and registered with the device's rings as they are set up
-            // (registering pins a region; done in the I/O path it would hold
-            // up the first command to touch each region).
-            let registered = d.register_buffers.then(|| {
-                let all: Vec<_> =
-                    std::iter::from_fn(|| pool.alloc(weir_core::buf::REGION_BYTES_MAX).ok())
-                        .collect();
-                drop(all);
-                pool.clone()
-            });
-            let opts = UringOptions {
-                capacity_bytes: Some(config.cluster.pool_size.0),
-                queues: d.queues,
-                queue_depth: d.queue_depth,
-                create: true,
-                mode: match d.mode {
-                    DeviceMode::Interrupt => PollMode::Interrupt,
-                    DeviceMode::Sqpoll => PollMode::Sqpoll,
-                    DeviceMode::Iopoll => PollMode::Iopoll,
-                },
-                ..UringOptions::default()
-            };
-            let device = UringDevice::open_with_pool(&path, opts, registered)
-                .with_context(|| format!("opening device {}", path.display()))?;
-            let identity = crate::logfile::device_identity(&path, config.cluster.pool_size.0)
-                .with_context(|| format!("naming device {}", path.display()))?;
-            Ok(Opened {
-                device: NodeDevice::Uring(device),
-                pool,
-                identity,
-                name: path.display().to_string(),
-            })
-        }
-        DeviceDriver::Spdk => {
-            anyhow::ensure!(
-                !weir_nvme_spdk::STAND_IN,
-                "this weir links the test stand-in of SPDK (built with --all-features or \
-                 weir-nvme-spdk/spdk-mock), not SPDK; rebuild with --features spdk"
-            );
-            let pci = d.pci_addr.clone().context("device.pci_addr")?;
-            let opts = SpdkOptions {
-                trid: weir_nvme_spdk::trid_for_pci(&pci),
-                queues: d.queues,
-                queue_depth: d.queue_depth,
-                poll_cores: d.poll_cores.clone(),
-                pool_bytes,
-                env: EnvOptions {
-                    mem_mb: d.spdk_mem_mb,
-                    ..EnvOptions::default()
-                },
-                ..SpdkOptions::default()
-            };
-            let device = SpdkDevice::open(opts)
-                .with_context(|| format!("opening the NVMe SSD at {pci} through SPDK"))?;
-            let g = device.geometry();
-            let bytes = g.capacity_blocks * u64::from(g.block_size);
-            anyhow::ensure!(
-                bytes >= config.cluster.pool_size.0,
-                "the SSD at {pci} holds {bytes} bytes, less than cluster.pool_size ({})",
-                config.cluster.pool_size.0
-            );
-            let identity = format!(
-                "{}, {} bytes",
-                device.identity(),
-                config.cluster.pool_size.0
-            );
-            Ok(Opened {
-                pool: device.pool(),
-                device: NodeDevice::Spdk(device),
-                identity,
-                name: format!("nvme {pci}"),
-            })
-        }
+    match config.device.driver {
+        DeviceDriver::Uring => open_uring(config, pool_bytes),
+        DeviceDriver::Spdk => open_spdk(config, pool_bytes),
     }
+}
+
+/// The device file through io_uring, with O_DIRECT.
+fn open_uring(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
+    let d = &config.device;
+    let path = config.device_path();
+    let pool = BufPool::new(pool_bytes);
+    // With `register_buffers` the pool's regions are all reserved now
+    // and registered with the device's rings as they are set up
+    // (registering pins a region; done in the I/O path it would hold
+    // up the first command to touch each region).
+    let registered = d.register_buffers.then(|| {
+        let all: Vec<_> =
+            std::iter::from_fn(|| pool.alloc(weir_core::buf::REGION_BYTES_MAX).ok()).collect();
+        drop(all);
+        pool.clone()
+    });
+    let opts = UringOptions {
+        capacity_bytes: Some(config.cluster.pool_size.0),
+        queues: d.queues,
+        queue_depth: d.queue_depth,
+        create: true,
+        mode: match d.mode {
+            DeviceMode::Interrupt => PollMode::Interrupt,
+            DeviceMode::Sqpoll => PollMode::Sqpoll,
+            DeviceMode::Iopoll => PollMode::Iopoll,
+        },
+        ..UringOptions::default()
+    };
+    let device = UringDevice::open_with_pool(&path, opts, registered)
+        .with_context(|| format!("opening device {}", path.display()))?;
+    let identity = crate::logfile::device_identity(&path, config.cluster.pool_size.0)
+        .with_context(|| format!("naming device {}", path.display()))?;
+    Ok(Opened {
+        device: NodeDevice::Uring(device),
+        pool,
+        identity,
+        name: path.display().to_string(),
+    })
+}
+
+/// An NVMe SSD through SPDK.
+fn open_spdk(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
+    let d = &config.device;
+    anyhow::ensure!(
+        !weir_nvme_spdk::STAND_IN,
+        "this weir links the test stand-in of SPDK (built with --all-features or \
+         weir-nvme-spdk/spdk-mock), not SPDK; rebuild with --features spdk"
+    );
+    let pci = d.pci_addr.clone().context("device.pci_addr")?;
+    let opts = SpdkOptions {
+        trid: weir_nvme_spdk::trid_for_pci(&pci),
+        queues: d.queues,
+        queue_depth: d.queue_depth,
+        poll_cores: d.poll_cores.clone(),
+        pool_bytes,
+        env: EnvOptions {
+            mem_mb: d.spdk_mem_mb,
+            ..EnvOptions::default()
+        },
+        ..SpdkOptions::default()
+    };
+    let device = SpdkDevice::open(opts)
+        .with_context(|| format!("opening the NVMe SSD at {pci} through SPDK"))?;
+    let g = device.geometry();
+    let bytes = g.capacity_blocks * u64::from(g.block_size);
+    anyhow::ensure!(
+        bytes >= config.cluster.pool_size.0,
+        "the SSD at {pci} holds {bytes} bytes, less than cluster.pool_size ({})",
+        config.cluster.pool_size.0
+    );
+    let identity = format!(
+        "{}, {} bytes",
+        device.identity(),
+        config.cluster.pool_size.0
+    );
+    Ok(Opened {
+        pool: device.pool(),
+        device: NodeDevice::Spdk(device),
+        identity,
+        name: format!("nvme {pci}"),
+    })
 }
 
 impl BlockDevice for NodeDevice {

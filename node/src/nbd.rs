@@ -275,20 +275,7 @@ async fn handshake<B: Backend>(
             continue; // Too large: skipped and answered.
         };
         if tls.require && !secured && option != OPT_STARTTLS && option != OPT_ABORT {
-            if option == OPT_EXPORT_NAME {
-                // It has no error reply: the protocol says to close.
-                return Err(ConnError::Protocol(
-                    "NBD_OPT_EXPORT_NAME before STARTTLS on a server that requires TLS".into(),
-                ));
-            }
-            reply(
-                &mut w,
-                option,
-                REP_ERR_TLS_REQD,
-                b"TLS is required: NBD_OPT_STARTTLS",
-            )
-            .await?;
-            w.flush().await?;
+            refuse_before_tls(&mut w, option).await?;
             continue;
         }
         match option {
@@ -332,6 +319,26 @@ async fn handshake<B: Backend>(
         }
         w.flush().await?;
     }
+}
+
+/// Answer `option`, asked before STARTTLS of a server that requires TLS:
+/// TLS is required (an EXPORT_NAME has no error reply: the protocol says to
+/// close).
+async fn refuse_before_tls(w: &mut Writer, option: u32) -> Result<(), ConnError> {
+    if option == OPT_EXPORT_NAME {
+        return Err(ConnError::Protocol(
+            "NBD_OPT_EXPORT_NAME before STARTTLS on a server that requires TLS".into(),
+        ));
+    }
+    reply(
+        w,
+        option,
+        REP_ERR_TLS_REQD,
+        b"TLS is required: NBD_OPT_STARTTLS",
+    )
+    .await?;
+    w.flush().await?;
+    Ok(())
 }
 
 /// The server's greeting, and the client's flags: whether it asked for no
@@ -535,6 +542,117 @@ struct Reply {
     close: bool,
 }
 
+/// The next request's header; `None` when the client hung up or the reply
+/// writer ended (a failed READ, or the socket broke): stop reading.
+async fn read_header(
+    r: &mut Reader,
+    tx: &mpsc::Sender<Reply>,
+) -> Result<Option<[u8; 28]>, ConnError> {
+    let mut header = [0u8; 28];
+    let read = tokio_real::select! {
+        r = r.read_exact(&mut header) => r,
+        () = tx.closed() => return Ok(None),
+    };
+    match read {
+        Ok(_) => Ok(Some(header)),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A request's header.
+#[derive(Clone, Copy, Debug)]
+struct Header {
+    flags: u16,
+    command: u16,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+}
+
+/// A request's header; `None` for a disconnect; an error for a header that
+/// ends the connection.
+fn parse_request(header: &[u8; 28]) -> Result<Option<Header>, ConnError> {
+    let magic = u32::from_be_bytes(header[0..4].try_into().expect("4"));
+    let flags = u16::from_be_bytes(header[4..6].try_into().expect("2"));
+    let command = u16::from_be_bytes(header[6..8].try_into().expect("2"));
+    let cookie = u64::from_be_bytes(header[8..16].try_into().expect("8"));
+    let offset = u64::from_be_bytes(header[16..24].try_into().expect("8"));
+    let len = u32::from_be_bytes(header[24..28].try_into().expect("4"));
+    if magic != REQUEST_MAGIC {
+        return Err(ConnError::Protocol(format!("request magic {magic:#x}")));
+    }
+    if command == CMD_WRITE && len > MAX_IO {
+        // Its payload follows and is too large to take: close.
+        return Err(ConnError::Protocol(format!("write of {len} bytes")));
+    }
+    if command == CMD_DISC {
+        return Ok(None);
+    }
+    Ok(Some(Header {
+        flags,
+        command,
+        cookie,
+        offset,
+        len,
+    }))
+}
+
+/// A write's payload of `len` bytes, read off the connection; none for
+/// other commands. Page-aligned, so the device writes it as it is
+/// (O_DIRECT): this read is the one copy of a write's data on its way to
+/// the devices here. The caller's byte budget bounds it.
+async fn read_payload(r: &mut Reader, command: u16, len: u32) -> std::io::Result<Option<Bytes>> {
+    if command != CMD_WRITE {
+        return Ok(None);
+    }
+    let mut buf = PAYLOAD_MEMORY
+        .alloc(len as usize)
+        .expect("the byte budget bounds payloads");
+    r.read_exact(buf.as_mut()).await?;
+    weir_core::copies::note(len as usize, weir_core::copies::Copy::Receive);
+    Ok(Some(buf.freeze()))
+}
+
+/// Serve one request (`check`ed; a write's `payload`) and queue its reply on
+/// `tx`, holding its slot and bytes until the reply is on the socket.
+async fn serve_request<B: Backend>(
+    backend: Arc<B>,
+    export: Arc<Export>,
+    Header {
+        flags,
+        command,
+        cookie,
+        offset,
+        len,
+    }: Header,
+    (check, payload): (Result<(), u32>, Option<Bytes>),
+    (tx, slot, bytes): (
+        mpsc::Sender<Reply>,
+        tokio_real::sync::OwnedSemaphorePermit,
+        tokio_real::sync::OwnedSemaphorePermit,
+    ),
+) {
+    let started = std::time::Instant::now();
+    let (error, data) = match check {
+        Err(e) => (e, None),
+        Ok(()) => run(&*backend, &export, command, flags, offset, len, payload).await,
+    };
+    if error == 0 {
+        backend.record(command_name(command), u64::from(len), started.elapsed());
+    }
+    let close = command == CMD_READ && error != 0;
+    let _ = tx
+        .send(Reply {
+            cookie,
+            error,
+            data,
+            _held: (slot, bytes),
+            close,
+        })
+        .await;
+}
+
 async fn transmission<B: Backend>(
     mut r: Reader,
     w: Writer,
@@ -553,33 +671,23 @@ async fn transmission<B: Backend>(
             // The writer ended (a failed READ, or the socket broke).
             break Ok(());
         }
-        let mut header = [0u8; 28];
-        let read = tokio_real::select! {
-            r = r.read_exact(&mut header) => r,
-            // The writer ended (a failed READ, or the socket broke): stop reading.
-            () = tx.closed() => break Ok(()),
+        let header = match read_header(&mut r, &tx).await {
+            Ok(Some(header)) => header,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
         };
-        match read {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
-            Err(e) => break Err(e.into()),
-        }
-        let magic = u32::from_be_bytes(header[0..4].try_into().expect("4"));
-        let flags = u16::from_be_bytes(header[4..6].try_into().expect("2"));
-        let command = u16::from_be_bytes(header[6..8].try_into().expect("2"));
-        let cookie = u64::from_be_bytes(header[8..16].try_into().expect("8"));
-        let offset = u64::from_be_bytes(header[16..24].try_into().expect("8"));
-        let len = u32::from_be_bytes(header[24..28].try_into().expect("4"));
-        if magic != REQUEST_MAGIC {
-            break Err(ConnError::Protocol(format!("request magic {magic:#x}")));
-        }
-        if command == CMD_WRITE && len > MAX_IO {
-            // Its payload follows and is too large to take: close.
-            break Err(ConnError::Protocol(format!("write of {len} bytes")));
-        }
-        if command == CMD_DISC {
-            break Ok(());
-        }
+        let request = match parse_request(&header) {
+            Ok(Some(request)) => request,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        let Header {
+            flags,
+            command,
+            offset,
+            len,
+            ..
+        } = request;
         // Hold room for the data each request makes: a write's payload (read
         // below), a read's reply, the zeroes a TRIM or WRITE_ZEROES sends; and a
         // slot, so that replies to cheap requests cannot pile up either. Both are
@@ -594,42 +702,19 @@ async fn transmission<B: Backend>(
         ) else {
             break Ok(());
         };
-        let payload = if command == CMD_WRITE {
-            // Page-aligned, so the device writes it as it is (O_DIRECT); this read
-            // is the one copy of a write's data on its way to the devices here.
-            let mut buf = PAYLOAD_MEMORY
-                .alloc(len as usize)
-                .expect("the byte budget above bounds payloads");
-            if let Err(e) = r.read_exact(buf.as_mut()).await {
-                break Err(e.into());
-            }
-            weir_core::copies::note(len as usize, weir_core::copies::Copy::Receive);
-            Some(buf.freeze())
-        } else {
-            None
+        let payload = match read_payload(&mut r, command, len).await {
+            Ok(payload) => payload,
+            Err(e) => break Err(e.into()),
         };
         let check = check_request(command, flags, offset, len, export.size);
         let (backend, export, tx) = (backend.clone(), export.clone(), tx.clone());
-        tokio_real::spawn(async move {
-            let started = std::time::Instant::now();
-            let (error, data) = match check {
-                Err(e) => (e, None),
-                Ok(()) => run(&*backend, &export, command, flags, offset, len, payload).await,
-            };
-            if error == 0 {
-                backend.record(command_name(command), u64::from(len), started.elapsed());
-            }
-            let close = command == CMD_READ && error != 0;
-            let _ = tx
-                .send(Reply {
-                    cookie,
-                    error,
-                    data,
-                    _held: (slot, bytes),
-                    close,
-                })
-                .await;
-        });
+        tokio_real::spawn(serve_request(
+            backend,
+            export,
+            request,
+            (check, payload),
+            (tx, slot, bytes),
+        ));
     };
     drop(tx);
     // Replies to requests already taken still go out (DISC waits for them).

@@ -179,10 +179,21 @@ fn check_register(lba: u64, ops: &[BlockOp], violations: &mut Vec<String>) {
         zone.0 = zone.0.min(read.complete_ns);
         zone.1 = zone.1.max(read.invoke_ns);
     }
+    check_zones(lba, &writes, &zones, violations);
+}
+
+/// The zones of block `lba`'s `writes` (from its first read's completion to
+/// its last's invocation) must not overlap as no register's history can.
+fn check_zones(
+    lba: u64,
+    writes: &BTreeMap<Tag, BlockOp>,
+    zones: &BTreeMap<Tag, (u64, u64)>,
+    violations: &mut Vec<String>,
+) {
     // Forward zones [f, s] (f < s), sorted by start; backward zones [s, f].
     let mut forward: Vec<(u64, u64, Tag)> = Vec::new();
     let mut backward: Vec<(u64, u64, Tag)> = Vec::new();
-    for (&tag, &(f, s)) in &zones {
+    for (&tag, &(f, s)) in zones {
         if f < s {
             forward.push((f, s, tag));
         } else {

@@ -169,10 +169,9 @@ fn latency(history: &History, pick: impl Fn(&crate::history::OpRecord) -> bool) 
     }
 }
 
-/// Measure one variant's run.
-pub fn measure(name: &str, report: &Report, history: &History, interval_ns: u64) -> Measured {
-    let s = &report.scenario;
-    let duration_ns = s.workload.duration_ms * 1_000_000;
+/// IOPS and P99 latency (us) of each `interval_ns` of the workload's
+/// `duration_ns`, by when operations completed.
+fn per_interval(history: &History, interval_ns: u64, duration_ns: u64) -> (Vec<f64>, Vec<f64>) {
     let intervals = (duration_ns / interval_ns).max(1) as usize;
     let mut per_interval: Vec<Vec<u64>> = vec![Vec::new(); intervals];
     for op in &history.ops {
@@ -184,13 +183,8 @@ pub fn measure(name: &str, report: &Report, history: &History, interval_ns: u64)
         }
     }
     let secs = interval_ns as f64 / 1e9;
-    let iops_per_interval: Vec<f64> = per_interval.iter().map(|v| v.len() as f64 / secs).collect();
-    let (mean, stddev) = crate::report::mean_stddev(&iops_per_interval);
-    let max_dev = iops_per_interval
-        .iter()
-        .map(|r| (r - mean).abs())
-        .fold(0.0, f64::max);
-    let p99_us_per_interval = per_interval
+    let iops = per_interval.iter().map(|v| v.len() as f64 / secs).collect();
+    let p99_us = per_interval
         .iter_mut()
         .map(|v| {
             if v.is_empty() {
@@ -200,7 +194,53 @@ pub fn measure(name: &str, report: &Report, history: &History, interval_ns: u64)
             let rank = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len());
             v[rank - 1] as f64 / 1000.0
         })
-        .collect::<Vec<f64>>();
+        .collect();
+    (iops, p99_us)
+}
+
+/// Each named volume's figures.
+fn volumes(report: &Report) -> BTreeMap<String, VolumeMeasured> {
+    report
+        .volumes
+        .iter()
+        .map(|(name, iops, r, w)| {
+            let v = VolumeMeasured {
+                iops: *iops,
+                read_p50_us: r.p50_us,
+                read_p99_us: r.p99_us,
+                write_p50_us: w.p50_us,
+                write_p99_us: w.p99_us,
+            };
+            (name.clone(), v)
+        })
+        .collect()
+}
+
+/// Latency from a warm-up before the first node restart on, if one did.
+fn after_restart(report: &Report, history: &History) -> Option<ReadWrite> {
+    report
+        .node_events
+        .iter()
+        .find(|(_, e)| matches!(e, weir_core::Event::Restarted { .. }))
+        .map(|&(at, _)| {
+            let from = at.saturating_sub(crate::scenario::WARMUP.as_nanos() as u64);
+            ReadWrite {
+                read: latency(history, |o| o.kind == OpKind::Read && o.invoke_ns >= from),
+                write: latency(history, |o| o.kind == OpKind::Write && o.invoke_ns >= from),
+            }
+        })
+}
+
+/// Measure one variant's run.
+pub fn measure(name: &str, report: &Report, history: &History, interval_ns: u64) -> Measured {
+    let s = &report.scenario;
+    let duration_ns = s.workload.duration_ms * 1_000_000;
+    let (iops_per_interval, p99_us_per_interval) = per_interval(history, interval_ns, duration_ns);
+    let (mean, stddev) = crate::report::mean_stddev(&iops_per_interval);
+    let max_dev = iops_per_interval
+        .iter()
+        .map(|r| (r - mean).abs())
+        .fold(0.0, f64::max);
     let busy: Vec<f64> = p99_us_per_interval
         .iter()
         .copied()
@@ -242,31 +282,8 @@ pub fn measure(name: &str, report: &Report, history: &History, interval_ns: u64)
             .iter()
             .map(|(role, u)| (role.clone(), 100.0 * u))
             .collect(),
-        volumes: report
-            .volumes
-            .iter()
-            .map(|(name, iops, r, w)| {
-                let v = VolumeMeasured {
-                    iops: *iops,
-                    read_p50_us: r.p50_us,
-                    read_p99_us: r.p99_us,
-                    write_p50_us: w.p50_us,
-                    write_p99_us: w.p99_us,
-                };
-                (name.clone(), v)
-            })
-            .collect(),
-        after_restart: report
-            .node_events
-            .iter()
-            .find(|(_, e)| matches!(e, weir_core::Event::Restarted { .. }))
-            .map(|&(at, _)| {
-                let from = at.saturating_sub(crate::scenario::WARMUP.as_nanos() as u64);
-                ReadWrite {
-                    read: latency(history, |o| o.kind == OpKind::Read && o.invoke_ns >= from),
-                    write: latency(history, |o| o.kind == OpKind::Write && o.invoke_ns >= from),
-                }
-            }),
+        volumes: volumes(report),
+        after_restart: after_restart(report, history),
         checkers_passed: report.passed(),
     }
 }
@@ -324,6 +341,13 @@ impl Results {
             "  (latency in us; sd% and maxdv% of IOPS over {} ms intervals; cpuS/cpuC: storage nodes' and clients' CPU busy)",
             self.variants.first().map_or(0.0, |m| m.interval_ms)
         );
+        self.table_after_restart(&mut t);
+        self.table_volumes(&mut t);
+        t
+    }
+
+    /// The table's lines of latency after a restart, where one was.
+    fn table_after_restart(&self, t: &mut String) {
         if self.variants.iter().any(|m| m.after_restart.is_some()) {
             let _ = writeln!(
                 t,
@@ -341,6 +365,10 @@ impl Results {
                 }
             }
         }
+    }
+
+    /// The table's lines of each named volume.
+    fn table_volumes(&self, t: &mut String) {
         if self.variants.iter().any(|m| !m.volumes.is_empty()) {
             let _ = writeln!(
                 t,
@@ -363,7 +391,6 @@ impl Results {
                 }
             }
         }
-        t
     }
 
     /// The JSON form.

@@ -45,6 +45,23 @@ struct Claim {
 /// Check the lease invariants over every node's claims; `crashes` are the times
 /// (cluster clock) nodes were killed.
 pub fn check_leases(audit: &[(NodeId, Audit)], crashes: &[(NodeId, u64)], base_ns: u64) -> Verdict {
+    let mut claims = claims(audit, crashes);
+    let count: usize = claims.values().map(Vec::len).sum();
+    let mut violations = Vec::new();
+    for (extent, list) in &mut claims {
+        list.sort_by_key(|c| (c.from_ns, c.node, c.until_ns));
+        check_claims(*extent, list, base_ns, &mut violations);
+    }
+    Verdict {
+        name: "leases",
+        scope: format!("{count} claims on {} extents", claims.len()),
+        violations,
+    }
+}
+
+/// Every node's claims, by extent, each cut short at its node's next crash
+/// (a claim ends with the incarnation that made it).
+fn claims(audit: &[(NodeId, Audit)], crashes: &[(NodeId, u64)]) -> BTreeMap<ExtentId, Vec<Claim>> {
     let mut claims: BTreeMap<ExtentId, Vec<Claim>> = BTreeMap::new();
     for (node, fact) in audit {
         if let Audit::Claim {
@@ -72,57 +89,53 @@ pub fn check_leases(audit: &[(NodeId, Audit)], crashes: &[(NodeId, u64)], base_n
             });
         }
     }
-    let count: usize = claims.values().map(Vec::len).sum();
-    let mut violations = Vec::new();
-    for (extent, list) in &mut claims {
-        list.sort_by_key(|c| (c.from_ns, c.node, c.until_ns));
-        // Per epoch, the one node that served it.
-        let mut served_by: BTreeMap<Epoch, NodeId> = BTreeMap::new();
-        // Per node, the latest end of its claims so far, and that claim's epoch.
-        let mut latest: BTreeMap<NodeId, (u64, Epoch)> = BTreeMap::new();
-        let mut top_epoch = Epoch(0);
-        for c in list.iter() {
-            let owner = *served_by.entry(c.epoch).or_insert(c.node);
-            if owner != c.node {
+    claims
+}
+
+/// `extent`'s claims `list` (sorted by start): one node per epoch, never two
+/// nodes entitled at once, epochs only grow.
+fn check_claims(extent: ExtentId, list: &[Claim], base_ns: u64, violations: &mut Vec<String>) {
+    // Per epoch, the one node that served it.
+    let mut served_by: BTreeMap<Epoch, NodeId> = BTreeMap::new();
+    // Per node, the latest end of its claims so far, and that claim's epoch.
+    let mut latest: BTreeMap<NodeId, (u64, Epoch)> = BTreeMap::new();
+    let mut top_epoch = Epoch(0);
+    for c in list.iter() {
+        let owner = *served_by.entry(c.epoch).or_insert(c.node);
+        if owner != c.node {
+            violations.push(format!(
+                "{extent}: {} and {} both served at {}",
+                owner, c.node, c.epoch
+            ));
+        }
+        for (&other, &(until, epoch)) in &latest {
+            if other != c.node && until > c.from_ns {
                 violations.push(format!(
-                    "{extent}: {} and {} both served at {}",
-                    owner, c.node, c.epoch
-                ));
-            }
-            for (&other, &(until, epoch)) in &latest {
-                if other != c.node && until > c.from_ns {
-                    violations.push(format!(
-                        "{extent}: {} may serve at {} from {}, but {} may serve it \
-                         (at {}) until {}",
-                        c.node,
-                        c.epoch,
-                        ms(c.from_ns, base_ns),
-                        other,
-                        epoch,
-                        ms(until, base_ns)
-                    ));
-                }
-            }
-            if c.epoch < top_epoch {
-                violations.push(format!(
-                    "{extent}: {} serves at {} from {}, after {} was served",
+                    "{extent}: {} may serve at {} from {}, but {} may serve it \
+                     (at {}) until {}",
                     c.node,
                     c.epoch,
                     ms(c.from_ns, base_ns),
-                    top_epoch
+                    other,
+                    epoch,
+                    ms(until, base_ns)
                 ));
             }
-            top_epoch = top_epoch.max(c.epoch);
-            let e = latest.entry(c.node).or_insert((0, c.epoch));
-            if c.until_ns >= e.0 {
-                *e = (c.until_ns, c.epoch);
-            }
         }
-    }
-    Verdict {
-        name: "leases",
-        scope: format!("{count} claims on {} extents", claims.len()),
-        violations,
+        if c.epoch < top_epoch {
+            violations.push(format!(
+                "{extent}: {} serves at {} from {}, after {} was served",
+                c.node,
+                c.epoch,
+                ms(c.from_ns, base_ns),
+                top_epoch
+            ));
+        }
+        top_epoch = top_epoch.max(c.epoch);
+        let e = latest.entry(c.node).or_insert((0, c.epoch));
+        if c.until_ns >= e.0 {
+            *e = (c.until_ns, c.epoch);
+        }
     }
 }
 

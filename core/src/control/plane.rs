@@ -461,35 +461,10 @@ impl ControlPlane {
         self.raft.tick();
         self.drain_raft();
         if self.restart_pending && self.raft.leader().is_some() {
-            // Asked until applied, every few ticks: a lost request costs that
-            // long, a repeated one only a spare epoch.
-            if self.restart_wait == 0 {
-                // Above every incarnation of this node applied so far (an
-                // earlier one's may have been applied by the others after
-                // this node's log last heard of it).
-                let applied = self.state().incarnations.get(&self.me).copied();
-                self.incarnation = self.incarnation.max(applied.unwrap_or(0).saturating_add(1));
-                self.request(&Command::Restarted {
-                    node: self.me,
-                    incarnation: self.incarnation,
-                    boot: self.boot,
-                });
-                self.restart_wait = RESTART_ASK_TICKS;
-            }
-            self.restart_wait -= 1;
+            self.ask_restarted();
         }
         match self.raft.leader() {
-            Some(leader) if leader != self.me => {
-                self.first_heartbeat_ns.get_or_insert(now_ns);
-                self.actions.push_back(PlaneAction::Send {
-                    to: leader,
-                    msg: Message::Heartbeat {
-                        sent_ns: now_ns,
-                        applied: self.raft.applied_index(),
-                        healthy: self.healthy,
-                    },
-                })
-            }
+            Some(leader) if leader != self.me => self.heartbeat(leader, now_ns),
             _ => {}
         }
         if !self.raft.is_leader() {
@@ -532,6 +507,39 @@ impl ControlPlane {
             self.move_replicas(now_ns);
             self.reconfigure(now_ns, since);
         }
+    }
+
+    /// Ask for this restarted node's `Restarted` until it is applied, every
+    /// few ticks: a lost request costs that long, a repeated one only a
+    /// spare epoch.
+    fn ask_restarted(&mut self) {
+        if self.restart_wait == 0 {
+            // Above every incarnation of this node applied so far (an earlier
+            // one's may have been applied by the others after this node's log
+            // last heard of it).
+            let applied = self.state().incarnations.get(&self.me).copied();
+            self.incarnation = self.incarnation.max(applied.unwrap_or(0).saturating_add(1));
+            self.request(&Command::Restarted {
+                node: self.me,
+                incarnation: self.incarnation,
+                boot: self.boot,
+            });
+            self.restart_wait = RESTART_ASK_TICKS;
+        }
+        self.restart_wait -= 1;
+    }
+
+    /// Heartbeat `leader` at `now_ns`.
+    fn heartbeat(&mut self, leader: NodeId, now_ns: u64) {
+        self.first_heartbeat_ns.get_or_insert(now_ns);
+        self.actions.push_back(PlaneAction::Send {
+            to: leader,
+            msg: Message::Heartbeat {
+                sent_ns: now_ns,
+                applied: self.raft.applied_index(),
+                healthy: self.healthy,
+            },
+        })
     }
 
     /// The leader's failure detector. It judges only while a majority of voters

@@ -179,42 +179,45 @@ impl DeviceSection {
                     ));
                 }
             }
-            DeviceDriver::Spdk => {
-                match &self.pci_addr {
-                    None => {
-                        return Err((
-                            "device.pci_addr",
-                            "driver = \"spdk\" needs the SSD's PCI address".into(),
-                        ))
-                    }
-                    Some(addr) if !weir_nvme_spdk::is_pci_addr(addr) => {
-                        return Err((
-                            "device.pci_addr",
-                            format!("{addr:?}: a PCI address is DDDD:BB:DD.F (0000:01:00.0)"),
-                        ))
-                    }
-                    Some(_) => {}
-                }
-                if !self.poll_cores.is_empty() && self.poll_cores.len() != usize::from(self.queues)
-                {
-                    return Err((
-                        "device.poll_cores",
-                        format!(
-                            "{} cores for {} queues: name one per queue, or none",
-                            self.poll_cores.len(),
-                            self.queues
-                        ),
-                    ));
-                }
-                if self.mode != DeviceMode::Interrupt || self.register_buffers {
-                    return Err((
-                        "device.mode",
-                        "mode and register_buffers are io_uring's; SPDK always polls, from \
-                         its own DMA memory"
-                            .into(),
-                    ));
-                }
+            DeviceDriver::Spdk => self.check_spdk()?,
+        }
+        Ok(())
+    }
+
+    /// What `driver = "spdk"` needs, and what it does not take.
+    fn check_spdk(&self) -> Result<(), (&'static str, String)> {
+        match &self.pci_addr {
+            None => {
+                return Err((
+                    "device.pci_addr",
+                    "driver = \"spdk\" needs the SSD's PCI address".into(),
+                ))
             }
+            Some(addr) if !weir_nvme_spdk::is_pci_addr(addr) => {
+                return Err((
+                    "device.pci_addr",
+                    format!("{addr:?}: a PCI address is DDDD:BB:DD.F (0000:01:00.0)"),
+                ))
+            }
+            Some(_) => {}
+        }
+        if !self.poll_cores.is_empty() && self.poll_cores.len() != usize::from(self.queues) {
+            return Err((
+                "device.poll_cores",
+                format!(
+                    "{} cores for {} queues: name one per queue, or none",
+                    self.poll_cores.len(),
+                    self.queues
+                ),
+            ));
+        }
+        if self.mode != DeviceMode::Interrupt || self.register_buffers {
+            return Err((
+                "device.mode",
+                "mode and register_buffers are io_uring's; SPDK always polls, from \
+                 its own DMA memory"
+                    .into(),
+            ));
         }
         Ok(())
     }

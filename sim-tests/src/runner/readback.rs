@@ -3,7 +3,7 @@
 //! read from every replica the final map counts as in sync.
 
 use crate::checker::Verdict;
-use crate::history::{decode_block, OpKind, OpRecord, ReplicaRead};
+use crate::history::{decode_block, OpKind, OpRecord, ReplicaRead, Value};
 use madsim::rand::{thread_rng, Rng};
 use madsim::runtime::Handle;
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,62 +41,12 @@ async fn await_in_sync(
     replicas: usize,
     (live, removed): (&[NodeId], &[NodeId]),
 ) -> Verdict {
-    use weir_core::control::NodeStatus;
     let start = Instant::now();
     loop {
         volume.refresh().await;
         let map = volume.map();
         let state = map.state();
-        // Up nodes that may hold copies (a leaving node's go elsewhere).
-        let staying = |n: &NodeId| !state.leaving.contains(n) && !removed.contains(n);
-        let staying_up = state.up_nodes().into_iter().filter(staying).count();
-        let want = replicas.min(staying_up);
-        let mut behind: Vec<String> = state
-            .extents
-            .iter()
-            .flat_map(|(id, e)| e.rebuilding.iter().map(move |n| (id, n)))
-            .filter(|(_, n)| state.nodes.get(n) == Some(&NodeStatus::Up))
-            .map(|(id, n)| format!("{n} still rebuilding {id}"))
-            .collect();
-        behind.extend(
-            live.iter()
-                .filter(|n| state.nodes.get(n) != Some(&NodeStatus::Up))
-                .map(|n| format!("{n}, alive, is not up")),
-        );
-        // A node lost for good must be declared down: until it is, it stays in
-        // the in-sync sets it was in, and the map does not say where the data is.
-        behind.extend(
-            state
-                .nodes
-                .iter()
-                .filter(|(n, s)| **s == NodeStatus::Up && !live.contains(n) && !removed.contains(n))
-                .map(|(n, _)| format!("{n}, lost for good, is still up")),
-        );
-        // A removal finishes where up nodes enough stay to take its copies;
-        // with fewer (a node lost for good meanwhile), it waits for more.
-        behind.extend(
-            removed
-                .iter()
-                .filter(|n| state.nodes.contains_key(n) && staying_up >= replicas)
-                .map(|n| {
-                    let (held, moving) = state.replicas_on(*n);
-                    format!("{n}, removed, is still a member ({held} replicas, {moving} moving)")
-                }),
-        );
-        behind.extend(
-            state
-                .extents
-                .iter()
-                .filter(|(_, e)| e.moving.is_some())
-                .map(|(id, _)| format!("{id} is still moving")),
-        );
-        behind.extend(
-            state
-                .extents
-                .iter()
-                .filter(|(_, e)| e.in_sync.len() < want)
-                .map(|(id, e)| format!("{id} has {} of {want} copies in sync", e.in_sync.len())),
-        );
+        let behind = behind(state, replicas, (live, removed));
         let waited = Instant::now() - start;
         if behind.is_empty() || waited >= LIVENESS_BOUND {
             let violations = behind
@@ -121,6 +71,89 @@ async fn await_in_sync(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// What keeps `state` from being healed: extents short of `replicas` copies
+/// in sync (or of all up nodes that stay), rebuilds and moves still running,
+/// nodes `live` not up, lost nodes still up, nodes `removed` still members.
+fn behind(
+    state: &weir_core::control::ClusterState,
+    replicas: usize,
+    (live, removed): (&[NodeId], &[NodeId]),
+) -> Vec<String> {
+    use weir_core::control::NodeStatus;
+    // Up nodes that may hold copies (a leaving node's go elsewhere).
+    let staying = |n: &NodeId| !state.leaving.contains(n) && !removed.contains(n);
+    let staying_up = state.up_nodes().into_iter().filter(staying).count();
+    let want = replicas.min(staying_up);
+    let mut behind: Vec<String> = state
+        .extents
+        .iter()
+        .flat_map(|(id, e)| e.rebuilding.iter().map(move |n| (id, n)))
+        .filter(|(_, n)| state.nodes.get(n) == Some(&NodeStatus::Up))
+        .map(|(id, n)| format!("{n} still rebuilding {id}"))
+        .collect();
+    behind.extend(
+        live.iter()
+            .filter(|n| state.nodes.get(n) != Some(&NodeStatus::Up))
+            .map(|n| format!("{n}, alive, is not up")),
+    );
+    // A node lost for good must be declared down: until it is, it stays in
+    // the in-sync sets it was in, and the map does not say where the data is.
+    behind.extend(
+        state
+            .nodes
+            .iter()
+            .filter(|(n, s)| **s == NodeStatus::Up && !live.contains(n) && !removed.contains(n))
+            .map(|(n, _)| format!("{n}, lost for good, is still up")),
+    );
+    // A removal finishes where up nodes enough stay to take its copies;
+    // with fewer (a node lost for good meanwhile), it waits for more.
+    behind.extend(
+        removed
+            .iter()
+            .filter(|n| state.nodes.contains_key(n) && staying_up >= replicas)
+            .map(|n| {
+                let (held, moving) = state.replicas_on(*n);
+                format!("{n}, removed, is still a member ({held} replicas, {moving} moving)")
+            }),
+    );
+    behind.extend(
+        state
+            .extents
+            .iter()
+            .filter(|(_, e)| e.moving.is_some())
+            .map(|(id, _)| format!("{id} is still moving")),
+    );
+    behind.extend(
+        state
+            .extents
+            .iter()
+            .filter(|(_, e)| e.in_sync.len() < want)
+            .map(|(id, e)| format!("{id} has {} of {want} copies in sync", e.in_sync.len())),
+    );
+    behind
+}
+
+/// Block `lba` as `node`'s copy holds it; `None` if it never answers. A
+/// slow answer (a TCP timeout, a flapping link) is retried, and a media
+/// error too (the replica repairs the block from a peer meanwhile).
+async fn read_copy(volume: &Volume<SimTransport>, node: NodeId, lba: u64) -> Option<Value> {
+    for _ in 0..READBACK_ATTEMPTS_MAX {
+        match volume.scrub_read(node, Lba(lba), 1).await {
+            Ok(data) => return Some(decode_block(&data, lba)),
+            Err(ClientError::Timeout(_)) => continue,
+            Err(ClientError::Weir(WeirError::Device(DevError::Media(_)))) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(lba, %node, error = %e, "read-back failed");
+                return None;
+            }
+        }
+    }
+    None
 }
 
 /// Wait for the cluster to heal ([`await_in_sync`]), then read every written block
@@ -163,27 +196,7 @@ pub(super) async fn read_back(
                 loop {
                     let next = work.lock().expect("work lock").next();
                     let Some((lba, node)) = next else { break };
-                    let mut value = None;
-                    // A slow answer (a TCP timeout, a flapping link) is retried; only
-                    // a replica that never answers counts as unreadable.
-                    for _ in 0..READBACK_ATTEMPTS_MAX {
-                        match volume.scrub_read(node, Lba(lba), 1).await {
-                            Ok(data) => {
-                                value = Some(decode_block(&data, lba));
-                                break;
-                            }
-                            Err(ClientError::Timeout(_)) => continue,
-                            // The replica repairs the block from a peer meanwhile.
-                            Err(ClientError::Weir(WeirError::Device(DevError::Media(_)))) => {
-                                tokio::time::sleep(Duration::from_millis(5)).await;
-                                continue;
-                            }
-                            Err(e) => {
-                                tracing::warn!(lba, %node, error = %e, "read-back failed");
-                                break;
-                            }
-                        }
-                    }
+                    let value = read_copy(&volume, node, lba).await;
                     results.lock().expect("results lock").push(ReplicaRead {
                         lba,
                         node: node.0,

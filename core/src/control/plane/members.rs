@@ -113,6 +113,22 @@ impl ControlPlane {
         if self.raft.conf_pending() {
             return;
         }
+        let step = self.conf_step(now_ns, leader_since_ns);
+        let Some((node, role)) = step else {
+            return;
+        };
+        if node == self.me && role != ConfRole::Voter {
+            self.hand_over("leaving the vote");
+            return;
+        }
+        self.propose(&Command::Conf { node, role });
+    }
+
+    /// The next step of the Raft group's membership, if one is due: a new
+    /// member learns; a caught-up learner votes while voters are short; a
+    /// leaving voter (or, in an even group, one that may not vote) is
+    /// demoted; a leaving learner holding no replicas goes.
+    fn conf_step(&self, now_ns: u64, leader_since_ns: u64) -> Option<(NodeId, ConfRole)> {
         let state = self.state();
         let heard = |n: &NodeId| {
             *n == self.me
@@ -128,7 +144,7 @@ impl ControlPlane {
                 && self.gives_up_after(now_ns.saturating_sub(last))
         };
         let may_vote = |n: &NodeId| !state.leaving.contains(n) && !gone_for_good(n);
-        let step = if let Some(&node) = state
+        if let Some(&node) = state
             .nodes
             .keys()
             .find(|n| !state.voters.contains(n) && !state.learners.contains(n))
@@ -168,14 +184,6 @@ impl ControlPlane {
                 (.., Some(l)) => Some((l, ConfRole::Gone)),
                 _ => None,
             }
-        };
-        let Some((node, role)) = step else {
-            return;
-        };
-        if node == self.me && role != ConfRole::Voter {
-            self.hand_over("leaving the vote");
-            return;
         }
-        self.propose(&Command::Conf { node, role });
     }
 }
