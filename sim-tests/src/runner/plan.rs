@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use weir_core::control::{ClusterState, Command};
 use weir_core::map::ClusterMap;
+use weir_core::named::Control;
 use weir_core::node::EventLog;
 use weir_core::{Event, Lba, NodeId};
 use weir_nvme_sim::SimSsd;
@@ -622,23 +623,17 @@ async fn operator(
     done: impl Fn(&ClusterState) -> bool,
 ) {
     tokio::time::sleep(after).await;
+    let nodes = super::cluster::Nodes(handles);
     for _ in 0..ASKS_MAX {
-        let handles: Vec<_> = handles.lock().expect("handles").values().cloned().collect();
         // The latest map any node has applied.
-        let latest = handles
-            .iter()
-            .map(|h| h.report().state)
-            .max_by_key(|s| s.applied);
-        if latest.is_some_and(|s| s.applied > 0 && done(&s)) {
+        let latest = nodes.state();
+        if latest.applied > 0 && done(&latest) {
             return;
         }
-        // The first node that knows a leader and takes the request (a
-        // crashed node's handle still shows its last report, but takes
-        // nothing).
-        let _ = handles
-            .iter()
-            .filter(|h| h.report().leader.is_some())
-            .any(|h| h.request(command.clone()));
+        // That map's node's leader, else a member not leaving that knows a
+        // leader (a removed node's handle may still take a request, and drop
+        // it; a crashed node's takes nothing).
+        nodes.request(command.clone());
         tokio::time::sleep(ASK_EVERY).await;
     }
 }
