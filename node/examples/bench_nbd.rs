@@ -3,8 +3,9 @@
 //! with 3 replicas on loopback and (d) the same with the volume encrypted
 //! (XTS-AES-256 in the front end), in alternation; prints IOPS, MB/s and P99
 //! latency of each and the ratios a/b, c/a and d/c, and for weir the payload
-//! copies per random write and node (from each node's `/metrics`). A benchmark,
-//! not a test: it asserts nothing.
+//! copies per random write and node (from each node's `/metrics`), and the
+//! server's CPU time (user and system, every node of a weir target) per I/O with
+//! the ratio of weir's to qemu-nbd's. A benchmark, not a test: it asserts nothing.
 //!
 //! Jobs (QD32, 20 s each; `BENCH_RUNTIME_S` overrides): 4 KiB random read, 4 KiB
 //! random write, 128 KiB sequential read, on a 1 GiB volume first filled with a
@@ -16,7 +17,7 @@
 
 mod common;
 
-use common::{fio, metric, weir_cluster, Result, Target, VOLUME};
+use common::{fio, metric, tree_cpu_ns, weir_cluster, Result, Target, VOLUME};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -140,12 +141,18 @@ fn main() {
         })
     };
     let mut results = vec![[Result::default(); 4]; JOBS.len()];
+    // The server's CPU time per I/O, in microseconds.
+    let mut cpu_us = vec![[0.0f64; 4]; JOBS.len()];
     let mut write_copies = [None; 4];
     for (j, job) in JOBS.iter().enumerate() {
         for (i, t) in targets.iter().enumerate() {
             eprintln!("bench: {} on {} for {runtime} s", job.name, t.label);
             let before = copies(i);
+            let cpu_before = tree_cpu_ns(t.process.id());
             results[j][i] = fio(&t.uri, (job.rw, job.bs), 32, SIZE, Some(runtime));
+            let ios = results[j][i].iops * runtime as f64;
+            let cpu_ns = tree_cpu_ns(t.process.id()) - cpu_before;
+            cpu_us[j][i] = cpu_ns as f64 / 1e3 / ios.max(1.0);
             if job.rw == "randwrite" {
                 let per = results[j][i].iops * runtime as f64;
                 write_copies[i] = before.zip(copies(i)).zip(weirs[i]).map(
@@ -168,25 +175,26 @@ fn main() {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!("fio nbd engine, QD32, {runtime} s per run, 1 GiB volume; {cpus} CPUs ({host})");
     println!(
-        "{:<14} {:<20} {:>10} {:>9} {:>10}",
-        "job", "target", "IOPS", "MB/s", "P99 us"
+        "{:<14} {:<20} {:>10} {:>9} {:>10} {:>13}",
+        "job", "target", "IOPS", "MB/s", "P99 us", "CPU us per IO"
     );
     for (j, job) in JOBS.iter().enumerate() {
         for (i, t) in targets.iter().enumerate() {
             let r = results[j][i];
             println!(
-                "{:<14} {:<20} {:>10.0} {:>9.1} {:>10.0}",
-                job.name, t.label, r.iops, r.mb_s, r.p99_us
+                "{:<14} {:<20} {:>10.0} {:>9.1} {:>10.0} {:>13.1}",
+                job.name, t.label, r.iops, r.mb_s, r.p99_us, cpu_us[j][i]
             );
         }
         let [a, b, c, d] = results[j];
         println!(
-            "{:<14} {:<20} a/b IOPS {:.2}, c/a IOPS {:.2}, d/c IOPS {:.2}",
+            "{:<14} {:<20} a/b IOPS {:.2}, c/a IOPS {:.2}, d/c IOPS {:.2}; a/b CPU per IO {:.2}",
             "",
             "ratios",
             a.iops / b.iops,
             c.iops / a.iops,
-            d.iops / c.iops
+            d.iops / c.iops,
+            cpu_us[j][0] / cpu_us[j][1]
         );
     }
     for (i, t) in targets.iter().enumerate() {

@@ -106,6 +106,39 @@ pub(crate) fn metric(admin: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name} in /metrics of {admin}"))
 }
 
+/// CPU time (user and system) spent so far by process `pid` and every process
+/// below it (a `weir cluster up` runs each node as its child), from
+/// `/proc/<pid>/stat`; in nanoseconds, at the kernel's clock-tick resolution.
+pub(crate) fn tree_cpu_ns(pid: u32) -> u64 {
+    // (pid, parent, utime + stime in ticks) of every process.
+    let procs: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            // The command name (field 2) may hold spaces: fields count from its ')'.
+            let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let field = |n: usize| rest.get(n - 3)?.parse::<u64>().ok();
+            Some((p, field(4)? as u32, field(14)? + field(15)?))
+        })
+        .collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(procs.iter().filter(|p| p.1 == parent).map(|p| p.0));
+        i += 1;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let ticks: u64 = procs
+        .iter()
+        .filter(|p| tree.contains(&p.0))
+        .map(|p| p.2)
+        .sum();
+    ticks * 1_000_000_000 / hz
+}
+
 /// What one fio run measured.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Result {

@@ -22,6 +22,14 @@ const READBACK_PARALLEL: usize = 64;
 /// Attempts of one read-back before the replica counts as unreadable (each waits
 /// up to the client's call timeout).
 const READBACK_ATTEMPTS_MAX: usize = 8;
+/// How long the read-back waits for a replica to repair a block its device
+/// cannot read. The replica repairs from its primary, and a primary new to an
+/// extent answers only once the previous primary's lease (150 ms) has run out:
+/// in campaign seed 384850325, ext12's primary moved at 271 ms and could answer
+/// from 421 ms, 66 ms after the read-back began, which had given up at 40 ms.
+const READBACK_REPAIR_PATIENCE: Duration = Duration::from_millis(500);
+/// The pause between reads of a block that is being repaired.
+const READBACK_REPAIR_PAUSE: Duration = Duration::from_millis(10);
 
 /// How long after the workload and the last fault every replica on an up node must be back in sync.
 const LIVENESS_BOUND: Duration = Duration::from_secs(2);
@@ -136,16 +144,21 @@ fn behind(
 }
 
 /// Block `lba` as `node`'s copy holds it; `None` if it never answers. A
-/// slow answer (a TCP timeout, a flapping link) is retried, and a media
-/// error too (the replica repairs the block from a peer meanwhile).
+/// slow answer (a TCP timeout, a flapping link) is retried up to
+/// [`READBACK_ATTEMPTS_MAX`] times, and a media error for up to
+/// [`READBACK_REPAIR_PATIENCE`] (the replica repairs the block from a peer
+/// meanwhile).
 async fn read_copy(volume: &Volume<SimTransport>, node: NodeId, lba: u64) -> Option<Value> {
-    for _ in 0..READBACK_ATTEMPTS_MAX {
+    let repair_deadline = Instant::now() + READBACK_REPAIR_PATIENCE;
+    let mut timeouts = 0;
+    while timeouts < READBACK_ATTEMPTS_MAX {
         match volume.scrub_read(node, Lba(lba), 1).await {
             Ok(data) => return Some(decode_block(&data, lba)),
-            Err(ClientError::Timeout(_)) => continue,
-            Err(ClientError::Weir(WeirError::Device(DevError::Media(_)))) => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                continue;
+            Err(ClientError::Timeout(_)) => timeouts += 1,
+            Err(ClientError::Weir(WeirError::Device(DevError::Media(_))))
+                if Instant::now() < repair_deadline =>
+            {
+                tokio::time::sleep(READBACK_REPAIR_PAUSE).await;
             }
             Err(e) => {
                 tracing::warn!(lba, %node, error = %e, "read-back failed");
