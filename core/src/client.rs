@@ -18,6 +18,8 @@
 //! request id, so a node that applied the first attempt and has seen it
 //! overwritten since does not bring the old data back (see the engine's `applied`).
 
+pub mod front_end;
+pub mod named;
 mod read_flow;
 mod retry;
 

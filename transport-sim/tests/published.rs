@@ -175,7 +175,7 @@ fn two_to_one_with_dcqcn_shares_fairly_and_holds_the_queue_between_kmin_and_kmax
 /// the record. Every variant must stay lossless and finish; the figures are printed.
 #[test]
 fn two_to_one_under_each_preset_is_lossless_and_reported() {
-    use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
+    use weir_transport_sim::congestion::dcqcn::{CnpMode, DcqcnParams};
     for (preset, own_ecn) in [
         ("hpcc", true),
         ("paper", false),
@@ -327,7 +327,10 @@ fn congestion_spreads_to_a_victim_through_pauses_and_dcqcn_limits_it() {
 }
 
 /// The TCP baseline on the same star.
-fn tcp_star(hosts: usize, algorithm: weir_core::congestion::tcp::Algorithm) -> FabricConfig {
+fn tcp_star(
+    hosts: usize,
+    algorithm: weir_transport_sim::congestion::tcp::Algorithm,
+) -> FabricConfig {
     FabricConfig {
         topology: Topology::Star { hosts },
         seed: 7,
@@ -337,7 +340,7 @@ fn tcp_star(hosts: usize, algorithm: weir_core::congestion::tcp::Algorithm) -> F
 
 #[test]
 fn dctcp_two_to_one_fills_the_link_and_holds_the_queue_at_k() {
-    use weir_core::congestion::tcp::Algorithm;
+    use weir_transport_sim::congestion::tcp::Algorithm;
     let config = tcp_star(3, Algorithm::Dctcp);
     let (k, _) = config.switch.ecn.thresholds(G100);
     let frame = u64::from(config.nic.mtu_bytes + config.header_bytes);
@@ -376,7 +379,7 @@ fn shallow_incast(config: FabricConfig) -> (u64, u64, u64) {
 
 #[test]
 fn on_a_shallow_buffer_tcp_incast_waits_out_the_minimum_rto_and_roce_does_not() {
-    use weir_core::congestion::tcp::Algorithm;
+    use weir_transport_sim::congestion::tcp::Algorithm;
     let (roce, roce_drops, _) = shallow_incast(star(61));
     let (reno, reno_drops, reno_timeouts) = shallow_incast(tcp_star(61, Algorithm::Reno));
     let (dctcp, dctcp_drops, dctcp_timeouts) = shallow_incast(tcp_star(61, Algorithm::Dctcp));
@@ -428,7 +431,7 @@ fn shallow_fan_in(config: FabricConfig, senders: usize) -> (f64, u64, u64) {
 
 #[test]
 fn tcp_incast_collapses_on_a_shallow_port_and_roce_does_not() {
-    use weir_core::congestion::tcp::Algorithm;
+    use weir_transport_sim::congestion::tcp::Algorithm;
     let (tcp4, drops4, _) = shallow_fan_in(tcp_star(5, Algorithm::Reno), 4);
     let (tcp32, drops32, timeouts32) = shallow_fan_in(tcp_star(33, Algorithm::Reno), 32);
     let (roce32, roce_drops, _) = shallow_fan_in(star(33), 32);
@@ -449,7 +452,7 @@ fn tcp_incast_collapses_on_a_shallow_port_and_roce_does_not() {
 
 #[test]
 fn every_published_scenario_replays_its_counters_exactly() {
-    use weir_core::congestion::tcp::Algorithm;
+    use weir_transport_sim::congestion::tcp::Algorithm;
     type Flows = Vec<(usize, usize, usize)>;
     let counters = |config: FabricConfig, flows: &[(usize, usize, usize)]| {
         let mut e = engine(config);

@@ -22,13 +22,7 @@ pub const CALL_TIMEOUT_MAX: Duration = Duration::from_secs(4);
 /// Linux block layer's 30 s command timeout, so a kernel client (or qemu)
 /// decides what to do with a slow device before weir fails a request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
-/// The longest bound a client may be given: nodes keep a write's record for
-/// its retries (so a retry of one already overwritten is not applied again;
-/// see the replication engine's applied log) no longer than a little past
-/// this, which is why there is no "wait for ever". The log's count bound
-/// (65,536 records) may drop a record sooner at a high write rate: a gap
-/// docs/replication.md states.
-pub const REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(600);
+pub use crate::wire::REQUEST_TIMEOUT_MAX;
 /// Pause before a request's first retry; it doubles with every retry of the
 /// request, up to [`RETRY_BACKOFF_MAX`].
 const RETRY_BACKOFF: Duration = Duration::from_millis(5);

@@ -11,8 +11,6 @@ use madsim::runtime::Handle;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-use weir_core::congestion::dcqcn::CnpMode;
-use weir_core::congestion::tcp::Algorithm;
 use weir_core::control::state::{ClusterState, Command};
 use weir_core::control::Timeouts;
 use weir_core::map::{ClusterMap, VolumeSpec};
@@ -23,6 +21,8 @@ use weir_core::replication::ReplicationConfig;
 use weir_core::time::Skew;
 use weir_core::{BufPool, NodeId, VolumeId};
 use weir_nvme_sim::{SimSsd, SsdConfig};
+use weir_transport_sim::congestion::dcqcn::CnpMode;
+use weir_transport_sim::congestion::tcp::Algorithm;
 use weir_transport_sim::fabric::config::Topology;
 use weir_transport_sim::{Fabric, FabricConfig, SimTransport};
 

@@ -1,8 +1,8 @@
 //! Fabric parameters: topology, links, switch buffers (ECN, PFC) and NICs (RC QPs,
 //! DCQCN, CNPs). Every value has a documented default; `validate` names a bad key.
 
-use weir_core::congestion::dcqcn::{CnpMode, DcqcnParams};
-use weir_core::congestion::tcp::{Algorithm, TcpParams};
+use crate::congestion::dcqcn::{CnpMode, DcqcnParams};
+use crate::congestion::tcp::{Algorithm, TcpParams};
 
 /// TCP mode: the lossy baseline on the same topology.
 #[derive(Clone, Copy, Debug, PartialEq)]

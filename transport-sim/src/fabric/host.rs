@@ -7,8 +7,8 @@ use super::packet::{Kind, Packet};
 use super::telemetry::DropReason;
 use super::topology::{HostIdx, Path, PortId};
 use super::{mix, Delivery, Engine, Event, Failure, Host, QpKey};
-use weir_core::congestion::dcqcn::{NotificationPoint, ReactionPoint};
-use weir_core::congestion::tcp::TcpCc;
+use crate::congestion::dcqcn::{NotificationPoint, ReactionPoint};
+use crate::congestion::tcp::TcpCc;
 use weir_core::wire::Frame;
 
 impl Engine {

@@ -9,10 +9,10 @@
 
 use super::packet::{Kind, Packet, PRIO_CONTROL, PRIO_DATA};
 use super::topology::{HostIdx, Path, PortId};
+use crate::congestion::dcqcn::{NotificationPoint, ReactionPoint};
+use crate::congestion::tcp::TcpCc;
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
-use weir_core::congestion::dcqcn::{NotificationPoint, ReactionPoint};
-use weir_core::congestion::tcp::TcpCc;
 use weir_core::transport::CongestionSignals;
 use weir_core::wire::Frame;
 
@@ -306,7 +306,7 @@ pub(super) fn data_packet(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weir_core::congestion::dcqcn::CnpMode;
+    use crate::congestion::dcqcn::CnpMode;
 
     #[test]
     fn acks_free_whole_messages_and_go_back_n_rewinds() {

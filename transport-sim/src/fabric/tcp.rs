@@ -1,7 +1,7 @@
 //! TCP mode of the NICs: the same per-pair packet sequence as the RC QPs, but with
 //! a receiver that keeps out-of-order packets and answers every packet with a
 //! cumulative ACK (duplicates included) echoing its ECN mark, and a sender driven
-//! by a congestion window (`weir_core::congestion::tcp`): fast retransmit of the
+//! by a congestion window (`crate::congestion::tcp`): fast retransmit of the
 //! missing packet after three duplicate ACKs, go-back-N from the oldest
 //! unacknowledged packet on a retransmission timeout.
 

@@ -246,7 +246,7 @@ fn the_seed_decides_everything() {
     assert_ne!(run(1).0, run(2).0, "ECN marking ignored the seed");
 }
 
-fn tcp(hosts: usize, algorithm: weir_core::congestion::tcp::Algorithm) -> FabricConfig {
+fn tcp(hosts: usize, algorithm: crate::congestion::tcp::Algorithm) -> FabricConfig {
     FabricConfig {
         topology: Topology::Star { hosts },
         seed: 9,
@@ -256,7 +256,7 @@ fn tcp(hosts: usize, algorithm: weir_core::congestion::tcp::Algorithm) -> Fabric
 
 #[test]
 fn tcp_delivers_in_order_and_repairs_loss_with_fast_retransmit() {
-    use weir_core::congestion::tcp::Algorithm;
+    use crate::congestion::tcp::Algorithm;
     let mut e = engine(tcp(2, Algorithm::Reno));
     let link = e.wiring().ports[e.wiring().host_ports[0][0]].link;
     e.inject(
@@ -278,7 +278,7 @@ fn tcp_delivers_in_order_and_repairs_loss_with_fast_retransmit() {
 
 #[test]
 fn a_tcp_timeout_waits_the_minimum_rto() {
-    use weir_core::congestion::tcp::Algorithm;
+    use crate::congestion::tcp::Algorithm;
     let mut e = engine(tcp(2, Algorithm::Dctcp));
     let link = e.wiring().ports[e.wiring().host_ports[1][0]].link;
     e.inject(20_000, Fault::LinkDown { link });

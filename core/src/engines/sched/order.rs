@@ -8,9 +8,9 @@
 //! Sans-IO: the engine hands each device write in as it makes it and each
 //! completion as it arrives; it gets back the writes to issue now.
 
+use crate::engines::range_lock::{Mode, RangeLock};
 use crate::ids::{Lba, OpId};
-use crate::replication::range_lock::{Mode, RangeLock};
-use crate::replication::{IoCmd, IoId};
+use crate::io::{IoCmd, IoId};
 use std::collections::BTreeMap;
 use std::ops::Range;
 

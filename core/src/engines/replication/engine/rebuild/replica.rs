@@ -7,7 +7,7 @@ use super::*;
 
 impl Replicator {
     /// A primary's copy arrived.
-    pub(in crate::replication::engine) fn rebuild_write(
+    pub(in crate::engines::replication::engine) fn rebuild_write(
         &mut self,
         primary: NodeId,
         op: OpId,
@@ -77,7 +77,7 @@ impl Replicator {
     /// from the first it holds older than the primary's version to the last. The
     /// answer waits, like a copy's ack, for any older write to those blocks still
     /// in flight here (the versions it holds are claimed when a write arrives).
-    pub(in crate::replication::engine) fn rebuild_probe(
+    pub(in crate::engines::replication::engine) fn rebuild_probe(
         &mut self,
         primary: NodeId,
         op: OpId,
@@ -175,7 +175,7 @@ impl Replicator {
     }
 
     /// A device write of copy `op` from `primary` finished.
-    pub(in crate::replication::engine) fn rebuild_io_done(
+    pub(in crate::engines::replication::engine) fn rebuild_io_done(
         &mut self,
         primary: NodeId,
         op: OpId,

@@ -105,7 +105,7 @@ impl ClusterState {
     }
 
     pub(super) fn join_node(&mut self, node: NodeId, addr: &str) -> Result<Vec<Change>, Refusal> {
-        if node.0 == 0 || node.0 >= crate::front_end::FRONT_END_ID_BASE {
+        if node.0 == 0 || node.0 >= crate::ids::FRONT_END_ID_BASE {
             return Err(Refusal::BadNode(
                 node,
                 "node ids are 1 up to the front ends' ids",
@@ -312,7 +312,7 @@ impl ClusterState {
         }
         if let Some(n) = members
             .iter()
-            .find(|n| n.0 == 0 || n.0 >= crate::front_end::FRONT_END_ID_BASE)
+            .find(|n| n.0 == 0 || n.0 >= crate::ids::FRONT_END_ID_BASE)
         {
             return Err(format!("{n} is no node id"));
         }

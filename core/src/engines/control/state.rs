@@ -314,7 +314,7 @@ impl ClusterState {
     }
 
     fn add_node(&mut self, node: NodeId) -> Result<Vec<Change>, Refusal> {
-        if node.0 == 0 || node.0 >= crate::front_end::FRONT_END_ID_BASE {
+        if node.0 == 0 || node.0 >= crate::ids::FRONT_END_ID_BASE {
             return Err(Refusal::BadNode(
                 node,
                 "node ids are 1 up to the front ends' ids",

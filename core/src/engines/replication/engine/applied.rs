@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// How long an applied write is remembered: past the longest a client may
 /// keep retrying one.
 pub(super) const APPLIED_KEEP_NS: u64 =
-    crate::client::REQUEST_TIMEOUT_MAX.as_nanos() as u64 + 5_000_000_000;
+    crate::wire::REQUEST_TIMEOUT_MAX.as_nanos() as u64 + 5_000_000_000;
 /// Most applied writes remembered at once.
 pub(super) const APPLIED_MAX: usize = 1 << 16;
 

@@ -17,7 +17,7 @@ impl Replicator {
         data: Bytes,
         fua: bool,
     ) {
-        if data.is_empty() && origin.0 .0 >= crate::front_end::FRONT_END_ID_BASE {
+        if data.is_empty() && origin.0 .0 >= crate::ids::FRONT_END_ID_BASE {
             // The node took no data from its front end for it (see `front_end`).
             let result = Err(WeirError::PayloadNotHeld);
             return self.send(primary, Message::ReplicaWriteAck { op, result });

@@ -40,6 +40,14 @@ pub const WIRE_VERSION: u8 = 10;
 pub const HEADER_BYTES: usize = 12;
 /// Largest body accepted: a 1 MiB data payload plus room for the message fields.
 pub const MAX_BODY_BYTES: usize = (1 << 20) + 256;
+/// The longest bound a client may be given on a request's retries, a
+/// contract between clients and primaries: nodes keep a write's record for
+/// its retries (so a retry of one already overwritten is not applied again;
+/// see the replication engine's applied log) no longer than a little past
+/// this, which is why there is no "wait for ever". The log's count bound
+/// (65,536 records) may drop a record sooner at a high write rate: a gap
+/// docs/replication.md states.
+pub const REQUEST_TIMEOUT_MAX: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Every message weir sends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

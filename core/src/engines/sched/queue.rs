@@ -42,7 +42,7 @@ use crate::buf::{Buf, BufPool, BUF_ALIGN};
 use crate::device::{DevCommand, DevCompletion, DevError, Geometry};
 use crate::error::WeirError;
 use crate::ids::Lba;
-use crate::replication::{IoClass, IoCmd, IoId, IoResult};
+use crate::io::{IoClass, IoCmd, IoId, IoResult};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 

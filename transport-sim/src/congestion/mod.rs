@@ -1,4 +1,4 @@
-//! Congestion response (DESIGN.md section 4.2).
+//! Congestion response (DESIGN.md section 4.2), as the fabric model runs it.
 //!
 //! [`dcqcn`]: the DCQCN reaction and notification points as pure logic; the
 //! simulated NIC runs them per QP, and on real NICs the same parameters are the ones

@@ -2,11 +2,11 @@
 //!
 //! [`engine::Replicator`] is the sans-IO state machine every node runs, in all its
 //! roles at once: primary for some extents, replica for others, flush coordinator.
-//! [`range_lock::RangeLock`] orders overlapping operations at a primary.
+//! [`crate::engines::range_lock::RangeLock`] orders overlapping operations at a
+//! primary.
 
 pub mod engine;
 pub mod grains;
-pub mod range_lock;
 pub mod versions;
 
 pub(crate) use engine::BUGS_BUILT;

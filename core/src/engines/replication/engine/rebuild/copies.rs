@@ -46,15 +46,15 @@ type CopyKey = (ExtentId, NodeId);
 /// How a copy walks, for a chunk of it: the epoch it rebuilds at, and what its
 /// chunks send (see [`chunk_versions`]).
 #[derive(Clone, Copy, Debug)]
-pub(in crate::replication::engine) struct Walk {
-    pub(in crate::replication::engine) epoch: Epoch,
+pub(in crate::engines::replication::engine) struct Walk {
+    pub(in crate::engines::replication::engine) epoch: Epoch,
     pub(super) full: Option<Version>,
     pub(super) skip: Option<Lba>,
 }
 
 /// What [`Rebuilds::pump`] asks the engine to do, in order.
 #[derive(Debug)]
-pub(in crate::replication::engine) enum Step {
+pub(in crate::engines::replication::engine) enum Step {
     /// Ask the control plane for this `RebuildDone`.
     AskDone(crate::control::Command),
     /// Start chunk `op` (it waits for its range lock first).
@@ -63,14 +63,14 @@ pub(in crate::replication::engine) enum Step {
 
 /// A copy that ended with a map change ([`Rebuilds::after_map`]).
 #[derive(Debug)]
-pub(in crate::replication::engine) struct Ended {
-    pub(in crate::replication::engine) extent: ExtentId,
-    pub(in crate::replication::engine) node: NodeId,
+pub(in crate::engines::replication::engine) struct Ended {
+    pub(in crate::engines::replication::engine) extent: ExtentId,
+    pub(in crate::engines::replication::engine) node: NodeId,
     /// Its chunks still out: their range locks are let go.
-    pub(in crate::replication::engine) chunks: Vec<OpId>,
+    pub(in crate::engines::replication::engine) chunks: Vec<OpId>,
     /// The replica is in sync now (the copy was done): what it moved, and when
     /// it began.
-    pub(in crate::replication::engine) rebuilt: Option<(u64, u64, u64)>,
+    pub(in crate::engines::replication::engine) rebuilt: Option<(u64, u64, u64)>,
 }
 
 /// The rebuild work of one node, the one owner of its state: as a primary, its
@@ -79,7 +79,7 @@ pub(in crate::replication::engine) struct Ended {
 /// answered; as a rebuilding replica, the copies and probes it has yet to
 /// answer. It decides; the engine does the I/O, the locking and the sending.
 #[derive(Debug, Default)]
-pub(in crate::replication::engine) struct Rebuilds {
+pub(in crate::engines::replication::engine) struct Rebuilds {
     copies: BTreeMap<CopyKey, Copy>,
     /// Writes forwarded to a rebuilding replica that it has not answered, by
     /// replica: op -> extent and when it was forwarded.
@@ -92,7 +92,7 @@ pub(in crate::replication::engine) struct Rebuilds {
 
 impl Rebuilds {
     /// Copies in progress at this node as a primary.
-    pub(in crate::replication::engine) fn progress(&self) -> Vec<RebuildProgress> {
+    pub(in crate::engines::replication::engine) fn progress(&self) -> Vec<RebuildProgress> {
         self.copies
             .iter()
             .map(|(&(extent, node), c)| RebuildProgress {
@@ -107,7 +107,7 @@ impl Rebuilds {
     }
 
     /// Rebuilding replicas of `extent` whose copy is complete.
-    pub(in crate::replication::engine) fn joining(&self, extent: ExtentId) -> Vec<NodeId> {
+    pub(in crate::engines::replication::engine) fn joining(&self, extent: ExtentId) -> Vec<NodeId> {
         self.copies
             .range((extent, NodeId(0))..=(extent, NodeId(u32::MAX)))
             .filter(|(_, c)| c.joining)
@@ -118,7 +118,7 @@ impl Rebuilds {
     /// Write `op` of `extent` went to `node`, a rebuilding replica not waited
     /// for, at `now`: its copy joins only once the replica has answered it (or
     /// the answer is given up, see [`Rebuilds::expire_forwards`]).
-    pub(in crate::replication::engine) fn forwarded(
+    pub(in crate::engines::replication::engine) fn forwarded(
         &mut self,
         node: NodeId,
         op: OpId,
@@ -136,7 +136,11 @@ impl Rebuilds {
     /// (a connection reset loses frames), so the replica may lack those blocks,
     /// and its copy walks the extent again, as after a failed write. Without
     /// this a copy would wait for ever to join.
-    pub(in crate::replication::engine) fn expire_forwards(&mut self, now: u64, map: &ClusterMap) {
+    pub(in crate::engines::replication::engine) fn expire_forwards(
+        &mut self,
+        now: u64,
+        map: &ClusterMap,
+    ) {
         let mut lost = Vec::new();
         for (&node, ops) in &mut self.unacked {
             ops.retain(|_, &mut (extent, since)| {
@@ -160,7 +164,7 @@ impl Rebuilds {
     /// waited on as one. If it failed, the replica may lack those blocks
     /// whatever the walk found: its copy walks the extent again (probes make
     /// that cheap).
-    pub(in crate::replication::engine) fn replica_answered(
+    pub(in crate::engines::replication::engine) fn replica_answered(
         &mut self,
         from: NodeId,
         op: OpId,
@@ -180,7 +184,10 @@ impl Rebuilds {
     }
 
     /// Chunks unanswered for [`REBUILD_CHUNK_TIMEOUT_NS`] at `now`.
-    pub(in crate::replication::engine) fn expired(&self, now: u64) -> Vec<(CopyKey, OpId)> {
+    pub(in crate::engines::replication::engine) fn expired(
+        &self,
+        now: u64,
+    ) -> Vec<(CopyKey, OpId)> {
         self.copies
             .iter()
             .flat_map(|(&key, c)| c.chunks.iter().map(move |(&op, &t)| (key, op, t)))
@@ -191,7 +198,7 @@ impl Rebuilds {
 
     /// Chunk `op` of copy `key` is given up (it was out from `lba`, if it
     /// still was): those blocks are copied again after a pause.
-    pub(in crate::replication::engine) fn give_up(
+    pub(in crate::engines::replication::engine) fn give_up(
         &mut self,
         key: CopyKey,
         op: OpId,
@@ -207,7 +214,7 @@ impl Rebuilds {
     /// taken out and returned, those whose epoch moved walk again from the
     /// start, and replicas that rebuild nowhere any more (down, or in sync)
     /// owe nothing.
-    pub(in crate::replication::engine) fn after_map(
+    pub(in crate::engines::replication::engine) fn after_map(
         &mut self,
         map: &ClusterMap,
         me: NodeId,
@@ -244,7 +251,7 @@ impl Rebuilds {
     }
 
     /// Copies the map asks of `me` that have not begun: (extent, replica, epoch).
-    pub(in crate::replication::engine) fn wanted(
+    pub(in crate::engines::replication::engine) fn wanted(
         &self,
         map: &ClusterMap,
         me: NodeId,
@@ -261,7 +268,7 @@ impl Rebuilds {
     /// Begin copying `extent` to `node` at `epoch` at `now`: the grains
     /// `grains` has written, or with `full` every block (see
     /// [`Replicator::copies_in_full`]); `one_short` is the test-only bug.
-    pub(in crate::replication::engine) fn begin(
+    pub(in crate::engines::replication::engine) fn begin(
         &mut self,
         (extent, node, epoch): (ExtentId, NodeId, Epoch),
         full: Option<Version>,
@@ -313,7 +320,7 @@ impl Rebuilds {
     /// room in its window). A chunk waiting for a window counts: the bound is
     /// on chunks that hold a range lock. A copy walked to its end joins once
     /// its chunks are answered. `new_op` names each chunk.
-    pub(in crate::replication::engine) fn pump(
+    pub(in crate::engines::replication::engine) fn pump(
         &mut self,
         now: u64,
         (rate, blocked): (u64, &BTreeSet<NodeId>),
@@ -402,7 +409,7 @@ impl Rebuilds {
     }
 
     /// How copy `key` walks; `None` if it has ended.
-    pub(in crate::replication::engine) fn walk(&self, key: CopyKey) -> Option<Walk> {
+    pub(in crate::engines::replication::engine) fn walk(&self, key: CopyKey) -> Option<Walk> {
         self.copies.get(&key).map(|c| Walk {
             epoch: c.epoch,
             full: c.full,
@@ -412,7 +419,7 @@ impl Rebuilds {
 
     /// A chunk of copy `key` was probed: the replica had `skipped` of its
     /// bytes, and `reading` are read to be sent (they count against the rate).
-    pub(in crate::replication::engine) fn probed(
+    pub(in crate::engines::replication::engine) fn probed(
         &mut self,
         key: CopyKey,
         skipped: u64,
@@ -427,7 +434,7 @@ impl Rebuilds {
     /// Chunk `op` of copy `key`, out from `lba`, ended at `now`: `Ok` with the
     /// bytes the replica acknowledged, or failed (its blocks are copied again
     /// after a pause).
-    pub(in crate::replication::engine) fn chunk_ended(
+    pub(in crate::engines::replication::engine) fn chunk_ended(
         &mut self,
         key: CopyKey,
         op: OpId,
@@ -452,18 +459,18 @@ impl Rebuilds {
 
     /// A copy or probe arrived here, a rebuilding replica: it is answered by
     /// [`Rebuilds::answerable`].
-    pub(in crate::replication::engine) fn arrived(&mut self, incoming: Incoming) {
+    pub(in crate::engines::replication::engine) fn arrived(&mut self, incoming: Incoming) {
         self.incoming.push(incoming);
     }
 
     /// Whether any copy or probe waits for an answer here.
-    pub(in crate::replication::engine) fn awaiting(&self) -> bool {
+    pub(in crate::engines::replication::engine) fn awaiting(&self) -> bool {
         !self.incoming.is_empty()
     }
 
     /// The copies and probes to answer now: their device writes are done, and
     /// no device write still in flight here covers their blocks (`busy`).
-    pub(in crate::replication::engine) fn answerable(
+    pub(in crate::engines::replication::engine) fn answerable(
         &mut self,
         busy: impl Fn(Lba, u64) -> bool,
     ) -> Vec<Incoming> {
@@ -485,7 +492,7 @@ impl Rebuilds {
     /// A device write of copy `op` from `primary` finished; if it failed, the
     /// copy's blocks, whose grains are to be broken (what they hold is unknown
     /// now, so a probe asks for them again).
-    pub(in crate::replication::engine) fn copy_written(
+    pub(in crate::engines::replication::engine) fn copy_written(
         &mut self,
         primary: NodeId,
         op: OpId,
@@ -511,7 +518,10 @@ impl Rebuilds {
     ///   walk stays within its extent;
     /// - the bandwidth window is open exactly while there are copies;
     /// - a probe waits for no device write of its own.
-    pub(in crate::replication::engine) fn self_check(&self, chunks: &BTreeMap<OpId, Chunk>) {
+    pub(in crate::engines::replication::engine) fn self_check(
+        &self,
+        chunks: &BTreeMap<OpId, Chunk>,
+    ) {
         let mut out = 0;
         for (&(extent, node), c) in &self.copies {
             assert!(

@@ -18,7 +18,7 @@
 
 use crate::buf::BufPool;
 use crate::device::{DevCompletion, DevError, Geometry};
-use crate::replication::{IoClass, IoCmd, IoId, IoResult};
+use crate::io::{IoClass, IoCmd, IoId, IoResult};
 pub use admission::{
     Admission, AdmitConfig, Deltas, Submit, VolKey, VolumeAdmitStats, Who, ADMIT_DEPTH_DEFAULT,
     ADMIT_FORGET_NS, ADMIT_WAITING_MAX_DEFAULT, ADMIT_WAIT_MAX_NS, DELTAS_MAX, DELTA_MAX,

@@ -59,7 +59,7 @@ fn a_joining_node_is_down_and_holds_nothing_until_the_group_takes_it() {
         addr: String::new(),
     });
     assert_eq!(again, Err(Refusal::KnownNode(NodeId(4))));
-    for bad in [0, crate::front_end::FRONT_END_ID_BASE] {
+    for bad in [0, crate::ids::FRONT_END_ID_BASE] {
         let r = s.apply(&Command::JoinNode {
             node: NodeId(bad),
             addr: String::new(),

@@ -150,7 +150,7 @@ impl Replicator {
         // an in-sync replica's ack holds the client's answer, and with it the
         // front end's payload.
         let elide = |to: NodeId| {
-            held_by == Some(crate::front_end::front_end_of(to)) && placement.in_sync.contains(&to)
+            held_by == Some(crate::ids::front_end_of(to)) && placement.in_sync.contains(&to)
         };
         let sent = forward
             .iter()

@@ -90,3 +90,24 @@ impl Lba {
         Lba(self.0 + blocks)
     }
 }
+
+/// Front ends' ids are this plus their node's id; members' ids are below it
+/// (a node's own front end: [`crate::front_end`]).
+pub const FRONT_END_ID_BASE: u32 = 1 << 20;
+
+/// The client id of `node`'s own front end.
+pub fn front_end_of(node: NodeId) -> NodeId {
+    assert!(node.0 < FRONT_END_ID_BASE, "{node} is a front end's id");
+    NodeId(FRONT_END_ID_BASE + node.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn front_end_ids_lie_above_every_member() {
+        assert_eq!(front_end_of(NodeId(3)), NodeId(FRONT_END_ID_BASE + 3));
+        assert!(std::panic::catch_unwind(|| front_end_of(NodeId(FRONT_END_ID_BASE))).is_err());
+    }
+}

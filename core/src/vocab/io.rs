@@ -1,8 +1,10 @@
-//! What the engine asks its driver to do, and the device commands it issues:
-//! [`Action`] out of [`super::Replicator::poll_action`], [`IoCmd`] in an
-//! `Action::Io`, [`IoResult`] back into [`super::Replicator::handle_io`].
+//! The I/O types the engines, the device scheduler and the driver share: a
+//! device command in volume blocks ([`IoCmd`]), its id ([`IoId`]), its outcome
+//! ([`IoResult`]) and what it is for, as the scheduler ranks it ([`IoClass`]).
 
-use super::*;
+use crate::error::WeirError;
+use crate::ids::Lba;
+use bytes::Bytes;
 
 /// Identifies one device command issued by the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -88,58 +90,4 @@ pub enum IoResult {
     Done,
     /// The command failed: a device error, or no buffer to read into (`Busy`).
     Failed(WeirError),
-}
-
-/// Something the driver must do.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Action {
-    /// Send `msg` to `to`.
-    Send {
-        /// Destination.
-        to: NodeId,
-        /// The message.
-        msg: Message,
-    },
-    /// Issue a device command and report it back with [`Replicator::handle_io`].
-    Io {
-        /// Id to report the completion under.
-        io: IoId,
-        /// The command.
-        cmd: IoCmd,
-    },
-    /// Ask the control plane to commit `command` (a primary dropping a replica that
-    /// did not acknowledge in time).
-    Control {
-        /// The command.
-        command: crate::control::Command,
-    },
-    /// A fact for the invariant checkers (only with [`ReplicationConfig::audit`]).
-    Audit(Audit),
-    /// Something worth a line in the node's event log (a rebuild finished).
-    Event(crate::events::Event),
-    /// Write down these block versions, durable now (see `checkpoint`): a full
-    /// checkpoint replaces what was written before, a delta is appended to it.
-    Checkpoint {
-        /// Runs of blocks at one version; version 0: forgotten.
-        runs: Vec<crate::replication::versions::VersionRun>,
-        /// Whether this is every version the node holds.
-        full: bool,
-    },
-}
-
-/// A completion with no data, or its error.
-pub(super) fn io_unit(result: IoResult) -> Result<(), WeirError> {
-    match result {
-        IoResult::Done | IoResult::Read(_) => Ok(()),
-        IoResult::Failed(e) => Err(e),
-    }
-}
-
-/// A read's data, or its error.
-pub(super) fn io_data(result: IoResult) -> Result<Bytes, WeirError> {
-    match result {
-        IoResult::Read(data) => Ok(data),
-        IoResult::Failed(e) => Err(e),
-        IoResult::Done => panic!("a read completed without data"),
-    }
 }

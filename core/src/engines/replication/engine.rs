@@ -22,7 +22,7 @@
 //! invariant checkers need ([`Audit`]): when it may serve each extent, each write it
 //! acknowledged and each write its device completed.
 
-use super::range_lock::{Mode, RangeLock};
+use crate::engines::range_lock::{Mode, RangeLock};
 pub use rebuild::{RebuildProgress, DEFAULT_REBUILD_BYTES_PER_SEC, REBUILD_CHUNK_BYTES};
 pub use scrub::SCRUB_RUN_BYTES;
 
@@ -45,10 +45,11 @@ mod write;
 use crate::device::DevError;
 use crate::error::WeirError;
 use crate::ids::{Epoch, ExtentId, Lba, NodeId, OpId, RequestId, Version, VolumeId};
+pub use crate::io::{IoClass, IoCmd, IoId, IoResult};
 use crate::map::ClusterMap;
 use crate::wire::Message;
+pub use actions::Action;
 use actions::{io_data, io_unit};
-pub use actions::{Action, IoClass, IoCmd, IoId, IoResult};
 pub use audit::Audit;
 use bytes::Bytes;
 pub(crate) use config::BUGS_BUILT;

@@ -27,7 +27,7 @@
 //! [`IoClass`]: crate::replication::IoClass
 
 use super::{IoQueue, What, MERGE_SCAN_MAX};
-use crate::replication::IoClass;
+use crate::io::IoClass;
 
 /// Clients' default weight: background keeps at least one command in
 /// `FOREGROUND_WEIGHT + 1` while both wait (each background class's default

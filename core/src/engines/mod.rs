@@ -1,0 +1,15 @@
+//! The sans-IO engines: each the one owner of its state, driven by the node
+//! ([`crate::node`]) with messages, device completions and the clock, and
+//! answering with actions. No I/O, no clock, no tasks.
+//!
+//! [`replication`] the per-extent primary copy; [`control`] the cluster map as a
+//! Raft-replicated state machine, the failure detector and leases; [`sched`]
+//! each device's scheduler and the admission of client requests; [`flow`] the
+//! response to the fabric's congestion signals per peer; [`range_lock`] the
+//! lock over block ranges that replication and the scheduler both take.
+
+pub mod control;
+pub mod flow;
+pub mod range_lock;
+pub mod replication;
+pub mod sched;
