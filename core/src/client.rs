@@ -587,7 +587,7 @@ impl<T: Transport> Volume<T> {
         wait: Duration,
         make: impl FnOnce(RequestId) -> Message,
     ) -> Result<Message, ClientError> {
-        let frame = make(req).encode()?;
+        let frame = self.transport.frame(to, make(req))?;
         let (tx, rx) = oneshot::channel();
         match self.waiters.lock().expect("waiters lock").as_mut() {
             Some(map) => map.insert(req, (to, tx)),

@@ -789,13 +789,14 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
     }
 
-    /// Encode `msg` and send it to `to`, or hold it until `to`'s queue has room.
+    /// Send `msg` to `to` (encoded, or handed over as it is to a peer in this
+    /// process: [`Transport::frame`]), or hold it until `to`'s queue has room.
     /// Never waits.
     fn send(&mut self, to: NodeId, msg: Message) -> Result<(), NodeError> {
         self.gate.replied(to, &msg);
         // The map bounds every request below the frame limit, so an encoding failure
         // is a bug: say so loudly, keep serving.
-        let frame = match msg.encode() {
+        let frame = match self.transport.frame(to, msg) {
             Ok(frame) => frame,
             Err(e) => {
                 tracing::error!(%to, error = %e, "message not encodable; dropped");

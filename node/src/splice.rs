@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio_real::sync::{mpsc, Mutex};
 use weir_core::transport::{CongestionSignals, SendError, Transport, TransportError};
-use weir_core::wire::Frame;
+use weir_core::wire::{EncodeError, Frame, Message};
 use weir_core::NodeId;
 
 /// Frames in the channel towards the other side at most; past it `send` hands
@@ -56,6 +56,15 @@ pub fn splice(
 impl Transport for Spliced {
     fn local_id(&self) -> NodeId {
         self.me
+    }
+
+    /// Its peer lives in this process: a message to it is handed over as it is,
+    /// not encoded (and [`Message::decode`] on the other side does not parse).
+    fn frame(&self, to: NodeId, msg: Message) -> Result<Frame, EncodeError> {
+        if to == self.peer {
+            return Ok(Frame::in_process(msg));
+        }
+        msg.encode()
     }
 
     fn send(&self, to: NodeId, frame: Frame) -> Result<(), SendError> {
@@ -151,6 +160,25 @@ mod tests {
         );
         assert_eq!(a.local_id(), NodeId(1));
         tcp_a.close();
+    }
+
+    #[tokio_real::test(crate = "tokio_real")]
+    async fn messages_to_the_spliced_peer_are_handed_over_not_encoded() {
+        let (a, b) = splice(NodeId(1), None, NodeId(900), None);
+        let data = bytes::Bytes::from(vec![7u8; 4096]);
+        let msg = Message::fetched(weir_core::OpId(3), Ok(data.clone()));
+        let frame = b.frame(NodeId(1), msg.clone()).unwrap();
+        assert!(frame.head.is_empty() && frame.payload.is_empty() && frame.local.is_some());
+        b.send(NodeId(1), frame).unwrap();
+        let (from, frame) = a.recv().await.unwrap();
+        let got = Message::decode(frame).unwrap();
+        assert_eq!((from, &got), (NodeId(900), &msg));
+        // The payload is the same memory, not a copy.
+        assert_eq!(got.payload().unwrap().as_ptr(), data.as_ptr());
+        // To anyone else, the message is encoded for the wire.
+        let other = b.frame(NodeId(2), msg.clone()).unwrap();
+        assert!(other.local.is_none() && !other.head.is_empty());
+        assert_eq!(Message::decode(other).unwrap(), msg);
     }
 
     #[tokio_real::test(crate = "tokio_real")]

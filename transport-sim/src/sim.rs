@@ -495,6 +495,10 @@ impl Transport for SimTransport {
     }
 
     fn send(&self, to: NodeId, frame: Frame) -> Result<(), SendError> {
+        debug_assert!(
+            frame.local.is_none(),
+            "a frame handed over in process sent on the fabric"
+        );
         let max = HEADER_BYTES + MAX_BODY_BYTES;
         if frame.len() > max {
             return Err(TransportError::FrameTooLarge {

@@ -359,5 +359,6 @@ async fn read_frame<R: AsyncRead + Unpin>(
     Ok(Some(Frame {
         head: head.freeze(),
         payload,
+        local: None,
     }))
 }

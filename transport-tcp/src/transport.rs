@@ -320,6 +320,10 @@ impl Transport for TcpTransport {
     /// queue), or dropped as a network failure would drop it (see the type's
     /// delivery model).
     fn send(&self, to: NodeId, frame: Frame) -> Result<(), SendError> {
+        debug_assert!(
+            frame.local.is_none(),
+            "a frame handed over in process sent on TCP"
+        );
         self.send_now(to, frame)
     }
 

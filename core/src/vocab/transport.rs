@@ -8,7 +8,7 @@
 //! pool, so payloads move without copies.
 
 use crate::ids::NodeId;
-use crate::wire::Frame;
+use crate::wire::{EncodeError, Frame, Message};
 use std::future::Future;
 
 /// Why a transport operation failed.
@@ -83,6 +83,15 @@ pub enum SendError {
 pub trait Transport: Send + Sync + 'static {
     /// This endpoint's node id.
     fn local_id(&self) -> NodeId;
+
+    /// `msg` as a frame for `to`: encoded for the wire, or, by a transport whose
+    /// peer `to` lives in this process, handed over as it is
+    /// ([`Frame::in_process`]: a node and its own front end skip encoding and
+    /// decoding).
+    fn frame(&self, to: NodeId, msg: Message) -> Result<Frame, EncodeError> {
+        let _ = to;
+        msg.encode()
+    }
 
     /// Queue `frame` for delivery to `to`, or hand it back if `to`'s queue is full.
     /// Never waits. A queue that is empty takes any frame that is not too large, so

@@ -356,12 +356,20 @@ pub enum EncodeError {
 /// An encoded message: the header and control part, and the payload as a
 /// segment of its own, so a transport sends the payload's memory as it is (a
 /// vectored write, an RDMA scatter-gather entry) and never copies it.
+///
+/// Or a message handed over in this process, not encoded at all
+/// ([`Frame::in_process`]): only a transport whose peer lives in the same
+/// process makes one ([`crate::Transport::frame`]), and only for that peer, so
+/// none reaches a wire.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Frame {
     /// The header and the control part.
     pub head: Bytes,
     /// The payload (empty for messages without data).
     pub payload: Bytes,
+    /// The message itself, where it is handed over in process (`head` and
+    /// `payload` are then empty).
+    pub local: Option<Box<Message>>,
 }
 
 impl From<Vec<u8>> for Frame {
@@ -369,15 +377,29 @@ impl From<Vec<u8>> for Frame {
     fn from(bytes: Vec<u8>) -> Frame {
         Frame {
             head: Bytes::from(bytes),
-            payload: Bytes::new(),
+            ..Frame::default()
         }
     }
 }
 
 impl Frame {
-    /// Bytes on the wire.
+    /// `msg` handed over as it is, to a peer in this process: no encoding, and
+    /// [`Message::decode`] gives it back without parsing.
+    pub fn in_process(msg: Message) -> Frame {
+        Frame {
+            local: Some(Box::new(msg)),
+            ..Frame::default()
+        }
+    }
+
+    /// Bytes on the wire (of a frame handed over in process: its header's and
+    /// payload's, as if encoded, for the bounds that count bytes).
     pub fn len(&self) -> usize {
-        self.head.len() + self.payload.len()
+        let local = self
+            .local
+            .as_ref()
+            .map_or(0, |m| HEADER_BYTES + m.payload().map_or(0, Bytes::len));
+        self.head.len() + self.payload.len() + local
     }
 
     /// Whether the frame holds no bytes at all (never true of an encoded one).
@@ -403,6 +425,7 @@ impl Frame {
         let frame = Frame {
             head: bytes.slice(..split),
             payload: bytes.slice(split..),
+            local: None,
         };
         debug_assert_eq!(
             frame.payload.len(),
@@ -415,6 +438,10 @@ impl Frame {
     /// The frame in one piece. This copies the payload (counted in
     /// [`crate::copies`]); transports send the two segments instead.
     pub fn to_contiguous(&self) -> Bytes {
+        debug_assert!(
+            self.local.is_none(),
+            "a frame handed over in process made contiguous"
+        );
         if self.payload.is_empty() {
             return self.head.clone();
         }
@@ -486,6 +513,7 @@ impl Message {
         let frame = Frame {
             head: head.freeze(),
             payload,
+            local: None,
         };
         // The header written reads back as these lengths.
         debug_assert_eq!(
@@ -496,7 +524,11 @@ impl Message {
     }
 
     /// Decode a frame; a payload is the frame's own memory, sliced, not copied.
+    /// A frame handed over in process gives its message back as it is.
     pub fn decode(frame: Frame) -> Result<Message, DecodeError> {
+        if let Some(msg) = frame.local {
+            return Ok(*msg);
+        }
         let Some((header, control)) = frame.head.split_first_chunk::<HEADER_BYTES>() else {
             return Err(DecodeError::Truncated);
         };

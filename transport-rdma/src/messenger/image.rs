@@ -207,6 +207,7 @@ impl Image {
         Frame {
             head: b.freeze(),
             payload,
+            local: None,
         }
     }
 

@@ -416,6 +416,10 @@ impl Transport for RdmaTransport {
     }
 
     fn send(&self, to: NodeId, frame: Frame) -> Result<(), SendError> {
+        debug_assert!(
+            frame.local.is_none(),
+            "a frame handed over in process sent on RDMA"
+        );
         if to == self.me {
             return Err(TransportError::UnknownPeer(to).into());
         }

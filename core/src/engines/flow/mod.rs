@@ -387,8 +387,8 @@ mod tests {
         let mut payload = vec![0u8; len.max(1)];
         payload[0] = tag;
         Frame {
-            head: Bytes::new(),
             payload: Bytes::from(payload),
+            ..Frame::default()
         }
     }
 

@@ -17,8 +17,17 @@
 //! - A peer that does not answer within the replica timeout, or cannot read the
 //!   blocks either, is passed over for the next; with none left the read fails
 //!   with the media error (a client retries).
+//! - A peer that refuses for now (`NoLease`: a primary new to the extent waits
+//!   out its predecessor's lease; `Busy`) is asked again after the replica
+//!   timeout, up to [`REPAIR_ASKS_MAX`] times in all: a repair found by the
+//!   scrubber during a failover is not left for the scrubber's next pass.
 
 use super::*;
+
+/// Times a repair asks a peer that refuses for now (`NoLease`, `Busy`)
+/// before it passes it over: with the 100 ms replica timeout, longer than the
+/// 150 ms lease a new primary waits out.
+pub(super) const REPAIR_ASKS_MAX: u32 = 4;
 
 /// A repair in progress at the node whose device failed.
 #[derive(Debug)]
@@ -38,6 +47,11 @@ pub(super) struct Repair {
     pub(super) error: WeirError,
     /// The fetched data is being written back.
     pub(super) writing: bool,
+    /// The last peer asked refused for now: ask it again (not the next) when
+    /// the replica timeout has passed.
+    pub(super) again: bool,
+    /// Asks of the last peer so far.
+    pub(super) asks: u32,
 }
 
 /// Who answers a peer's fetch.
@@ -71,6 +85,8 @@ impl Replicator {
             asked_ns: self.now_ns,
             error,
             writing: false,
+            again: false,
+            asks: 0,
         };
         self.ops.repairs.insert(op, repair);
         self.ask_next_peer(op);
@@ -109,6 +125,8 @@ impl Replicator {
             asked_ns: self.now_ns,
             error,
             writing: false,
+            again: false,
+            asks: 0,
         };
         self.ops.repairs.insert(op, repair);
         if !primary {
@@ -126,9 +144,12 @@ impl Replicator {
             return;
         };
         let placement = self.map.extent(r.extent);
+        let again = r.tried.last().copied().filter(|_| r.again);
         let peer =
             if placement.epoch != r.epoch {
                 None
+            } else if let Some(peer) = again {
+                Some(peer)
             } else if placement.primary == self.me {
                 placement.replicas.iter().copied().find(|n| {
                     *n != self.me && placement.in_sync.contains(n) && !r.tried.contains(n)
@@ -151,7 +172,13 @@ impl Replicator {
             blocks: r.blocks as u32,
         };
         if let Some(r) = self.ops.repairs.get_mut(&op) {
-            r.tried.push(peer);
+            if r.again {
+                r.again = false;
+                r.asks += 1;
+            } else {
+                r.tried.push(peer);
+                r.asks = 1;
+            }
             r.asked_ns = self.now_ns;
         }
         self.send(peer, msg);
@@ -297,6 +324,13 @@ impl Replicator {
         let data = match result {
             Ok(data) if data.len() == r.blocks as usize * bs => data,
             Ok(_) => return self.ask_next_peer(op),
+            Err(e @ (WeirError::NoLease(_) | WeirError::Busy)) if r.asks < REPAIR_ASKS_MAX => {
+                // Asked again by `expire_repairs` once the replica timeout passed.
+                tracing::debug!(%from, %op, error = %e, "peer refused the fetch for now");
+                r.again = true;
+                r.asked_ns = self.now_ns;
+                return;
+            }
             Err(e) => {
                 tracing::debug!(%from, %op, error = %e, "peer could not supply the blocks");
                 return self.ask_next_peer(op);

@@ -1946,6 +1946,55 @@ fn a_replica_that_hits_a_media_error_is_repaired_from_its_primary() {
 }
 
 #[test]
+fn a_repair_refused_while_a_new_primary_waits_out_the_old_lease_is_asked_again() {
+    use crate::control::Command;
+    let mut c = cluster(test_config());
+    for e in c.engines.values_mut() {
+        e.set_clock(1_000, u64::MAX);
+    }
+    c.client_sends(NodeId(1), write(1, 4, block(9, 1)));
+    c.settle();
+    // n2 takes ext0 over and may serve it only from 50 ms.
+    publish(
+        &mut c,
+        Command::NodeDown {
+            node: NodeId(1),
+            lease_expires_ns: 50_000_000,
+        },
+    );
+    // n2 reconciles the extent's replicas meanwhile.
+    c.settle();
+    c.bad.insert((NodeId(3), 4));
+    c.client_sends(
+        NodeId(3),
+        Message::ScrubRead {
+            req: RequestId(2),
+            volume: VolumeId(1),
+            lba: Lba(4),
+            blocks: 1,
+        },
+    );
+    c.settle();
+    assert!(matches!(failed_with(&c, 2), Some(WeirError::Device(_))));
+    assert!(c.bad.contains(&(NodeId(3), 4)), "n2 may not answer yet");
+    assert_eq!(c.engines[&NodeId(3)].ops_in_flight(), 1, "the repair waits");
+    // n2 may serve; n3 asks again once its replica timeout has passed.
+    c.engines
+        .get_mut(&NodeId(2))
+        .unwrap()
+        .set_clock(50_000_000, u64::MAX);
+    c.engines
+        .get_mut(&NodeId(3))
+        .unwrap()
+        .handle_tick(1_000 + DEFAULT_REPLICA_TIMEOUT_NS);
+    c.collect();
+    c.settle();
+    assert_eq!(c.disk_block(NodeId(3), 4), Some(9));
+    assert!(c.bad.is_empty());
+    assert_eq!(c.engines[&NodeId(3)].ops_in_flight(), 0);
+}
+
+#[test]
 fn the_background_scrubber_finds_and_repairs_a_bad_block_nobody_reads() {
     let config = ReplicationConfig {
         scrub_bytes_per_sec: 64 * BS as u64 * 1000, // 64 blocks per ms
