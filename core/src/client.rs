@@ -22,6 +22,7 @@ pub mod front_end;
 pub mod named;
 mod read_flow;
 mod retry;
+pub mod splice;
 
 pub use retry::{
     Attempts, ClientError, CALL_TIMEOUT, CALL_TIMEOUT_MAX, REQUEST_TIMEOUT, REQUEST_TIMEOUT_MAX,

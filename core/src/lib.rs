@@ -27,7 +27,7 @@ pub mod engines;
 pub mod node;
 pub mod vocab;
 
-pub use client::{front_end, named};
+pub use client::{front_end, named, splice};
 pub use engines::{control, flow, replication, sched};
 pub use vocab::{buf, copies, device, error, events, ids, io, map, record, time, transport, wire};
 

@@ -20,8 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use weir_core::client::Volume;
 use weir_core::control::Timeouts;
+use weir_core::front_end::{FrontEndParts, NodeFrontEnd};
 use weir_core::map::VolumeSpec;
-use weir_core::node::boot::{boot, BootReport, Durable, NodeSettings, Stored};
+use weir_core::node::boot::{boot_with_front_end, BootReport, Durable, NodeSettings, Stored};
 use weir_core::node::{EventLog, Events, NodeHandle};
 use weir_core::replication::ReplicationConfig;
 use weir_core::sched::SchedConfig;
@@ -95,25 +96,19 @@ pub async fn run_on(
         Some((t, c)) => (Arc::new(t), Arc::new(c)),
         None => bind(&config, client_id).await?,
     };
-    // The front end and its own node talk through a channel, not loopback TCP.
-    let (node_side, client_side) =
-        crate::splice::splice(me, Some(transport.clone()), client_id, Some(client.clone()));
-
     let events: EventLog = Arc::new(std::sync::Mutex::new(Events::with_capacity(
         crate::admin::EVENTS_KEPT,
     )));
-    // The front end's write payloads, which its node takes instead of receiving
-    // them back from another primary.
-    let held = Arc::new(weir_core::front_end::HeldPayloads::default());
-    let (node, found) = boot(
+    // The node with its front end, the two spliced (they talk in process, not
+    // over loopback TCP), the node taking the payloads the front end holds.
+    let (mut node, front_end, found) = boot_with_front_end(
         &settings,
-        (node_side, device.clone(), bufs),
+        ((transport.clone(), client.clone()), device.clone(), bufs),
         durable,
         events.clone(),
         rand::random(),
     )?;
     log_boot(me, &identity, &found);
-    let mut node = node.with_held_payloads(held.clone());
     let handle = node.handle();
     let mut node_task = tokio_real::spawn(node.run());
     let peers_task = tokio_real::spawn(learn_peers(
@@ -122,7 +117,7 @@ pub async fn run_on(
         [transport.clone(), client.clone()],
     ));
 
-    let front = serve_front_end(&config, me, client_side, (map, held), &handle).await?;
+    let front = serve_front_end(&config, me, (front_end, map), &handle).await?;
     let admin = serve_admin(&config, &handle, &front, (events, [&transport, &client]))?;
     tracing::info!(
         %me,
@@ -173,33 +168,23 @@ struct FrontEnd {
     reclaim: tokio_real::task::JoinHandle<()>,
 }
 
-/// Start node `me`'s front end on `client` (its pool client's end of the
-/// splice, with the payloads it `held` for its node) over `map`, and serve
-/// NBD.
+/// Open node `me`'s front end from its `parts` (its end of the splice, with
+/// the payloads it holds for its node) over `map`, and serve NBD.
 async fn serve_front_end(
     config: &Config,
     me: NodeId,
-    client: Arc<crate::splice::Spliced>,
-    (map, held): (ClusterMap, Arc<weir_core::front_end::HeldPayloads>),
+    (parts, map): (FrontEndParts<Net>, ClusterMap),
     handle: &NodeHandle,
 ) -> anyhow::Result<FrontEnd> {
-    let volume = Volume::open_with(
-        client,
-        map,
-        rand::random(),
-        weir_core::client::ClientOptions {
-            held: Some(held),
-            flow: config.flow,
-            request_timeout: std::time::Duration::from_secs(config.nbd.request_timeout_s),
-        },
-    );
+    let options = weir_core::client::ClientOptions {
+        held: None,
+        flow: config.flow,
+        request_timeout: std::time::Duration::from_secs(config.nbd.request_timeout_s),
+    };
+    let NodeFrontEnd { volume, named } =
+        parts.open(map, Arc::new(handle.clone()), (rand::random(), options));
     let metrics = Arc::new(Metrics::new());
     let keys = crate::backend::Keys::default();
-    let named = Arc::new(weir_core::named::NamedVolumes::new(
-        volume.clone(),
-        Arc::new(handle.clone()),
-        config.cluster.extent_size.0,
-    ));
     let reclaim = tokio_real::spawn(crate::reclaim::run(me, handle.clone(), named.clone()));
     let backend = Arc::new(WeirBackend::new(
         named.clone(),
@@ -360,7 +345,7 @@ fn open_store(path: &std::path::Path) -> anyhow::Result<Stored> {
     })
 }
 
-/// The node `config` describes, for [`boot`]; `split` when the device names
+/// The node `config` describes, for [`boot_with_front_end`]; `split` when the device names
 /// an optimal I/O boundary to split requests at (an NVMe namespace's NOIOB,
 /// through SPDK; io_uring names none).
 fn node_settings(config: &Config, split: bool) -> anyhow::Result<NodeSettings> {

@@ -167,9 +167,14 @@ pub struct Report {
     /// CPU utilization over the workload by role ("storage", "client"), 0..=1,
     /// when hosts are modelled.
     pub cpu: Vec<(String, f64)>,
-    /// Requests the clients sent through weir-core's front end
-    /// (`NamedVolumes`), by named volume, in name order.
+    /// Requests the client hosts sent through the nodes' front ends
+    /// (weir-core's `NamedVolumes`), by named volume, in name order.
     pub front_end: Vec<(String, u64)>,
+    /// Attempts a client host sent again to another node's front end.
+    pub front_end_moves: u64,
+    /// Replica writes that took their payload from their node's front end,
+    /// and ones that found none there.
+    pub front_end_payloads: (u64, u64),
     /// Per named volume (`[[volumes]]`): its name, IOPS (operations completed
     /// within the workload's duration, not after it) and latency.
     pub volumes: Vec<(String, f64, Latency, Latency)>,
@@ -237,6 +242,8 @@ impl Report {
             messenger: None,
             cpu: Vec::new(),
             front_end: Vec::new(),
+            front_end_moves: 0,
+            front_end_payloads: (0, 0),
             volumes: volume_figures(scenario, history, duration_ns),
             node_events: Vec::new(),
             faults: Vec::new(),
@@ -353,8 +360,14 @@ impl Report {
                 .collect();
             writeln!(
                 f,
-                "  front end   {total} requests through named volumes ({})",
-                by.join(", ")
+                "  front end   {total} requests through named volumes ({}), {} sent again to another node",
+                by.join(", "),
+                self.front_end_moves
+            )?;
+            let (taken, missed) = self.front_end_payloads;
+            writeln!(
+                f,
+                "              {taken} replica writes took their payload from their node's front end, {missed} found none"
             )?;
         }
         writeln!(f, "  latency us        P50       P99     P99.9       max")?;

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use weir_core::NodeId;
 use weir_transport_sim::Fabric;
 
+mod attach;
 mod cluster;
 pub mod plan;
 mod readback;
@@ -162,7 +163,9 @@ async fn run_inner(seed: u64, scenario: Scenario, name: String, options: RunOpti
     report.faults = plan.lines();
     report.payload_copies = weir_core::copies::total().0 - copies_before;
     report.cpu = cpu;
-    report.front_end = front_end;
+    report.front_end = front_end.requests;
+    report.front_end_moves = front_end.moved;
+    report.front_end_payloads = cluster.node_counts().payloads;
     fill_counts(&mut report, &cluster, &read_flow);
     let context = summary::Context {
         history: &history,

@@ -279,6 +279,9 @@ pub struct WorkloadSpec {
     pub duration_ms: u64,
     /// The named volume (`[[volumes]]`) its clients use; empty: the whole pool.
     pub volume: String,
+    /// How every client host of the run (the `[[extra_clients]]` too)
+    /// reaches its volume.
+    pub path: ClientPath,
 }
 
 impl Default for WorkloadSpec {
@@ -291,6 +294,7 @@ impl Default for WorkloadSpec {
             clients: 2,
             duration_ms: 200,
             volume: String::new(),
+            path: ClientPath::FrontEnd,
         }
     }
 }
@@ -339,7 +343,7 @@ mod campaign;
 mod choices;
 mod volumes;
 
-pub use choices::{Cnp, Dcqcn, Driver, NetworkStack, Transport};
+pub use choices::{ClientPath, Cnp, Dcqcn, Driver, NetworkStack, Transport};
 pub use volumes::{QosSpec, VolumeSpecToml, REST_VOLUME};
 
 impl Scenario {

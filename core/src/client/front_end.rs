@@ -20,8 +20,13 @@
 //! write: it rebuilds. (Sending the data again instead could land it after a later
 //! write to the same grain.) Rebuilding replicas always get the data.
 
+use crate::client::{ClientOptions, Volume};
 pub use crate::ids::{front_end_of, FRONT_END_ID_BASE};
 use crate::ids::{Lba, RequestId};
+use crate::map::ClusterMap;
+use crate::named::{Control, NamedVolumes};
+use crate::splice::Spliced;
+use crate::transport::Transport;
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -140,6 +145,49 @@ impl HeldPayloads {
             self.taken.load(Ordering::Relaxed),
             self.missed.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// A node's own front end, as the daemon and the simulator both run it: its
+/// pool client on its end of the splice (so it reaches its own node in
+/// process, see [`crate::splice`]), holding its writes' payloads for that
+/// node, and the named volumes over it.
+pub struct NodeFrontEnd<T: Transport> {
+    /// The pool client.
+    pub volume: Arc<Volume<Spliced<T>>>,
+    /// The named volumes, which NBD (the daemon) or the simulator's hosts use.
+    pub named: Arc<NamedVolumes<Spliced<T>>>,
+}
+
+/// A node's front end before it opens: its end of the splice, and the
+/// payloads it will hold for its node (which the node already takes them
+/// from). Made by [`crate::node::boot::boot_with_front_end`].
+pub struct FrontEndParts<T> {
+    /// The front end's end of the splice.
+    pub client: Arc<Spliced<T>>,
+    /// Its writes' payloads.
+    pub held: Arc<HeldPayloads>,
+}
+
+impl<T: Transport> FrontEndParts<T> {
+    /// Open the front end over `map`, asking `control` (its node's handle) for
+    /// map changes; `incarnation` tells its request ids from an earlier
+    /// run's, and `options` (whose `held` it sets) bound its requests.
+    pub fn open(
+        self,
+        map: ClusterMap,
+        control: Arc<dyn Control>,
+        (incarnation, options): (u32, ClientOptions),
+    ) -> NodeFrontEnd<T> {
+        let pool = *map.volume();
+        let extent_bytes = pool.extent_blocks * u64::from(pool.block_size);
+        let options = ClientOptions {
+            held: Some(self.held),
+            ..options
+        };
+        let volume = Volume::open_with(self.client, map, incarnation, options);
+        let named = Arc::new(NamedVolumes::new(volume.clone(), control, extent_bytes));
+        NodeFrontEnd { volume, named }
     }
 }
 

@@ -12,10 +12,12 @@ use crate::buf::BufPool;
 use crate::control::{ControlPlane, RaftError, Timeouts};
 use crate::device::BlockDevice;
 use crate::flow::FlowConfig;
+use crate::front_end::{front_end_of, FrontEndParts, HeldPayloads};
 use crate::ids::NodeId;
 use crate::map::ClusterMap;
 use crate::replication::ReplicationConfig;
 use crate::sched::{AdmitConfig, SchedConfig};
+use crate::splice::{splice, Spliced};
 use crate::transport::Transport;
 use std::sync::Arc;
 use std::time::Duration;
@@ -157,6 +159,33 @@ pub fn boot<T: Transport, D: BlockDevice>(
         .with_log_store(raft_store)
         .with_version_store(versions_store, identity, restored.versions);
     Ok((node, report))
+}
+
+/// A node spliced to its own front end, the front end's parts, and what
+/// [`boot`] found.
+pub type WithFrontEnd<T, D> = (Node<Spliced<T>, D>, FrontEndParts<T>, BootReport);
+
+/// [`boot`] node `me` with its own front end, as the daemon runs every node:
+/// `transports` are the node's endpoint and its front end's
+/// ([`front_end_of`]`(me)`), spliced so that the two hand messages over in
+/// process; the node takes the payloads the front end holds for it. The
+/// front end opens once the caller has its node's handle
+/// ([`FrontEndParts::open`]).
+pub fn boot_with_front_end<T: Transport, D: BlockDevice>(
+    settings: &NodeSettings,
+    ((net, front_net), device, pool): ((Arc<T>, Arc<T>), Arc<D>, BufPool),
+    durable: Durable,
+    events: EventLog,
+    seed: u64,
+) -> Result<WithFrontEnd<T, D>, BootError> {
+    let me = net.local_id();
+    let front = front_end_of(me);
+    assert_eq!(front_net.local_id(), front, "{me}'s front end's endpoint");
+    let (node_side, client) = splice(me, Some(net), front, Some(front_net));
+    let held = Arc::new(HeldPayloads::default());
+    let (node, report) = boot(settings, (node_side, device, pool), durable, events, seed)?;
+    let node = node.with_held_payloads(held.clone());
+    Ok((node, FrontEndParts { client, held }, report))
 }
 
 /// Cut `store` back to its first `valid` bytes (a crash may have left a torn

@@ -340,6 +340,10 @@ pub enum DecodeError {
     /// The body decoded but left bytes over.
     #[error("{0} trailing bytes after the message")]
     Trailing(usize),
+    /// The header's reserved byte (its fourth) is not 0: not a weir message,
+    /// though framed as one (the simulator's client hosts mark theirs so).
+    #[error("reserved header byte {0:#04x} is not 0")]
+    Reserved(u8),
 }
 
 /// Why a message could not be encoded.
@@ -533,6 +537,9 @@ impl Message {
             return Err(DecodeError::Truncated);
         };
         let (control_len, payload_len) = Self::frame_lens(header)?;
+        if header[3] != 0 {
+            return Err(DecodeError::Reserved(header[3]));
+        }
         if control_len != control.len() || payload_len != frame.payload.len() {
             return Err(DecodeError::LengthMismatch {
                 declared: (control_len + payload_len) as u32,

@@ -9,7 +9,9 @@
 //! one side fixed to isolate the other, it says so.
 
 use super::{Experiment, Variant};
-use crate::scenario::{Dcqcn, Driver, ExtraClients, NetworkStack, Pattern, Scenario, Transport};
+use crate::scenario::{
+    ClientPath, Dcqcn, Driver, ExtraClients, NetworkStack, Pattern, Scenario, Transport,
+};
 
 /// Every experiment, in the order `list` prints them.
 pub const ALL: &[Experiment] = &[
@@ -256,6 +258,10 @@ fn incast(quick: bool) -> Vec<Variant> {
                 _ => roce(&mut s),
             }
             s.flow.enabled = name.ends_with("-flow");
+            // Hosts that read from the primaries themselves: the incast is
+            // many primaries answering one host at once, on its port, and the
+            // read window is that host's.
+            s.workload.path = ClientPath::Library;
             out.push(variant(&format!("{name}{suffix}"), s));
         }
     }

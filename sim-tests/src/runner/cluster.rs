@@ -3,6 +3,7 @@
 //! survive its crashes, a clock of its own), the client and checker hosts; it is
 //! given [`WARMUP`] to elect a leader and hand out leases.
 
+use super::attach::Demux;
 use super::plan::Host;
 use super::{CHECKER_HOST, FIRST_CLIENT, WARMUP};
 use crate::scenario::{Cnp, Dcqcn, Driver, NetworkStack, Scenario, Transport};
@@ -11,13 +12,17 @@ use madsim::runtime::Handle;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
+use weir_core::client::ClientOptions;
 use weir_core::control::state::{ClusterState, Command};
 use weir_core::control::Timeouts;
+use weir_core::front_end::front_end_of;
 use weir_core::map::{ClusterMap, VolumeSpec};
 use weir_core::named::Control;
-use weir_core::node::boot::{boot, Durable, NodeSettings, Stored};
+use weir_core::named::NamedVolumes;
+use weir_core::node::boot::{boot_with_front_end, Durable, NodeSettings, Stored};
 use weir_core::node::{AuditLog, EventLog, Events, NodeHandle};
 use weir_core::replication::ReplicationConfig;
+use weir_core::splice::Spliced;
 use weir_core::time::Skew;
 use weir_core::{BufPool, NodeId, VolumeId};
 use weir_nvme_sim::{SimSsd, SsdConfig};
@@ -61,7 +66,15 @@ pub(super) struct Cluster {
     pub(super) handles: Handles,
     /// The counts of every node's incarnations that a restart replaced.
     pub(super) retired: Arc<Mutex<NodeCounts>>,
+    /// Each storage node's front end (its latest incarnation's).
+    pub(super) fronts: Fronts,
 }
+
+/// A storage node's own front end, which the client hosts reach over the
+/// fabric (see [`super::attach`]).
+pub(super) type SharedFrontEnd = Arc<NamedVolumes<Spliced<Demux>>>;
+/// The storage nodes' front ends, by node.
+pub(super) type Fronts = Arc<Mutex<std::collections::BTreeMap<NodeId, SharedFrontEnd>>>;
 
 /// What nodes counted: their flow owners', device schedulers' and
 /// admission gates' figures, from their reports.
@@ -74,6 +87,9 @@ pub(super) struct NodeCounts {
     pub(super) sched: weir_core::sched::SchedStats,
     /// The admission gates', every volume together (`waiting` not kept).
     pub(super) admission: weir_core::sched::VolumeAdmitStats,
+    /// Replica writes that took their payload from their node's front end,
+    /// and ones that found none there.
+    pub(super) payloads: (u64, u64),
 }
 
 impl NodeCounts {
@@ -85,6 +101,8 @@ impl NodeCounts {
             self.admission.add(a);
         }
         self.admission.waiting = 0;
+        self.payloads.0 += report.front_end_payloads.0;
+        self.payloads.1 += report.front_end_payloads.1;
     }
 }
 
@@ -129,13 +147,13 @@ impl Cluster {
         let mut cpus = Vec::new();
         let handles = Handles::default();
         let retired: Arc<Mutex<NodeCounts>> = Arc::default();
+        let fronts = Fronts::default();
         let hosts = start_nodes(
             &fabric,
-            &map,
-            config,
+            (&map, config),
             scenario,
             (&events, start),
-            (&audit, &handles, &retired),
+            (&audit, &handles, &retired, &fronts),
             (&mut skews, &mut cpus),
         );
         // Every host attaches before traffic starts.
@@ -167,6 +185,7 @@ impl Cluster {
             start,
             handles,
             retired,
+            fronts,
         }
     }
 }
@@ -291,8 +310,8 @@ fn replication_config(scenario: &Scenario) -> ReplicationConfig {
         scrub_bytes_per_sec: scenario.cluster.scrub_mib_per_sec << 20,
         checkpoint_every_ns: scenario.cluster.checkpoint_ms * 1_000_000,
         version_grain_bytes: scenario.cluster.version_grain_kib << 10,
-        // Simulated clients are hosts of their own, not nodes' front ends.
-        front_end_payloads: false,
+        // As the daemon's: a node takes the payloads its own front end holds.
+        front_end_payloads: true,
     }
 }
 
@@ -307,7 +326,8 @@ fn fabric_config(scenario: &Scenario) -> FabricConfig {
         Transport::TcpCubic => FabricConfig::tcp(rate_bps, Algorithm::Cubic),
         Transport::Roce | Transport::Rdma => FabricConfig::at_rate(rate_bps),
     };
-    let hosts = scenario.storage_hosts() + scenario.client_hosts() + 1;
+    // Every storage node and its front end, every client host, the checker.
+    let hosts = 2 * scenario.storage_hosts() + scenario.client_hosts() + 1;
     config.topology = Topology::Star {
         hosts: hosts as usize,
     };
@@ -435,77 +455,147 @@ fn node_settings(s: &Scenario, map: &ClusterMap, config: ReplicationConfig) -> N
     }
 }
 
-/// Start every storage node (data path + control plane): the map's members,
-/// then the nodes that join later (which know the first members, not the map);
-/// returns the madsim node of each, for crash faults.
+/// Start every storage node (data path, control plane and its own front
+/// end): the map's members, then the nodes that join later (which know the
+/// first members, not the map); returns the madsim node of each, for crash
+/// faults.
 fn start_nodes(
     fabric: &Arc<Fabric>,
-    map: &ClusterMap,
-    config: ReplicationConfig,
+    (map, config): (&ClusterMap, ReplicationConfig),
     s: &Scenario,
     (events, cluster_start): (&EventLog, Instant),
-    (audit, handles, retired): (&AuditLog, &Handles, &Arc<Mutex<NodeCounts>>),
+    (audit, handles, retired, fronts): (&AuditLog, &Handles, &Arc<Mutex<NodeCounts>>, &Fronts),
     (skews, cpus): (&mut Vec<(NodeId, Skew)>, &mut HostCpus),
 ) -> Vec<Host> {
     let settings = node_settings(s, map, config);
+    let options = front_end_options(s);
     let mut hosts = Vec::new();
     let bound = s.cluster.clock_bound();
     let since_ns = weir_core::time::cluster_ns();
     for id in (1..=s.storage_hosts()).map(NodeId) {
         let transport = Arc::new(fabric.endpoint(id).expect("new host"));
+        let front_transport = Arc::new(fabric.endpoint(front_end_of(id)).expect("new host"));
         // The node's clock, the same in every incarnation (it is the host's).
         let skew = node_clock(&bound, since_ns);
         skews.push((id, skew));
         let ssd = node_ssd(fabric, id, s, cpus);
-        let device = ssd.clone();
-        // What survives a crash: the device, the durable Raft log and the
-        // block-version checkpoints.
-        let log = MemLog::default();
-        let versions = MemLog::default();
-        let settings = settings.clone();
-        let (events, audit, handles) = (events.clone(), audit.clone(), handles.clone());
-        let retired = retired.clone();
-        // Run at start and again at every restart: a new incarnation of the node
-        // from what survived.
-        let incarnation = move || {
-            // A restarted host's queue pairs are new (a no-op without RDMA's
-            // messenger, and at the first start).
-            Fabric::current().reboot(id);
-            let durable = Durable {
-                raft: log.stored(),
-                versions: versions.stored(),
-                device: format!("sim-ssd-{id}"),
-            };
-            let adapters = (
-                transport.clone(),
-                ssd.clone(),
-                BufPool::new(NODE_POOL_BYTES),
-            );
-            let seed = thread_rng().gen();
-            let (node, _) = boot(&settings, adapters, durable, events.clone(), seed)
-                .expect("a validated scenario's node boots");
-            let mut node = node
-                .with_events_since(cluster_start)
-                .with_skew(skew)
-                .with_audit(audit.clone());
-            let old = handles.lock().expect("handles").insert(id, node.handle());
-            if let Some(old) = old {
-                retired.lock().expect("retired counts").add(&old.report());
-            }
-            async move {
-                if let Err(e) = node.run().await {
-                    tracing::error!(error = %e, "node stopped");
-                }
-            }
-        };
+        // The front end runs on its node's CPU.
+        if let (Some((_, cpu)), Some(net)) = (cpus.last(), net_stack(s)) {
+            fabric
+                .attach_stack(front_end_of(id), cpu.clone(), net)
+                .expect("attached host");
+        }
+        let kit = Arc::new(NodeKit {
+            id,
+            endpoints: (transport, front_transport),
+            ssd: ssd.clone(),
+            // What survives a crash: the device, the durable Raft log and the
+            // block-version checkpoints.
+            stores: (MemLog::default(), MemLog::default()),
+            skew,
+            settings: (settings.clone(), options.clone()),
+            logs: (events.clone(), audit.clone(), cluster_start),
+            shared: (handles.clone(), retired.clone(), fronts.clone()),
+        });
+        // Run at start and again at every restart.
         let host = Handle::current()
             .create_node()
             .name(format!("node-{}", id.0))
-            .init(incarnation)
+            .init(move || kit.incarnation())
             .build();
-        hosts.push((id, host.id(), device));
+        hosts.push((id, host.id(), ssd));
     }
     hosts
+}
+
+/// What a storage node's incarnations share: the host's (its endpoints, SSD,
+/// durable stores and clock), the node's settings, and the run's logs and
+/// tables of nodes.
+struct NodeKit {
+    id: NodeId,
+    /// The node's endpoint and its front end's.
+    endpoints: (Arc<SimTransport>, Arc<SimTransport>),
+    ssd: Arc<SimSsd>,
+    /// The Raft log and the block-version checkpoints.
+    stores: (MemLog, MemLog),
+    skew: Skew,
+    settings: (NodeSettings, ClientOptions),
+    logs: (EventLog, AuditLog, Instant),
+    shared: (Handles, Arc<Mutex<NodeCounts>>, Fronts),
+}
+
+impl NodeKit {
+    /// A new incarnation of the node from what survived, with a new front end.
+    fn incarnation(&self) -> impl std::future::Future<Output = ()> {
+        let id = self.id;
+        // A restarted host's queue pairs are new (a no-op without RDMA's
+        // messenger, and at the first start).
+        Fabric::current().reboot(id);
+        Fabric::current().reboot(front_end_of(id));
+        let durable = Durable {
+            raft: self.stores.0.stored(),
+            versions: self.stores.1.stored(),
+            device: format!("sim-ssd-{id}"),
+        };
+        let (front_net, requests) = Demux::front_end(self.endpoints.1.clone());
+        let adapters = (
+            (Demux::node(self.endpoints.0.clone()), front_net.clone()),
+            self.ssd.clone(),
+            BufPool::new(NODE_POOL_BYTES),
+        );
+        let (settings, options) = &self.settings;
+        let (events, audit, cluster_start) = &self.logs;
+        let seed: u64 = thread_rng().gen();
+        let (node, parts, _) =
+            boot_with_front_end(settings, adapters, durable, events.clone(), seed)
+                .expect("a validated scenario's node boots");
+        let mut node = node
+            .with_events_since(*cluster_start)
+            .with_skew(self.skew)
+            .with_audit(audit.clone());
+        let handle = node.handle();
+        let (handles, retired, fronts) = &self.shared;
+        let old = handles.lock().expect("handles").insert(id, handle.clone());
+        if let Some(old) = old {
+            retired.lock().expect("retired counts").add(&old.report());
+        }
+        let (map, options, fronts) = (settings.map.clone(), options.clone(), fronts.clone());
+        let start = *cluster_start;
+        // The front end's incarnation from the node's seed: no draw of its own,
+        // so the fault plans drawn after the cluster starts stay as they were.
+        let incarnation = (seed >> 32) as u32;
+        async move {
+            let front = parts.open(map, Arc::new(handle), (incarnation, options));
+            fronts
+                .lock()
+                .expect("fronts")
+                .insert(id, front.named.clone());
+            tokio::spawn(super::attach::serve(
+                front.named,
+                (front_net, requests),
+                start,
+            ));
+            if let Err(e) = node.run().await {
+                tracing::error!(error = %e, "node stopped");
+            }
+        }
+    }
+}
+
+/// The nodes' front ends' request bound: the client library's default (an
+/// attempt of a client host's ends sooner, see [`super::attach::ATTEMPT`]),
+/// or none with the `give_up_at_once` bug.
+fn front_end_options(s: &Scenario) -> ClientOptions {
+    let request_timeout = if s.bugs.give_up_at_once {
+        Duration::ZERO
+    } else {
+        ClientOptions::default().request_timeout
+    };
+    ClientOptions {
+        flow: s.flow,
+        request_timeout,
+        ..ClientOptions::default()
+    }
 }
 
 /// A node's clock within `bound` of the cluster's, from `since_ns`.

@@ -1,6 +1,10 @@
 //! Stage 3 of a run: the workload. Each client host (the workload's, then the
-//! `[[extra_clients]]`) opens the pool and weir-core's front end over it
-//! (`NamedVolumes`, the code NBD's requests go through in the daemon) and runs
+//! `[[extra_clients]]`) reaches the named volumes through the storage nodes'
+//! own front ends (weir-core's `NamedVolumes` in each node, which NBD's
+//! requests go through in the daemon), over the fabric (see
+//! [`super::attach`]: one path per node, the host's first the node after the
+//! previous host's), or with `workload.path = "library"` through weir-core's
+//! front end on the host itself, and runs
 //! `queue_depth` workers from its start until its stop (by default the
 //! workload's deadline), each recording every operation it invokes (and when
 //! it completed, if it did) for the history. Every request goes to a named
@@ -9,9 +13,10 @@
 //! `pool-rest` where no `[[volumes]]` does). The history keeps pool block
 //! numbers, so the checkers and the read-back see one address space.
 
+use super::attach::Paths;
 use super::cluster::Cluster;
 use crate::history::{decode_block, encode_block, OpKind, OpRecord, Tag, Value};
-use crate::scenario::{Pattern, Scenario};
+use crate::scenario::{ClientPath, Pattern, Scenario};
 use bytes::Bytes;
 use madsim::rand::{thread_rng, Rng};
 use madsim::runtime::Handle;
@@ -20,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-use weir_core::client::{ClientError, ClientOptions, Volume};
+use weir_core::client::{ClientOptions, Volume};
 use weir_core::flow::ReadFlowStats;
 use weir_core::map::ClusterMap;
 use weir_core::named::{NamedVolumes, Target};
@@ -107,16 +112,17 @@ pub(super) async fn drive(
     cluster: &Cluster,
     scenario: &Scenario,
     epoch: Instant,
-) -> (Vec<OpRecord>, Vec<(String, u64)>, Vec<ReadFlowStats>) {
+) -> (Vec<OpRecord>, FrontEndCounts, Vec<ReadFlowStats>) {
     let deadline = epoch + Duration::from_millis(scenario.workload.duration_ms);
     let capacity = cluster.map.volume().capacity_blocks;
     let plans = plans(scenario, capacity, epoch, deadline);
     let workers: u64 = plans.iter().map(|p| u64::from(p.queue_depth)).sum();
+    let nodes = cluster.map.nodes().to_vec();
     let mut clients = Vec::new();
     for ((c, transport), plan) in cluster.clients.iter().cloned().enumerate().zip(plans) {
         let c = c as u32;
-        let (map, spec) = (cluster.map.clone(), scenario.clone());
-        let handles = cluster.handles.clone();
+        let (map, spec, nodes) = (cluster.map.clone(), scenario.clone(), nodes.clone());
+        let (start, handles) = (cluster.start, cluster.handles.clone());
         let host = Handle::current()
             .create_node()
             .name(format!("client-{c}"))
@@ -126,31 +132,117 @@ pub(super) async fn drive(
             if plan.start > Instant::now() {
                 weir_core::time::sleep_until_exact(plan.start).await;
             }
-            let front = FrontEnd::open(transport, map, handles, &spec);
+            let way = match spec.workload.path {
+                ClientPath::FrontEnd => {
+                    let paths = (nodes, c as usize);
+                    let give_up = spec.bugs.give_up_at_once;
+                    Way::Paths(Paths::open(transport, paths, give_up, start))
+                }
+                ClientPath::Library => Way::Library(library(transport, &map, handles, &spec)),
+            };
+            let front = FrontEnd::open(way, map);
             let ops = run_client(front.clone(), spec, (c as u16, plan, workers), epoch).await;
-            let reads = front.named.pool().read_flow().unwrap_or_default();
-            (ops, front.requests(), reads)
+            let (moved, reads) = match &front.way {
+                Way::Paths(p) => (p.moved.load(Ordering::Relaxed), None),
+                Way::Library(named) => (0, named.pool().read_flow()),
+            };
+            (ops, front.requests(), (moved, reads))
         }));
     }
     let mut ops = Vec::new();
     let mut requests = BTreeMap::new();
-    let mut reads = Vec::new();
+    let mut moved = 0;
+    let mut reads = read_windows(cluster);
     for client in clients {
-        let (done, sent, read) = client.await.expect("client task");
-        reads.push(read);
+        let (done, sent, (m, read)) = client.await.expect("client task");
         ops.extend(done);
+        moved += m;
+        reads.extend(read);
         for (volume, n) in sent {
             *requests.entry(volume).or_insert(0) += n;
         }
     }
     ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
-    (ops, requests.into_iter().collect(), reads)
+    let front_end = FrontEndCounts {
+        requests: requests.into_iter().collect(),
+        moved,
+    };
+    (ops, front_end, reads)
 }
 
-/// A client's front end: weir-core's `NamedVolumes` over its pool client,
-/// and where each pool extent lies in the named volumes.
+/// What the client hosts counted: requests by named volume, and attempts
+/// sent again on another path.
+pub(super) struct FrontEndCounts {
+    pub(super) requests: Vec<(String, u64)>,
+    pub(super) moved: u64,
+}
+
+/// The read windows' counts of the nodes' front ends (their latest
+/// incarnations': a crash loses what its front end counted).
+fn read_windows(cluster: &Cluster) -> Vec<ReadFlowStats> {
+    let fronts = cluster.fronts.lock().expect("fronts");
+    fronts
+        .values()
+        .map(|f| f.pool().read_flow().unwrap_or_default())
+        .collect()
+}
+
+/// How a client host reaches the volumes.
+enum Way {
+    /// Through the nodes' front ends.
+    Paths(Arc<Paths>),
+    /// Through weir-core's front end on the host.
+    Library(NamedVolumes<SimTransport>),
+}
+
+/// weir-core's front end on a client host: its pool client on `transport`
+/// over `map`, asking the nodes of `handles` for map changes.
+fn library(
+    transport: Arc<SimTransport>,
+    map: &ClusterMap,
+    handles: super::cluster::Handles,
+    spec: &Scenario,
+) -> NamedVolumes<SimTransport> {
+    let options = ClientOptions {
+        flow: spec.flow,
+        // The bug: a client that gives up at the first refusal or timeout.
+        request_timeout: if spec.bugs.give_up_at_once {
+            Duration::ZERO
+        } else {
+            ClientOptions::default().request_timeout
+        },
+        ..ClientOptions::default()
+    };
+    let pool = *map.volume();
+    let volume = Volume::open_with(transport, map.clone(), thread_rng().gen(), options);
+    let control = Arc::new(super::cluster::Nodes(handles));
+    let extent_bytes = pool.extent_blocks * u64::from(pool.block_size);
+    NamedVolumes::new(volume, control, extent_bytes)
+}
+
+impl Way {
+    async fn read(&self, volume: &Target, at: u64, len: u64) -> Result<Bytes, String> {
+        match self {
+            Way::Paths(p) => p.read(volume, at, len).await,
+            Way::Library(n) => n.read(volume, at, len).await.map_err(|e| e.to_string()),
+        }
+    }
+
+    async fn write(&self, volume: &Target, at: u64, data: Bytes) -> Result<(), String> {
+        match self {
+            Way::Paths(p) => p.write(volume, at, data).await,
+            Way::Library(n) => n
+                .write(volume, at, data, false)
+                .await
+                .map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// A client host's way to the volumes, and where each pool extent lies in
+/// the named volumes.
 struct FrontEnd {
-    named: NamedVolumes<SimTransport>,
+    way: Way,
     /// Each pool extent's volume and index in it, from the first map (the
     /// workload's volumes are thick: an extent of theirs never moves).
     owner: BTreeMap<u64, (Target, u64)>,
@@ -162,24 +254,9 @@ struct FrontEnd {
 }
 
 impl FrontEnd {
-    /// Open the pool on `transport` and the front end over it, asking the
-    /// nodes of `handles` for map changes.
-    fn open(
-        transport: Arc<SimTransport>,
-        map: ClusterMap,
-        handles: super::cluster::Handles,
-        spec: &Scenario,
-    ) -> Arc<FrontEnd> {
-        let options = ClientOptions {
-            flow: spec.flow,
-            // The bug: a client that gives up at the first refusal or timeout.
-            request_timeout: if spec.bugs.give_up_at_once {
-                Duration::ZERO
-            } else {
-                ClientOptions::default().request_timeout
-            },
-            ..ClientOptions::default()
-        };
+    /// The host's front end over `way`, with the extents of `map`'s named
+    /// volumes.
+    fn open(way: Way, map: ClusterMap) -> Arc<FrontEnd> {
         let owner = map
             .state()
             .named
@@ -196,15 +273,11 @@ impl FrontEnd {
             })
             .collect();
         let pool = *map.volume();
-        let volume = Volume::open_with(transport, map, thread_rng().gen(), options);
-        let control = Arc::new(super::cluster::Nodes(handles));
-        let block_bytes = u64::from(pool.block_size);
-        let extent_bytes = pool.extent_blocks * block_bytes;
         Arc::new(FrontEnd {
-            named: NamedVolumes::new(volume, control, extent_bytes),
+            way,
             owner,
             extent_blocks: pool.extent_blocks,
-            block_bytes,
+            block_bytes: u64::from(pool.block_size),
             sent: Mutex::default(),
         })
     }
@@ -237,11 +310,11 @@ impl FrontEnd {
         parts
     }
 
-    async fn read(&self, lba: u64, blocks: u64) -> Result<Bytes, ClientError> {
+    async fn read(&self, lba: u64, blocks: u64) -> Result<Bytes, String> {
         let reads = self
             .parts(lba, blocks)
             .into_iter()
-            .map(|(target, at, n)| self.named.read(target, at, n * self.block_bytes));
+            .map(|(target, at, n)| self.way.read(target, at, n * self.block_bytes));
         let mut out = Vec::with_capacity((blocks * self.block_bytes) as usize);
         for data in futures_util::future::join_all(reads).await {
             let data: Bytes = data?;
@@ -250,7 +323,7 @@ impl FrontEnd {
         Ok(Bytes::from(out))
     }
 
-    async fn write(&self, lba: u64, data: Bytes) -> Result<(), ClientError> {
+    async fn write(&self, lba: u64, data: Bytes) -> Result<(), String> {
         let mut from = 0usize;
         let writes = self
             .parts(lba, data.len() as u64 / self.block_bytes)
@@ -259,7 +332,7 @@ impl FrontEnd {
                 let len = (n * self.block_bytes) as usize;
                 let piece = data.slice(from..from + len);
                 from += len;
-                self.named.write(target, at, piece, false)
+                self.way.write(target, at, piece)
             })
             .collect::<Vec<_>>();
         futures_util::future::join_all(writes)

@@ -50,6 +50,20 @@ choice! {
     }
 }
 
+choice! {
+    /// How a client host reaches its volumes.
+    ClientPath {
+        /// Through a storage node's own front end, as NBD's and NVMe-oF's
+        /// hosts do: each request over the fabric to that node, which sends
+        /// it on to the extents' primaries.
+        FrontEnd = "front-end",
+        /// weir-core's front end on the host itself (a compute host running
+        /// weir's client library): each request straight to its primaries,
+        /// whose answers converge on the host's port.
+        Library = "library",
+    }
+}
+
 impl Transport {
     /// Whether it is RoCE's lossless fabric (PFC and DCQCN), with or
     /// without RDMA's messenger.
@@ -123,6 +137,7 @@ mod tests {
         assert!(toml::from_str::<T>("t = \"ethernet\"").is_err());
         assert_eq!(Transport::TcpDctcp.as_str(), "tcp-dctcp");
         assert_eq!(Cnp::PerQp.to_string(), "per-qp");
+        assert_eq!(ClientPath::FrontEnd.as_str(), "front-end");
         assert!(!Transport::TcpCubic.lossless() && Transport::Rdma.lossless());
     }
 }

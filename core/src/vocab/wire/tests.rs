@@ -338,4 +338,15 @@ fn wrong_version_and_magic_are_typed() {
         Message::decode_bytes(frame.into()),
         Err(DecodeError::LengthMismatch { .. })
     ));
+    // The reserved byte set: framed like a message, but not one.
+    let mut frame = Message::WriteOk { req: RequestId(9) }
+        .encode()
+        .unwrap()
+        .to_contiguous()
+        .to_vec();
+    frame[3] = 0xA7;
+    assert_eq!(
+        Message::decode_bytes(frame.into()),
+        Err(DecodeError::Reserved(0xA7))
+    );
 }
