@@ -582,10 +582,13 @@ impl NodeKit {
     }
 }
 
-/// The nodes' front ends' request bound: the client library's default (an
-/// attempt of a client host's ends sooner, see [`super::attach::ATTEMPT`]),
-/// or none with the `give_up_at_once` bug.
-fn front_end_options(s: &Scenario) -> ClientOptions {
+/// A front end's options (a node's, or a host's with `workload.path =
+/// "library"`): the scenario's flow settings, and the client library's
+/// default request bound (a client host's attempt at a node's front end ends
+/// sooner, see [`super::attach::ATTEMPT`]), or none with the
+/// `give_up_at_once` bug (a front end that gives up at the first refusal or
+/// timeout).
+pub(super) fn front_end_options(s: &Scenario) -> ClientOptions {
     let request_timeout = if s.bugs.give_up_at_once {
         Duration::ZERO
     } else {

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-use weir_core::client::{ClientOptions, Volume};
+use weir_core::client::Volume;
 use weir_core::flow::ReadFlowStats;
 use weir_core::map::ClusterMap;
 use weir_core::named::{NamedVolumes, Target};
@@ -203,16 +203,7 @@ fn library(
     handles: super::cluster::Handles,
     spec: &Scenario,
 ) -> NamedVolumes<SimTransport> {
-    let options = ClientOptions {
-        flow: spec.flow,
-        // The bug: a client that gives up at the first refusal or timeout.
-        request_timeout: if spec.bugs.give_up_at_once {
-            Duration::ZERO
-        } else {
-            ClientOptions::default().request_timeout
-        },
-        ..ClientOptions::default()
-    };
+    let options = super::cluster::front_end_options(spec);
     let pool = *map.volume();
     let volume = Volume::open_with(transport, map.clone(), thread_rng().gen(), options);
     let control = Arc::new(super::cluster::Nodes(handles));
