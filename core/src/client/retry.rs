@@ -116,6 +116,25 @@ impl ClientError {
         }
     }
 
+    /// True for errors every node's front end would give, so that a host with
+    /// paths to several sends the request to no other: a request wrong in
+    /// itself (past the volume's end, a bad length) or a full pool. An error
+    /// a retry may cure, a request given up on (`GaveUp`: another node may
+    /// still reach the primaries) and a volume this front end does not know
+    /// (its map may be behind) are not.
+    pub fn final_everywhere(&self) -> bool {
+        match self {
+            ClientError::Weir(e) => matches!(
+                e,
+                WeirError::OutOfRange { .. }
+                    | WeirError::BadLength { .. }
+                    | WeirError::CrossesExtent
+            ),
+            ClientError::NoSpace(_) => true,
+            _ => false,
+        }
+    }
+
     /// A short name of the error's kind, for metrics labels.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -267,6 +286,17 @@ mod tests {
             .expect_err("a zero bound allows one attempt");
         assert_eq!(gave_up.kind(), "gave_up");
         assert!(!gave_up.retryable());
+        // Given up here, it may still be answered through another node; a
+        // request past the volume's end is refused by every node.
+        assert!(!gave_up.final_everywhere());
+        let bad: ClientError = WeirError::OutOfRange {
+            lba: crate::ids::Lba(9),
+            blocks: 1,
+            capacity: 8,
+        }
+        .into();
+        assert!(bad.final_everywhere());
+        assert!(!ClientError::Closed.final_everywhere());
         let text = gave_up.to_string();
         assert!(
             text.contains("1 attempts") && text.contains("node busy"),

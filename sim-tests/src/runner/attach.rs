@@ -81,7 +81,23 @@ enum Op {
 }
 
 /// A front end's answer.
-type Reply = Result<Bytes, String>;
+type Reply = Result<Bytes, Refusal>;
+
+/// A front end's error, and whether every other front end would give it too
+/// (the request is wrong in itself, or the pool is full), so that no other
+/// path is tried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Refusal {
+    pub(super) why: String,
+    pub(super) final_everywhere: bool,
+}
+
+/// A reply's status byte: answered.
+const STATUS_OK: u8 = 1;
+/// Refused; another front end may answer.
+const STATUS_REFUSED: u8 = 0;
+/// Refused; every front end would refuse it.
+const STATUS_FINAL: u8 = 2;
 
 /// A frame of this protocol with `control` (after the header) and `payload`.
 fn frame(control: BytesMut, payload: Bytes) -> Frame {
@@ -178,8 +194,15 @@ fn encode_reply(tag: u64, reply: &Reply) -> Frame {
     let mut head = BytesMut::with_capacity(32);
     head.put_u8(KIND_REPLY);
     head.put_u64(tag);
-    head.put_u8(u8::from(reply.is_ok()));
-    put_str(&mut head, reply.as_ref().err().map_or("", String::as_str));
+    head.put_u8(match reply {
+        Ok(_) => STATUS_OK,
+        Err(r) if r.final_everywhere => STATUS_FINAL,
+        Err(_) => STATUS_REFUSED,
+    });
+    put_str(
+        &mut head,
+        reply.as_ref().err().map_or("", |r| r.why.as_str()),
+    );
     frame(head, reply.as_ref().ok().cloned().unwrap_or_default())
 }
 
@@ -188,16 +211,17 @@ fn decode_reply(frame: &Frame) -> Option<(u64, Reply)> {
     if b.remaining() < 1 + 8 + 1 || b.get_u8() != KIND_REPLY {
         return None;
     }
-    let (tag, ok) = (b.get_u64(), b.get_u8());
-    let error = get_str(&mut b)?;
-    Some((
-        tag,
-        if ok == 1 {
-            Ok(frame.payload.clone())
-        } else {
-            Err(error)
-        },
-    ))
+    let (tag, status) = (b.get_u64(), b.get_u8());
+    let why = get_str(&mut b)?;
+    let reply = match status {
+        STATUS_OK => Ok(frame.payload.clone()),
+        STATUS_REFUSED | STATUS_FINAL => Err(Refusal {
+            why,
+            final_everywhere: status == STATUS_FINAL,
+        }),
+        _ => return None,
+    };
+    Some((tag, reply))
 }
 
 fn is_ours(frame: &Frame) -> bool {
@@ -289,6 +313,12 @@ pub(super) async fn serve(
         let permit = room.clone().acquire_owned().await.expect("never closed");
         let (front, net) = (front.clone(), net.clone());
         tokio::spawn(async move {
+            let _permit = permit;
+            // A request that waited for its slot past its deadline is dropped
+            // before it sends anything: its host is trying elsewhere.
+            if deadline <= Instant::now() {
+                return;
+            }
             let work = async {
                 let done = match &req.op {
                     Op::Read(len) => front.read(&req.volume, req.offset, *len).await,
@@ -297,7 +327,10 @@ pub(super) async fn serve(
                         .await
                         .map(|()| Bytes::new()),
                 };
-                done.map_err(|e| e.to_string())
+                done.map_err(|e| Refusal {
+                    final_everywhere: e.final_everywhere(),
+                    why: e.to_string(),
+                })
             };
             // At its deadline the attempt is dropped, with all it would still
             // send: its host is about to try elsewhere.
@@ -305,7 +338,6 @@ pub(super) async fn serve(
                 return;
             };
             send_until(&*net, from, encode_reply(req.tag, &reply), deadline).await;
-            drop(permit);
         });
     }
 }
@@ -376,7 +408,12 @@ impl Paths {
     }
 
     /// Read `len` bytes of `volume` at `offset`.
-    pub(super) async fn read(&self, volume: &Target, offset: u64, len: u64) -> Reply {
+    pub(super) async fn read(
+        &self,
+        volume: &Target,
+        offset: u64,
+        len: u64,
+    ) -> Result<Bytes, String> {
         self.call(volume, offset, Op::Read(len)).await
     }
 
@@ -390,7 +427,7 @@ impl Paths {
         self.call(volume, offset, Op::Write(data)).await.map(|_| ())
     }
 
-    async fn call(&self, volume: &Target, offset: u64, op: Op) -> Reply {
+    async fn call(&self, volume: &Target, offset: u64, op: Op) -> Result<Bytes, String> {
         let bound = Instant::now() + REQUEST_BOUND;
         loop {
             let using = self.using.load(Ordering::Relaxed);
@@ -405,8 +442,8 @@ impl Paths {
             };
             let (why, answered) = match self.attempt(node, &req, deadline + FENCE).await {
                 Some(Ok(data)) => return Ok(data),
-                Some(Err(e)) if self.give_up => return Err(e),
-                Some(Err(e)) => (e, true),
+                Some(Err(e)) if self.give_up || e.final_everywhere => return Err(e.why),
+                Some(Err(e)) => (e.why, true),
                 None => (
                     format!("{node}'s front end did not answer by the attempt's deadline"),
                     false,
@@ -485,10 +522,23 @@ mod tests {
         assert_eq!(Request::decode(&read.encode()), Some(read));
         for reply in [
             Ok(Bytes::from_static(b"block")),
-            Err("no lease".to_string()),
+            Err(Refusal {
+                why: "no lease".to_string(),
+                final_everywhere: false,
+            }),
+            Err(Refusal {
+                why: "out of range".to_string(),
+                final_everywhere: true,
+            }),
         ] {
             assert_eq!(decode_reply(&encode_reply(9, &reply)), Some((9, reply)));
         }
+        // A status this protocol does not have is refused.
+        let mut odd = encode_reply(9, &Ok(Bytes::new()));
+        let mut head = odd.head.to_vec();
+        head[HEADER_BYTES + 1 + 8] = 7;
+        odd.head = Bytes::from(head);
+        assert_eq!(decode_reply(&odd), None);
         // Cut short anywhere, a request is refused, not misread.
         let whole = frame.head.clone();
         for len in 0..whole.len() {

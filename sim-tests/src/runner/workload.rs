@@ -152,7 +152,7 @@ pub(super) async fn drive(
     let mut ops = Vec::new();
     let mut requests = BTreeMap::new();
     let mut moved = 0;
-    let mut reads = read_windows(cluster);
+    let mut reads = Vec::new();
     for client in clients {
         let (done, sent, (m, read)) = client.await.expect("client task");
         ops.extend(done);
@@ -162,6 +162,8 @@ pub(super) async fn drive(
             *requests.entry(volume).or_insert(0) += n;
         }
     }
+    // The nodes' front ends' windows, counted once the workload is done.
+    reads.splice(0..0, read_windows(cluster));
     ops.sort_by_key(|o| (o.complete_ns.unwrap_or(u64::MAX), o.invoke_ns, o.client));
     let front_end = FrontEndCounts {
         requests: requests.into_iter().collect(),
