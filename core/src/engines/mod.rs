@@ -5,11 +5,13 @@
 //! [`replication`] the per-extent primary copy; [`control`] the cluster map as a
 //! Raft-replicated state machine, the failure detector and leases; [`sched`]
 //! each device's scheduler and the admission of client requests; [`flow`] the
-//! response to the fabric's congestion signals per peer; [`range_lock`] the
+//! response to the fabric's congestion signals per peer; [`placement`] which
+//! devices hold each placement group (ranked straw2); [`range_lock`] the
 //! lock over block ranges that replication and the scheduler both take.
 
 pub mod control;
 pub mod flow;
+pub mod placement;
 pub mod range_lock;
 pub mod replication;
 pub mod sched;

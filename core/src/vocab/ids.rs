@@ -26,6 +26,16 @@ id_type!(
     "n"
 );
 id_type!(
+    /// A storage device of the cluster (a store), unique over every node's.
+    DeviceId(u32),
+    "d"
+);
+id_type!(
+    /// A placement group of a pool: the unit of placement.
+    PgId(u32),
+    "pg"
+);
+id_type!(
     /// A block volume.
     VolumeId(u32),
     "vol"
