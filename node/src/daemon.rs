@@ -79,6 +79,7 @@ pub async fn run_on(
     let me = NodeId(config.node.id);
     let dir = config.data_dir();
     let _lock = lock_data_dir(&dir)?;
+    crate::logfile::check_data_format(&dir)?;
 
     // The device, and the node's buffer pool that device reads land in.
     let opened = crate::device::open(&config, POOL_BYTES)?;

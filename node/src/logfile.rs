@@ -83,6 +83,60 @@ fn sync_parent(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// The layout of a node's data directory this weir reads and writes: its
+/// files (`raft.log`, `versions.ckpt`, the device) and what their records
+/// hold (Raft's entries, its snapshots of the cluster map, the version
+/// checkpoints). Raised whenever any of them changes; on the wire, the map
+/// and commands travel under weir-core's `WIRE_VERSION` instead.
+pub const DATA_FORMAT: u32 = 1;
+
+/// The file in a data directory that names its format.
+const FORMAT_FILE: &str = "FORMAT";
+
+/// Check that the data directory `dir` is of [`DATA_FORMAT`], and stamp it if
+/// it is new. A directory of weir's metadata without the file was written
+/// before formats were named, in format 1. Another format is refused, naming
+/// both: nothing converts a directory yet.
+pub fn check_data_format(dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join(FORMAT_FILE);
+    let found = match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let text = text.trim();
+            let n = text
+                .strip_prefix("weir data directory format ")
+                .and_then(|n| n.parse::<u32>().ok())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{} does not name a weir data format: {text:?}",
+                        path.display()
+                    )
+                })?;
+            Some(n)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {}", path.display()))),
+    };
+    match found {
+        Some(DATA_FORMAT) => Ok(()),
+        Some(other) => anyhow::bail!(
+            "data directory {} is in format {other}; this weir reads format {DATA_FORMAT} only \
+             (no conversion exists yet: run the weir that wrote it, or start this node on an \
+             empty directory)",
+            dir.display()
+        ),
+        None => {
+            // New, or of weir before formats were named (the same layout).
+            let tmp = dir.join(format!("{FORMAT_FILE}.new"));
+            let mut f = File::create(&tmp)?;
+            writeln!(f, "weir data directory format {DATA_FORMAT}")?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            sync_parent(&path)?;
+            Ok(())
+        }
+    }
+}
+
 /// A name for the device at `path` that changes when the device is replaced, so
 /// block-version checkpoints of one device are never trusted for another: a
 /// block device's WWID or serial (from sysfs; its major:minor if neither is
@@ -120,6 +174,35 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn a_data_directory_of_another_format_is_refused_naming_both() {
+        let dir = scratch("format");
+        // New: stamped, then accepted again.
+        check_data_format(&dir).unwrap();
+        let text = std::fs::read_to_string(dir.join(FORMAT_FILE)).unwrap();
+        assert_eq!(text, format!("weir data directory format {DATA_FORMAT}\n"));
+        check_data_format(&dir).unwrap();
+        // Another format.
+        std::fs::write(dir.join(FORMAT_FILE), "weir data directory format 7\n").unwrap();
+        let e = check_data_format(&dir).unwrap_err().to_string();
+        assert!(
+            e.contains("format 7") && e.contains(&format!("format {DATA_FORMAT} only")),
+            "{e}"
+        );
+        // Not a format at all.
+        std::fs::write(dir.join(FORMAT_FILE), "hello\n").unwrap();
+        let e = check_data_format(&dir).unwrap_err().to_string();
+        assert!(e.contains("does not name a weir data format"), "{e}");
+        // Written before formats were named: format 1, stamped.
+        std::fs::remove_file(dir.join(FORMAT_FILE)).unwrap();
+        std::fs::write(dir.join("raft.log"), b"").unwrap();
+        check_data_format(&dir).unwrap();
+        assert!(std::fs::read_to_string(dir.join(FORMAT_FILE))
+            .unwrap()
+            .contains("format 1"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! primary's lease has surely run out.
 
 pub use super::qos::{Qos, QosError};
+use command::Growth;
 pub use command::{Command, ConfRole, Refusal};
 pub use members::{take_spare, voter_target, MAX_ADDR_BYTES};
 
@@ -86,6 +87,13 @@ pub const MAX_MEMBERS: usize = 1024;
 /// Most extents the pool holds (at 64 MiB each, 64 PiB), so one command from a
 /// member cannot make every member allocate without bound.
 pub const MAX_POOL_EXTENTS: u64 = 1 << 20;
+
+/// Most bytes the encoded map may take: it travels whole in one frame (a
+/// client's `MapState`, a Raft snapshot message), whose body is at most
+/// [`crate::wire::MAX_BODY_BYTES`]; 64 KiB are left for the message around it
+/// (a snapshot's configuration of up to [`MAX_MEMBERS`] members) and for the
+/// commands never refused for size (an epoch's varint growing a byte).
+pub const MAP_BUDGET_BYTES: usize = (1 << 20) - (64 << 10);
 
 /// Longest volume name, in bytes (NBD export names are strings on the wire).
 pub const MAX_NAME_BYTES: usize = 128;
@@ -224,11 +232,45 @@ impl ClusterState {
     }
 
     /// Apply one command. A refused command changes nothing but `applied`.
+    /// A command that adds to the map is refused (`MapFull`) if the map
+    /// would then encode to more than [`MAP_BUDGET_BYTES`]: the same on every
+    /// member, as the encoded size is the map's own.
+    pub fn apply(&mut self, cmd: &Command) -> Result<Vec<Change>, Refusal> {
+        self.applied += 1;
+        // A command that adds to the map keeps the map it was applied to when
+        // it might pass the size budget, to go back to if it does.
+        let before = match cmd.growth() {
+            Growth::Kept => None,
+            Growth::Small(bytes) if self.encoded_len() + bytes <= MAP_BUDGET_BYTES => None,
+            Growth::Small(_) | Growth::Large => Some(self.clone()),
+        };
+        let result = self.apply_step(cmd);
+        if let (Some(before), Ok(_)) = (before, &result) {
+            let bytes = self.encoded_len();
+            if bytes > MAP_BUDGET_BYTES {
+                let applied = self.applied;
+                *self = before;
+                self.applied = applied;
+                return Err(Refusal::MapFull {
+                    bytes,
+                    budget: MAP_BUDGET_BYTES,
+                });
+            }
+        }
+        result
+    }
+
+    /// Bytes the map encodes to.
+    pub fn encoded_len(&self) -> usize {
+        postcard::serialize_with_flavor(self, postcard::ser_flavors::Size::default())
+            .expect("a cluster state always encodes")
+    }
+
+    /// [`Self::apply`] without the size budget.
     ///
     /// One table, argued long: an arm per command, each a call to its own
     /// step.
-    pub fn apply(&mut self, cmd: &Command) -> Result<Vec<Change>, Refusal> {
-        self.applied += 1;
+    fn apply_step(&mut self, cmd: &Command) -> Result<Vec<Change>, Refusal> {
         let result = match cmd {
             Command::AddNode { node } => self.add_node(*node),
             Command::CreateVolume {

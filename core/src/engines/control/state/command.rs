@@ -278,6 +278,56 @@ impl Command {
             Command::Conf { .. } => "conf",
         }
     }
+
+    /// How much the command may add to the encoded map, for the map's size
+    /// budget ([`super::MAP_BUDGET_BYTES`]).
+    pub(super) fn growth(&self) -> Growth {
+        match self {
+            // One member, its address at most MAX_ADDR_BYTES.
+            Command::AddNode { .. } | Command::Conf { .. } => Growth::Small(64),
+            Command::JoinNode { .. } => Growth::Small(64 + super::MAX_ADDR_BYTES),
+            // A pool extent (at most 255 replicas, in three sets of ids of
+            // at most 5 bytes: 3.9 KB), its table entry and a redirect's
+            // record of chunks: under 8 KiB.
+            Command::Allocate { .. } | Command::Redirect { .. } => Growth::Small(8 << 10),
+            Command::SetQos { .. } => Growth::Small(128),
+            // Volumes, snapshots and clones: as large as their tables.
+            Command::CreateVolume { .. }
+            | Command::CreateNamed { .. }
+            | Command::Snapshot { .. }
+            | Command::Clone { .. }
+            | Command::Rollback { .. } => Growth::Large,
+            // What failure handling, rebuild, moves and deletions need is
+            // never refused for size: it adds at most a varint's byte to an
+            // epoch or a move's target to an extent, which the headroom under
+            // the frame covers.
+            Command::NodeDown { .. }
+            | Command::NodeUp { .. }
+            | Command::DropReplica { .. }
+            | Command::RebuildDone { .. }
+            | Command::Restarted { .. }
+            | Command::ReplaceNode { .. }
+            | Command::DeleteNamed { .. }
+            | Command::Trim { .. }
+            | Command::DeleteSnapshot { .. }
+            | Command::Filled { .. }
+            | Command::Zeroed { .. }
+            | Command::RemoveNode { .. }
+            | Command::MoveReplica { .. }
+            | Command::FinishMove { .. } => Growth::Kept,
+        }
+    }
+}
+
+/// What a command may add to the encoded map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Growth {
+    /// Never refused for size (see [`Command::growth`]).
+    Kept,
+    /// At most this many bytes.
+    Small(usize),
+    /// Without a bound short of the map's own.
+    Large,
 }
 
 /// A node's place in the Raft group.
@@ -416,6 +466,15 @@ pub enum Refusal {
     /// The command would take the map past one of its bounds.
     #[error("past a bound of the map: {0}")]
     TooLarge(&'static str),
+    /// The command would take the encoded map past its size budget (it must
+    /// travel in one frame, to clients and as a Raft snapshot).
+    #[error("the map would encode to {bytes} bytes, past its budget of {budget}")]
+    MapFull {
+        /// The map's encoded size with the command applied.
+        bytes: usize,
+        /// [`super::MAP_BUDGET_BYTES`].
+        budget: usize,
+    },
     /// Not an acceptable node for the map.
     #[error("{0}: {1}")]
     BadNode(NodeId, &'static str),

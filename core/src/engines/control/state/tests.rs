@@ -734,3 +734,69 @@ fn a_restart_applies_once_per_incarnation() {
     assert_eq!(s.incarnations[&NodeId(1)], 2);
     s.self_check();
 }
+
+#[test]
+fn a_command_that_would_take_the_map_past_its_budget_is_refused_and_changes_nothing() {
+    let mut s = cluster(3, 1);
+    let pool = |extents| Command::CreateVolume {
+        volume: VolumeId(2),
+        extents,
+        replicas: 3,
+    };
+    // 100,000 extents would encode to about 1.7 MB, past what a frame carries.
+    let before = s.clone();
+    let Err(Refusal::MapFull { bytes, budget }) = s.apply(&pool(100_000)) else {
+        panic!("a 1.7 MB map was not refused for its size");
+    };
+    assert_eq!(budget, MAP_BUDGET_BYTES);
+    assert!(bytes > 3 * budget / 2, "{bytes}");
+    // Nothing changed but the count of commands applied.
+    assert_eq!(s.applied, before.applied + 1);
+    assert_eq!(
+        ClusterState {
+            applied: before.applied,
+            ..s.clone()
+        },
+        before
+    );
+
+    // The largest pool that fits leaves the map within an extent of its budget.
+    let (mut fits, mut not) = (1u64, 100_000u64);
+    while not - fits > 1 {
+        let mid = (fits + not) / 2;
+        match s.clone().apply(&pool(mid)) {
+            Ok(_) => fits = mid,
+            Err(Refusal::MapFull { .. }) => not = mid,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    s.apply(&pool(fits)).unwrap();
+    // Members added one by one: each fits or is refused, never past the budget.
+    let mut full = None;
+    for n in 4..200 {
+        match s.apply(&Command::AddNode { node: NodeId(n) }) {
+            Ok(_) => assert!(s.encoded_len() <= MAP_BUDGET_BYTES),
+            Err(e) => {
+                full = Some(e);
+                break;
+            }
+        }
+    }
+    assert!(matches!(full, Some(Refusal::MapFull { .. })), "{full:?}");
+    // The map as it is fits its budget and one frame, and decodes whole.
+    let encoded = s.encode();
+    assert_eq!(encoded.len(), s.encoded_len());
+    assert!(encoded.len() <= MAP_BUDGET_BYTES && encoded.len() > MAP_BUDGET_BYTES - 64);
+    assert_eq!(ClusterState::decode(&encoded).unwrap(), s);
+    let reply = crate::wire::Message::MapState {
+        req: crate::ids::RequestId(1),
+        state: bytes::Bytes::from(encoded),
+    };
+    assert!(reply.encode().is_ok(), "a full map still fits a frame");
+    // Failure handling is never refused for size.
+    s.apply(&Command::NodeDown {
+        node: NodeId(1),
+        lease_expires_ns: 5_000,
+    })
+    .unwrap();
+}
