@@ -7,6 +7,10 @@
 //! - `GET /volumes`: one line per volume: name and size in bytes.
 //! - `POST /volumes/NAME?size=SIZE`: create a volume (`SIZE` like `10G`); answers
 //!   once the control plane has committed it.
+//! - `POST /volumes/NAME/resize?size=SIZE`: grow a volume (at once; the new
+//!   space is thin); shrinking needs `&shrink=yes`, to whole extents, on a
+//!   volume without snapshots, and releases the tail. NBD clients see the new
+//!   size when they connect again.
 //! - `DELETE /volumes/NAME`: delete a volume.
 //! - `POST /volumes/NAME/key` with the key (128 hex digits) as the body:
 //!   unlock an encrypted volume on this node (the key stays in its memory;
@@ -231,6 +235,17 @@ impl Admin {
                     .unwrap_or_default();
                 self.rollback(name, query.strip_prefix("to=").unwrap_or(""))
             }
+            (Method::Post, p)
+                if p.strip_prefix("/volumes/")
+                    .and_then(|r| r.strip_suffix("/resize"))
+                    .is_some() =>
+            {
+                let name = p
+                    .strip_prefix("/volumes/")
+                    .and_then(|r| r.strip_suffix("/resize"))
+                    .unwrap_or_default();
+                self.resize(name, query)
+            }
             (Method::Post, p) if p.starts_with("/volumes/") => {
                 let rest = &p["/volumes/".len()..];
                 match rest.strip_suffix("/key") {
@@ -377,6 +392,93 @@ impl Admin {
                 504,
                 format!("volume {name:?} not committed within {COMMIT_WAIT:?} (is a Raft majority up?)\n"),
             ),
+        }
+    }
+
+    /// Grow a volume, or shrink it when the query says `shrink=yes`.
+    fn resize(&self, name: &str, query: &str) -> (u16, String) {
+        if let Err(e) = check_name(name) {
+            return (400, format!("{e}\n"));
+        }
+        let size = match query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("size="))
+            .map(crate::config::parse_size)
+        {
+            Some(Ok(s)) if s > 0 && s % u64::from(crate::nbd::BLOCK) == 0 => s,
+            Some(Ok(_)) => {
+                return (
+                    400,
+                    "size must be above 0 and a multiple of 4096 bytes (4K)\n".into(),
+                )
+            }
+            Some(Err(e)) => return (400, format!("size: {e}\n")),
+            None => return (400, "say the size: ?size=20G\n".into()),
+        };
+        let shrink = query.split('&').any(|kv| kv == "shrink=yes");
+        let Some(v) = self.handle.report().state.named.get(name).cloned() else {
+            return (404, format!("no volume named {name:?}\n"));
+        };
+        let extents = size.div_ceil(self.extent_bytes);
+        if extents > weir_core::control::state::MAX_VOLUME_EXTENTS {
+            return (
+                400,
+                format!(
+                    "a volume spans at most {} extents\n",
+                    weir_core::control::state::MAX_VOLUME_EXTENTS
+                ),
+            );
+        }
+        if size == v.size_bytes {
+            return (200, format!("volume {name:?} is {size} bytes already\n"));
+        }
+        if size < v.size_bytes {
+            if !shrink {
+                return (
+                    409,
+                    format!(
+                        "volume {name:?} is {} bytes: shrinking to {size} drops its data past \
+                         there; say shrink=yes (weir volume resize --shrink) to do it\n",
+                        v.size_bytes
+                    ),
+                );
+            }
+            if !v.snapshots.is_empty() {
+                return (
+                    409,
+                    format!("volume {name:?} has snapshots: delete them to shrink it\n"),
+                );
+            }
+            if !size.is_multiple_of(self.extent_bytes) {
+                return (
+                    400,
+                    format!(
+                        "a volume shrinks to whole extents only ({} bytes each)\n",
+                        self.extent_bytes
+                    ),
+                );
+            }
+        }
+        let command = Command::Resize {
+            name: name.to_string(),
+            size_bytes: size,
+            extents,
+            extent_bytes: self.extent_bytes,
+        };
+        if !self.handle.request(command) {
+            return (503, "the node is stopping\n".into());
+        }
+        let done = |s: &ClusterState| match s.named.get(name) {
+            Some(v) => (v.size_bytes == size).then_some(true),
+            None => Some(false),
+        };
+        match self.wait(done) {
+            Some(true) => (
+                200,
+                format!("volume {name:?} is now {size} bytes (NBD clients see it when they connect again)\n"),
+            ),
+            Some(false) => (404, format!("volume {name:?} was deleted meanwhile\n")),
+            None => (504, format!("resize of {name:?} not committed within {COMMIT_WAIT:?}\n")),
         }
     }
 

@@ -206,6 +206,20 @@ enum VolumeCmd {
         #[command(flatten)]
         qos: QosArgs,
     },
+    /// Change a volume's size: growing takes effect at once; shrinking drops
+    /// the data past the new end, so it needs --shrink, ends on an extent
+    /// boundary and needs a volume without snapshots. NBD clients see the new
+    /// size when they connect again.
+    Resize {
+        /// Its name.
+        name: String,
+        /// Its new size, like 20G.
+        #[arg(long)]
+        size: String,
+        /// Allow the size to go down (the tail's data is dropped).
+        #[arg(long)]
+        shrink: bool,
+    },
     /// List the volumes.
     List,
     /// Make a new volume from a snapshot: writable, sharing the snapshot's
@@ -465,6 +479,16 @@ fn volume(command: VolumeCmd, AdminArgs { admin, token_file }: AdminArgs) -> any
             }
             let path = format!("/volumes/{name}?{}", &query[1..]);
             admin_client::put(&admin, token, &path)?
+        }
+        VolumeCmd::Resize { name, size, shrink } => {
+            check(&name)?;
+            let bytes = config::parse_size(&size).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
+            let also = if shrink { "&shrink=yes" } else { "" };
+            admin_client::post(
+                &admin,
+                token,
+                &format!("/volumes/{name}/resize?size={bytes}{also}"),
+            )?
         }
         VolumeCmd::List => admin_client::get(&admin, token, "/volumes")?,
         VolumeCmd::Clone { snapshot, name } => {

@@ -3,7 +3,7 @@
 //! pool fails with ENOSPC and leaves what was written; a delete gives the
 //! space back (the pool's use falls) once the freed extents are zeroed, and a
 //! new volume that gets them reads zeroes where the old one's data was; a
-//! TRIM of a whole extent frees it too.
+//! TRIM of a whole extent frees it too; a volume grows and shrinks online.
 
 mod common;
 
@@ -161,6 +161,53 @@ fn thin_volumes_take_space_on_write_and_give_it_back_zeroed() {
         "{list}"
     );
     assert_eq!(pool(&cluster).0, 3 * EXTENT);
+
+    // Online resize. Grown, at once: the new space reads zeroes, the old
+    // data stays, and a new connection sees the size.
+    let resize = |size: &str, shrink: bool| {
+        let mut args = vec!["volume", "resize", "next", "--size", size];
+        if shrink {
+            args.push("--shrink");
+        }
+        let out = cluster.weir(&args);
+        (out.status.success(), text(&out))
+    };
+    let (ok, out) = resize("512M", false);
+    assert!(ok, "{out}");
+    let list = text(&cluster.weir(&["volume", "list"]));
+    assert!(list.contains("next 536870912 "), "{list}");
+    let (ok, out) = qemu_io(
+        &cluster.nbd(1, "next"),
+        &[
+            "length".into(),
+            "read -P 0 400M 4k".into(),
+            format!("read -P 0x11 {} 4k", 3 * EXTENT),
+        ],
+    );
+    assert!(ok && out.contains("512 MiB"), "{out}");
+    // Shrinking needs --shrink, whole extents, and drops the tail.
+    let (ok, out) = resize("128M", false);
+    assert!(!ok && out.contains("--shrink"), "{out}");
+    let (ok, out) = resize("100M", true);
+    assert!(!ok && out.contains("whole extents"), "{out}");
+    let (ok, out) = resize("128M", true);
+    assert!(ok, "{out}");
+    let list = text(&cluster.weir(&["volume", "list"]));
+    assert!(
+        list.contains(&format!("next 134217728 allocated={EXTENT}")),
+        "{list}"
+    );
+    assert_eq!(pool(&cluster).0, EXTENT);
+    let (ok, out) = qemu_io(&cluster.nbd(2, "next"), &["length".into()]);
+    assert!(ok && out.contains("128 MiB"), "{out}");
+    // Grown again, the dropped tail reads zeroes, not its old data.
+    let (ok, out) = resize("256M", false);
+    assert!(ok, "{out}");
+    let (ok, out) = qemu_io(
+        &cluster.nbd(3, "next"),
+        &[format!("read -P 0 {} {}", 2 * EXTENT, 2 * EXTENT)],
+    );
+    assert!(ok, "{out}");
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }

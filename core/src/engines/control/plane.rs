@@ -354,7 +354,8 @@ impl ControlPlane {
                 | Command::Clone { .. }
                 | Command::Rollback { .. }
                 | Command::Redirect { .. }
-                | Command::Filled { .. }),
+                | Command::Filled { .. }
+                | Command::Resize { .. }),
             ) => self.propose(&cmd),
             // An operator adds or removes a node through any member.
             Ok(cmd @ (Command::JoinNode { .. } | Command::RemoveNode { .. })) => self.propose(&cmd),

@@ -343,6 +343,12 @@ impl ClusterState {
                 serve_after_ns,
             } => self.finish_move(*extent, *epoch, *serve_after_ns),
             Command::Conf { node, role } => self.conf(*node, *role),
+            Command::Resize {
+                name,
+                size_bytes,
+                extents,
+                extent_bytes,
+            } => self.resize(name, *size_bytes, (*extents, *extent_bytes)),
         };
         // Commands check their preconditions, so none breaks an invariant; if one
         // did, the map from the log is still the same on every member: say so,

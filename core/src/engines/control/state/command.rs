@@ -245,6 +245,23 @@ pub enum Command {
         /// Its new place in the group.
         role: ConfRole,
     },
+    /// A named volume's size changes, to `size_bytes` in `extents` extents of
+    /// `extent_bytes` (the asker's view of the pool's extent size). Growing
+    /// takes effect at once (the new extents are thin). Shrinking releases
+    /// the extents past the new end (dirty until zeroed, in a new reign, as
+    /// a TRIM does); it must end on an extent boundary and the volume must
+    /// have no snapshots. (Last, so that the log's earlier commands keep
+    /// their encoding.)
+    Resize {
+        /// The volume's name.
+        name: String,
+        /// The new size users see.
+        size_bytes: u64,
+        /// Extents it spans: `size_bytes` rounded up to whole extents.
+        extents: u64,
+        /// Bytes of one extent.
+        extent_bytes: u64,
+    },
 }
 
 impl Command {
@@ -276,6 +293,7 @@ impl Command {
             Command::MoveReplica { .. } => "move_replica",
             Command::FinishMove { .. } => "finish_move",
             Command::Conf { .. } => "conf",
+            Command::Resize { .. } => "resize",
         }
     }
 
@@ -290,7 +308,7 @@ impl Command {
             // at most 5 bytes: 3.9 KB), its table entry and a redirect's
             // record of chunks: under 8 KiB.
             Command::Allocate { .. } | Command::Redirect { .. } => Growth::Small(8 << 10),
-            Command::SetQos { .. } => Growth::Small(128),
+            Command::SetQos { .. } | Command::Resize { .. } => Growth::Small(128),
             // Volumes, snapshots and clones: as large as their tables.
             Command::CreateVolume { .. }
             | Command::CreateNamed { .. }
@@ -466,15 +484,6 @@ pub enum Refusal {
     /// The command would take the map past one of its bounds.
     #[error("past a bound of the map: {0}")]
     TooLarge(&'static str),
-    /// The command would take the encoded map past its size budget (it must
-    /// travel in one frame, to clients and as a Raft snapshot).
-    #[error("the map would encode to {bytes} bytes, past its budget of {budget}")]
-    MapFull {
-        /// The map's encoded size with the command applied.
-        bytes: usize,
-        /// [`super::MAP_BUDGET_BYTES`].
-        budget: usize,
-    },
     /// Not an acceptable node for the map.
     #[error("{0}: {1}")]
     BadNode(NodeId, &'static str),
@@ -505,4 +514,23 @@ pub enum Refusal {
     /// error is logged and the debug build stops on it.
     #[error("cluster state invariant broken: {0}")]
     Invariant(String),
+    /// The command would take the encoded map past its size budget (it must
+    /// travel in one frame, to clients and as a Raft snapshot).
+    #[error("the map would encode to {bytes} bytes, past its budget of {budget}")]
+    MapFull {
+        /// The map's encoded size with the command applied.
+        bytes: usize,
+        /// [`super::MAP_BUDGET_BYTES`].
+        budget: usize,
+    },
+    /// A shrink of a volume with snapshots (a rollback would bring back
+    /// extents past its end), or to a size off an extent boundary (what a
+    /// kept extent held past the end would show again when it grows).
+    #[error("volume {name:?} cannot shrink: {why}")]
+    NoShrink {
+        /// The volume.
+        name: String,
+        /// Why.
+        why: &'static str,
+    },
 }

@@ -676,6 +676,21 @@ fn any_command() -> impl Strategy<Value = Command> {
             }
         }),
         "[a-c]{0,2}".prop_map(|name| Command::DeleteNamed { name }),
+        (
+            "[a-c]{0,2}",
+            0u64..6,
+            prop_oneof![Just(4096u64), Just(0), Just(1)],
+            any::<bool>()
+        )
+            .prop_map(|(name, blocks, extent_bytes, odd)| {
+                let size_bytes = blocks * 4096 + u64::from(odd) * 512;
+                Command::Resize {
+                    name,
+                    size_bytes,
+                    extents: size_bytes.div_ceil(extent_bytes.max(1)),
+                    extent_bytes,
+                }
+            }),
     ]
 }
 
@@ -799,4 +814,74 @@ fn a_command_that_would_take_the_map_past_its_budget_is_refused_and_changes_noth
         lease_expires_ns: 5_000,
     })
     .unwrap();
+}
+
+#[test]
+fn a_volume_grows_at_once_and_shrinks_to_whole_extents_without_snapshots() {
+    // Extents of 4,096 bytes, as `create` makes them.
+    let mut s = cluster(3, 6);
+    s.apply(&create("a", 4, true)).unwrap();
+    let resize = |size_bytes: u64| Command::Resize {
+        name: "a".into(),
+        size_bytes,
+        extents: size_bytes.div_ceil(4096),
+        extent_bytes: 4096,
+    };
+    let alloc = |index| Command::Allocate {
+        name: "a".into(),
+        index,
+    };
+    for i in 0..4 {
+        s.apply(&alloc(i)).unwrap();
+    }
+    // Grown: the new extents are thin, the old ones stay.
+    s.apply(&resize(6 * 4096 + 512)).unwrap();
+    let v = &s.named["a"];
+    assert_eq!(
+        (v.size_bytes, v.extents, v.alloc.len()),
+        (6 * 4096 + 512, 7, 4)
+    );
+    s.apply(&alloc(6)).unwrap();
+    // Shrunk: the extents past the end are released, dirty, in a new reign.
+    let reign = s.extents[&s.named["a"].alloc[&6]].primary_since;
+    let cut = s.named["a"].alloc[&6];
+    s.apply(&resize(2 * 4096)).unwrap();
+    let v = &s.named["a"];
+    assert_eq!((v.size_bytes, v.extents), (2 * 4096, 2));
+    assert_eq!(v.alloc.keys().copied().collect::<Vec<_>>(), vec![0, 1]);
+    assert!(s.dirty.contains(&cut) && s.extents[&cut].primary_since > reign);
+    assert_eq!(s.apply(&alloc(2)), Err(Refusal::BadIndex { index: 2 }));
+    // Not to a size off an extent boundary: the kept extent's tail would
+    // show its old data when the volume grew again.
+    let no_shrink = |why| Refusal::NoShrink {
+        name: "a".into(),
+        why,
+    };
+    assert_eq!(
+        s.apply(&resize(4096 + 1)),
+        Err(no_shrink("it shrinks to whole extents only"))
+    );
+    // Not with snapshots: a rollback would bring back extents past the end.
+    s.apply(&Command::Snapshot {
+        name: "a".into(),
+        snap: "s".into(),
+    })
+    .unwrap();
+    assert_eq!(s.apply(&resize(4096)), Err(no_shrink("it has snapshots")));
+    s.apply(&resize(3 * 4096)).unwrap();
+    // Sizes that do not add up, and unknown volumes.
+    let bad = Command::Resize {
+        name: "a".into(),
+        size_bytes: 4096,
+        extents: 2,
+        extent_bytes: 4096,
+    };
+    assert!(matches!(s.apply(&bad), Err(Refusal::BadName(_))));
+    let unknown = Command::Resize {
+        name: "zz".into(),
+        size_bytes: 4096,
+        extents: 1,
+        extent_bytes: 4096,
+    };
+    assert_eq!(s.apply(&unknown), Err(Refusal::UnknownName("zz".into())));
 }

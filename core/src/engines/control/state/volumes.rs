@@ -159,6 +159,49 @@ impl ClusterState {
         Ok(vec![Change::Membership])
     }
 
+    pub(super) fn resize(
+        &mut self,
+        name: &str,
+        size_bytes: u64,
+        (extents, extent_bytes): (u64, u64),
+    ) -> Result<Vec<Change>, Refusal> {
+        if size_bytes == 0 || extent_bytes == 0 || extents != size_bytes.div_ceil(extent_bytes) {
+            return Err(Refusal::BadName(
+                "a volume has a size above zero, in whole extents",
+            ));
+        }
+        if extents > MAX_VOLUME_EXTENTS {
+            return Err(Refusal::TooLarge("volume extents"));
+        }
+        let volume = self
+            .named
+            .get_mut(name)
+            .ok_or_else(|| Refusal::UnknownName(name.to_string()))?;
+        if size_bytes < volume.size_bytes {
+            let no = |why| {
+                Err(Refusal::NoShrink {
+                    name: name.to_string(),
+                    why,
+                })
+            };
+            if !volume.snapshots.is_empty() {
+                return no("it has snapshots");
+            }
+            if !size_bytes.is_multiple_of(extent_bytes) {
+                return no("it shrinks to whole extents only");
+            }
+            // Past the end: released as a TRIM releases them.
+            volume.alloc.retain(|&index, _| index < extents);
+        }
+        let shrinks = extents < volume.extents;
+        volume.size_bytes = size_bytes;
+        volume.extents = extents;
+        if shrinks {
+            self.collect();
+        }
+        Ok(vec![Change::Membership])
+    }
+
     pub(super) fn trim_extent(&mut self, name: &str, index: u64) -> Result<Vec<Change>, Refusal> {
         let volume = self
             .named
