@@ -203,6 +203,9 @@ impl Admin {
         }
         let url = request.url().to_string();
         let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+        let volume_action = path
+            .strip_prefix("/volumes/")
+            .and_then(|r| r.split_once('/'));
         match (request.method(), path) {
             (Method::Get, "/metrics") => {
                 self.metrics.set_read_window((self.read_flow)());
@@ -224,26 +227,13 @@ impl Admin {
             (Method::Post, p) if p.starts_with("/volumes/") && query.starts_with("clone=") => {
                 self.clone_volume(&p["/volumes/".len()..], &query["clone=".len()..])
             }
-            (Method::Post, p)
-                if p.strip_prefix("/volumes/")
-                    .and_then(|r| r.strip_suffix("/rollback"))
-                    .is_some() =>
-            {
-                let name = p
-                    .strip_prefix("/volumes/")
-                    .and_then(|r| r.strip_suffix("/rollback"))
-                    .unwrap_or_default();
+            // POST /volumes/NAME/ACTION.
+            (Method::Post, _) if volume_action.is_some_and(|(_, a)| a == "rollback") => {
+                let (name, _) = volume_action.unwrap_or_default();
                 self.rollback(name, query.strip_prefix("to=").unwrap_or(""))
             }
-            (Method::Post, p)
-                if p.strip_prefix("/volumes/")
-                    .and_then(|r| r.strip_suffix("/resize"))
-                    .is_some() =>
-            {
-                let name = p
-                    .strip_prefix("/volumes/")
-                    .and_then(|r| r.strip_suffix("/resize"))
-                    .unwrap_or_default();
+            (Method::Post, _) if volume_action.is_some_and(|(_, a)| a == "resize") => {
+                let (name, _) = volume_action.unwrap_or_default();
                 self.resize(name, query)
             }
             (Method::Post, p) if p.starts_with("/volumes/") => {
