@@ -184,6 +184,14 @@ fn bench(root: &Path, args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("fabric") => sim_bench(root, "fabric", "fabric benchmark"),
         Some("rdma") => sim_bench(root, "rdma", "RDMA messenger benchmark (simulated fabric)"),
+        Some("engine") => run(
+            "engine benchmark (CPU time per operation of weir's sans-IO engine)",
+            cargo(
+                root,
+                false,
+                &["run", "--release", "-p", "weir-core", "--example", "bench_engine"],
+            ),
+        ),
         Some("nbd") => release_example(
             root,
             "bench_nbd",
@@ -205,7 +213,7 @@ fn bench(root: &Path, args: &[String]) -> Result<(), String> {
             "device benchmark (weir's io_uring device vs fio's io_uring engine, each poll mode)",
         ),
         _ => Err(
-            "bench: say which one (available: fabric, rdma, nbd, memory, device, snapshots)".into(),
+            "bench: say which one (available: engine, fabric, rdma, nbd, memory, device, snapshots)".into(),
         ),
     }
 }
