@@ -468,7 +468,13 @@ impl Admin {
                 format!("volume {name:?} is now {size} bytes (NBD clients see it when they connect again)\n"),
             ),
             Some(false) => (404, format!("volume {name:?} was deleted meanwhile\n")),
-            None => (504, format!("resize of {name:?} not committed within {COMMIT_WAIT:?}\n")),
+            None => (
+                504,
+                format!(
+                    "resize of {name:?} not committed within {COMMIT_WAIT:?}: no Raft majority, or \
+                     refused (the map full, a snapshot taken meanwhile: see the nodes' logs)\n"
+                ),
+            ),
         }
     }
 

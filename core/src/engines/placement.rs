@@ -15,14 +15,19 @@
 //! - Every device's draw depends on that device alone. A device added (or
 //!   whose weight grows) can only rise in some PGs' rankings: where it ranks
 //!   among a PG's replicas it takes exactly one place (its own domain's, or
-//!   else the last), so **everything that moves moves onto it**. A device
+//!   else the last), so **everything that moves moves onto it** (a grown
+//!   device may also come to lead PGs it already held). A device
 //!   removed (weight 0, or gone) moves exactly the replicas it held. Ceph's
 //!   straw2 buckets have the same property per bucket; ranking every device
 //!   at once keeps it across failure domains too (choosing a rack first, then a
 //!   device in it, would move about twice a new device's share: PGs that newly
 //!   choose its rack land on the rack's other devices as well).
 //! - No two replicas share a failure domain: a host always, and a rack or a
-//!   zone where nodes carry such labels ([`Level`]).
+//!   zone where nodes carry such labels ([`Level`]). The level is the widest
+//!   the devices allow, so a change that alters it (a labelled rack count
+//!   reaching the replica count, or falling below it) re-places most PGs, and
+//!   the movement bounds above hold only for changes within one level. Once
+//!   the map holds pools, a pool's level will be fixed when it is made.
 //!
 //! Costs are fixed-point (log2 to 32 fraction bits in integer arithmetic, and
 //! costs compared by cross-multiplication), so every node computes the same

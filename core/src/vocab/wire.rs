@@ -25,7 +25,10 @@
 //! Versioning rule: bump [`WIRE_VERSION`] whenever a change alters the bytes of any
 //! existing message (a new field, a reordered or removed variant). Appending a new
 //! variant at the end of [`Message`] does not need a bump: old peers reject it with
-//! [`DecodeError::Body`].
+//! [`DecodeError::Body`]. A new control-plane command or refusal does: Raft
+//! carries commands inside its own messages, and a member that cannot decode
+//! one would skip it and hold another map than the rest (11: `Resize`,
+//! `MapFull`, `NoShrink`).
 
 use crate::error::WeirError;
 use crate::ids::{Epoch, ExtentId, Lba, NodeId, OpId, RequestId, Version, VolumeId};
@@ -35,7 +38,7 @@ use serde::{Deserialize, Serialize};
 /// The two magic bytes that open every frame.
 pub const MAGIC: [u8; 2] = *b"WR";
 /// Current version of the frame and message encoding.
-pub const WIRE_VERSION: u8 = 10;
+pub const WIRE_VERSION: u8 = 11;
 /// Frame header length in bytes.
 pub const HEADER_BYTES: usize = 12;
 /// Largest body accepted: a 1 MiB data payload plus room for the message fields.

@@ -701,6 +701,13 @@ impl ControlPlane {
                             }
                             changed = true;
                         }
+                        // A full map is the operator's to know of: what it
+                        // refuses (a volume, a snapshot, a first write) fails.
+                        Err(refusal @ crate::control::Refusal::MapFull { .. }) => tracing::warn!(
+                            command = command.kind(),
+                            %refusal,
+                            "command refused: the map is full"
+                        ),
                         Err(refusal) => tracing::debug!(?command, %refusal, "command refused"),
                     }
                 }

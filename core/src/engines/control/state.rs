@@ -88,12 +88,23 @@ pub const MAX_MEMBERS: usize = 1024;
 /// member cannot make every member allocate without bound.
 pub const MAX_POOL_EXTENTS: u64 = 1 << 20;
 
-/// Most bytes the encoded map may take: it travels whole in one frame (a
+/// Most bytes the encoded map may ever take: it travels whole in one frame (a
 /// client's `MapState`, a Raft snapshot message), whose body is at most
-/// [`crate::wire::MAX_BODY_BYTES`]; 64 KiB are left for the message around it
-/// (a snapshot's configuration of up to [`MAX_MEMBERS`] members) and for the
-/// commands never refused for size (an epoch's varint growing a byte).
-pub const MAP_BUDGET_BYTES: usize = (1 << 20) - (64 << 10);
+/// [`crate::wire::MAX_BODY_BYTES`]; 32 KiB are left for the message around it
+/// (a snapshot's configuration of up to [`MAX_MEMBERS`] members, 6 bytes
+/// each in at most four lists).
+pub const MAP_FRAME_BYTES: usize = (1 << 20) - (32 << 10);
+
+/// What the commands never refused for size (failure handling, rebuild:
+/// [`Command::growth`]) may still add to one extent or redirect row over the
+/// map's life, and so is kept free for each: a primary's `serve_after_ns`
+/// going from 0 to a time in nanoseconds (9 bytes), its epoch and reign each
+/// growing two varint bytes (4; 2^21 changes of one extent), a row's chunk
+/// bits filling (9 of a row). A move off a leaving node adds more (21
+/// bytes), and is refused for size instead: the node's leave waits for room.
+pub const EXTENT_RESERVE_BYTES: usize = 16;
+/// The same for a member (its incarnation's varint, its status).
+pub const MEMBER_RESERVE_BYTES: usize = 16;
 
 /// Longest volume name, in bytes (NBD export names are strings on the wire).
 pub const MAX_NAME_BYTES: usize = 128;
@@ -233,31 +244,45 @@ impl ClusterState {
 
     /// Apply one command. A refused command changes nothing but `applied`.
     /// A command that adds to the map is refused (`MapFull`) if the map
-    /// would then encode to more than [`MAP_BUDGET_BYTES`]: the same on every
-    /// member, as the encoded size is the map's own.
+    /// would then encode to more than [`MAP_FRAME_BYTES`] less what is kept
+    /// for the commands never refused ([`Self::size_reserve`]): the same on
+    /// every member, as both are the map's own.
     pub fn apply(&mut self, cmd: &Command) -> Result<Vec<Change>, Refusal> {
         self.applied += 1;
         // A command that adds to the map keeps the map it was applied to when
         // it might pass the size budget, to go back to if it does.
         let before = match cmd.growth() {
             Growth::Kept => None,
-            Growth::Small(bytes) if self.encoded_len() + bytes <= MAP_BUDGET_BYTES => None,
+            Growth::Small(bytes)
+                if self.encoded_len() + self.size_reserve() + bytes <= MAP_FRAME_BYTES =>
+            {
+                None
+            }
             Growth::Small(_) | Growth::Large => Some(self.clone()),
         };
         let result = self.apply_step(cmd);
         if let (Some(before), Ok(_)) = (before, &result) {
-            let bytes = self.encoded_len();
-            if bytes > MAP_BUDGET_BYTES {
+            let (bytes, reserve) = (self.encoded_len(), self.size_reserve());
+            if bytes + reserve > MAP_FRAME_BYTES {
                 let applied = self.applied;
                 *self = before;
                 self.applied = applied;
                 return Err(Refusal::MapFull {
                     bytes,
-                    budget: MAP_BUDGET_BYTES,
+                    reserve,
+                    limit: MAP_FRAME_BYTES,
                 });
             }
         }
         result
+    }
+
+    /// Bytes kept free in the map's frame for what failure handling,
+    /// rebuild and moves may add: [`EXTENT_RESERVE_BYTES`] a pool extent and
+    /// redirect row, [`MEMBER_RESERVE_BYTES`] a member.
+    pub fn size_reserve(&self) -> usize {
+        EXTENT_RESERVE_BYTES * (self.extents.len() + self.rows.len())
+            + MEMBER_RESERVE_BYTES * self.nodes.len()
     }
 
     /// Bytes the map encodes to.

@@ -92,6 +92,28 @@ fn moved_only(
     moved
 }
 
+/// Checks that a device that rose in the rankings (its weight grew) only
+/// gained: a PG that held it holds the same devices (it may now lead), one
+/// that did not either is unchanged or took it in one replica's place.
+fn gained_only(dev: DeviceId, before: &[Vec<DeviceId>], after: &[Vec<DeviceId>]) {
+    for (pg, (b, a)) in before.iter().zip(after).enumerate() {
+        let others =
+            |r: &Vec<DeviceId>| r.iter().copied().filter(|d| *d != dev).collect::<Vec<_>>();
+        let (ob, oa) = (others(b), others(a));
+        if b.contains(&dev) {
+            assert!(a.contains(&dev) && oa == ob, "pg{pg}: {b:?} -> {a:?}");
+        } else if a.contains(&dev) {
+            let kept: Vec<DeviceId> = ob.iter().copied().filter(|d| oa.contains(d)).collect();
+            assert!(
+                kept == oa && kept.len() + 1 == ob.len(),
+                "pg{pg}: {b:?} -> {a:?}"
+            );
+        } else {
+            assert_eq!(a, b, "pg{pg}");
+        }
+    }
+}
+
 /// A cluster of random shape: 3-20 hosts of 1-4 devices of 1-16 TiB, in 3-6
 /// labelled racks or none, 2 or 3 replicas, 32-256 PGs.
 fn random_cluster(rng: &mut StdRng) -> (Vec<DeviceSpec>, usize, u32) {
@@ -130,11 +152,17 @@ fn over_a_thousand_random_clusters_replicas_keep_their_domains_and_only_the_chan
         let before = p.place_all(pgs);
         check_domains(&devices, &p, &before);
 
-        // A device added to a random node: everything that moves moves onto it.
+        // A device added, to a random node or on a new node (in a random
+        // node's rack): everything that moves moves onto it.
         let host = devices[rng.gen_range(0..devices.len())].clone();
+        let node = if rng.gen_bool(0.5) {
+            host.host.0
+        } else {
+            devices.iter().map(|d| d.host.0).max().unwrap_or(0) + 1
+        };
         let new = device(
             devices.len() as u32,
-            host.host.0,
+            node,
             TIB << rng.gen_range(0..=4),
             host.rack.as_deref(),
         );
@@ -145,11 +173,19 @@ fn over_a_thousand_random_clusters_replicas_keep_their_domains_and_only_the_chan
         let after = grown.place_all(pgs);
         check_domains(&devices, &grown, &after);
         let moved = moved_only(id, true, &before, &after);
-        let on_new = after.iter().filter(|r| r.contains(&id)).count();
-        assert_eq!(moved, on_new, "cluster {cluster}");
         let total: u64 = devices.iter().map(|d| d.weight).sum();
         moved_in += moved;
         share_in += (replicas as u64 * u64::from(pgs)) as f64 * weight as f64 / total as f64;
+
+        // A device grown (its weight doubled): it only gains.
+        let grow = rng.gen_range(0..devices.len());
+        let mut larger = devices.clone();
+        larger[grow].weight *= 2;
+        let g = Placement::new(&larger, replicas, seed).unwrap();
+        assert_eq!(g.level(), grown.level());
+        let gained = g.place_all(pgs);
+        check_domains(&larger, &g, &gained);
+        gained_only(larger[grow].id, &after, &gained);
 
         // A device taken out (weight 0): exactly its replicas move.
         let out = rng.gen_range(0..devices.len());

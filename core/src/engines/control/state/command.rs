@@ -297,8 +297,8 @@ impl Command {
         }
     }
 
-    /// How much the command may add to the encoded map, for the map's size
-    /// budget ([`super::MAP_BUDGET_BYTES`]).
+    /// How much the command may add to the encoded map and its reserve, for
+    /// the map's size budget ([`super::MAP_FRAME_BYTES`]).
     pub(super) fn growth(&self) -> Growth {
         match self {
             // One member, its address at most MAX_ADDR_BYTES.
@@ -309,16 +309,18 @@ impl Command {
             // record of chunks: under 8 KiB.
             Command::Allocate { .. } | Command::Redirect { .. } => Growth::Small(8 << 10),
             Command::SetQos { .. } | Command::Resize { .. } => Growth::Small(128),
+            // A move's record (11 bytes) and its new replica in two sets (5
+            // each): a leaving node's moves wait while the map is full.
+            Command::MoveReplica { .. } => Growth::Small(64),
             // Volumes, snapshots and clones: as large as their tables.
             Command::CreateVolume { .. }
             | Command::CreateNamed { .. }
             | Command::Snapshot { .. }
             | Command::Clone { .. }
             | Command::Rollback { .. } => Growth::Large,
-            // What failure handling, rebuild, moves and deletions need is
-            // never refused for size: it adds at most a varint's byte to an
-            // epoch or a move's target to an extent, which the headroom under
-            // the frame covers.
+            // What failure handling, rebuild and deletions need is
+            // never refused for size: what it may add to an extent, a row or
+            // a member is kept free for it (`ClusterState::size_reserve`).
             Command::NodeDown { .. }
             | Command::NodeUp { .. }
             | Command::DropReplica { .. }
@@ -331,7 +333,6 @@ impl Command {
             | Command::Filled { .. }
             | Command::Zeroed { .. }
             | Command::RemoveNode { .. }
-            | Command::MoveReplica { .. }
             | Command::FinishMove { .. } => Growth::Kept,
         }
     }
@@ -514,14 +515,17 @@ pub enum Refusal {
     /// error is logged and the debug build stops on it.
     #[error("cluster state invariant broken: {0}")]
     Invariant(String),
-    /// The command would take the encoded map past its size budget (it must
-    /// travel in one frame, to clients and as a Raft snapshot).
-    #[error("the map would encode to {bytes} bytes, past its budget of {budget}")]
+    /// The command would take the encoded map, with what is kept free for
+    /// failure handling, past what one frame carries (the map travels whole,
+    /// to clients and as a Raft snapshot).
+    #[error("the map would encode to {bytes} bytes, and {reserve} are kept free for failure handling: past its limit of {limit}")]
     MapFull {
         /// The map's encoded size with the command applied.
         bytes: usize,
-        /// [`super::MAP_BUDGET_BYTES`].
-        budget: usize,
+        /// `ClusterState::size_reserve` with the command applied.
+        reserve: usize,
+        /// [`super::MAP_FRAME_BYTES`].
+        limit: usize,
     },
     /// A shrink of a volume with snapshots (a rollback would bring back
     /// extents past its end), or to a size off an extent boundary (what a

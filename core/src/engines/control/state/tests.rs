@@ -760,11 +760,20 @@ fn a_command_that_would_take_the_map_past_its_budget_is_refused_and_changes_noth
     };
     // 100,000 extents would encode to about 1.7 MB, past what a frame carries.
     let before = s.clone();
-    let Err(Refusal::MapFull { bytes, budget }) = s.apply(&pool(100_000)) else {
+    let Err(Refusal::MapFull {
+        bytes,
+        reserve,
+        limit,
+    }) = s.apply(&pool(100_000))
+    else {
         panic!("a 1.7 MB map was not refused for its size");
     };
-    assert_eq!(budget, MAP_BUDGET_BYTES);
-    assert!(bytes > 3 * budget / 2, "{bytes}");
+    assert_eq!(limit, MAP_FRAME_BYTES);
+    assert!(bytes > 3 * limit / 2, "{bytes}");
+    assert_eq!(
+        reserve,
+        EXTENT_RESERVE_BYTES * 100_001 + MEMBER_RESERVE_BYTES * 3
+    );
     // Nothing changed but the count of commands applied.
     assert_eq!(s.applied, before.applied + 1);
     assert_eq!(
@@ -775,7 +784,7 @@ fn a_command_that_would_take_the_map_past_its_budget_is_refused_and_changes_noth
         before
     );
 
-    // The largest pool that fits leaves the map within an extent of its budget.
+    // The largest pool that fits leaves the map within an extent of its limit.
     let (mut fits, mut not) = (1u64, 100_000u64);
     while not - fits > 1 {
         let mid = (fits + not) / 2;
@@ -786,11 +795,11 @@ fn a_command_that_would_take_the_map_past_its_budget_is_refused_and_changes_noth
         }
     }
     s.apply(&pool(fits)).unwrap();
-    // Members added one by one: each fits or is refused, never past the budget.
+    // Members added one by one: each fits or is refused, never past the limit.
     let mut full = None;
     for n in 4..200 {
         match s.apply(&Command::AddNode { node: NodeId(n) }) {
-            Ok(_) => assert!(s.encoded_len() <= MAP_BUDGET_BYTES),
+            Ok(_) => assert!(s.encoded_len() + s.size_reserve() <= MAP_FRAME_BYTES),
             Err(e) => {
                 full = Some(e);
                 break;
@@ -798,22 +807,36 @@ fn a_command_that_would_take_the_map_past_its_budget_is_refused_and_changes_noth
         }
     }
     assert!(matches!(full, Some(Refusal::MapFull { .. })), "{full:?}");
-    // The map as it is fits its budget and one frame, and decodes whole.
-    let encoded = s.encode();
-    assert_eq!(encoded.len(), s.encoded_len());
-    assert!(encoded.len() <= MAP_BUDGET_BYTES && encoded.len() > MAP_BUDGET_BYTES - 64);
-    assert_eq!(ClusterState::decode(&encoded).unwrap(), s);
-    let reply = crate::wire::Message::MapState {
-        req: crate::ids::RequestId(1),
-        state: bytes::Bytes::from(encoded),
+    let fits_frame = |s: &ClusterState| {
+        let encoded = s.encode();
+        assert_eq!(encoded.len(), s.encoded_len());
+        assert_eq!(&ClusterState::decode(&encoded).unwrap(), s);
+        let reply = crate::wire::Message::MapState {
+            req: crate::ids::RequestId(1),
+            state: bytes::Bytes::from(encoded),
+        };
+        reply.encode().is_ok()
     };
-    assert!(reply.encode().is_ok(), "a full map still fits a frame");
-    // Failure handling is never refused for size.
+    let used = s.encoded_len() + s.size_reserve();
+    assert!(
+        used <= MAP_FRAME_BYTES && used > MAP_FRAME_BYTES - 64,
+        "{used}"
+    );
+    assert!(fits_frame(&s), "a full map fits a frame");
+    // Failure handling is never refused for size, and what it adds stays
+    // within the reserve: node 1 fails (its extents fail over, each with a
+    // serve-after time in nanoseconds) and comes back to rebuild.
     s.apply(&Command::NodeDown {
         node: NodeId(1),
-        lease_expires_ns: 5_000,
+        lease_expires_ns: 1_700_000_000_000_000_000,
     })
     .unwrap();
+    s.apply(&Command::NodeUp { node: NodeId(1) }).unwrap();
+    assert!(s.encoded_len() <= MAP_FRAME_BYTES);
+    assert!(
+        fits_frame(&s),
+        "a full map after a failover still fits a frame"
+    );
 }
 
 #[test]
@@ -877,6 +900,17 @@ fn a_volume_grows_at_once_and_shrinks_to_whole_extents_without_snapshots() {
         extent_bytes: 4096,
     };
     assert!(matches!(s.apply(&bad), Err(Refusal::BadName(_))));
+    // An extent size other than the volume's: refused, whatever the sizes.
+    let other = Command::Resize {
+        name: "a".into(),
+        size_bytes: 8192,
+        extents: 1,
+        extent_bytes: 8192,
+    };
+    assert_eq!(
+        s.apply(&other),
+        Err(Refusal::BadName("the extent size is not the volume's"))
+    );
     let unknown = Command::Resize {
         name: "zz".into(),
         size_bytes: 4096,

@@ -177,6 +177,11 @@ impl ClusterState {
             .named
             .get_mut(name)
             .ok_or_else(|| Refusal::UnknownName(name.to_string()))?;
+        // The asker's extent size must be the one the volume was cut by, or
+        // `extents` would not say which of its extents are past the end.
+        if volume.extents != volume.size_bytes.div_ceil(extent_bytes) {
+            return Err(Refusal::BadName("the extent size is not the volume's"));
+        }
         if size_bytes < volume.size_bytes {
             let no = |why| {
                 Err(Refusal::NoShrink {
