@@ -48,6 +48,9 @@ pub const MOVES_MAX: usize = 4;
 /// Ticks the leader waits after a configuration change was refused before it
 /// proposes another (a refusal means the map changed under it).
 const CONF_BACKOFF_TICKS: u32 = 10;
+/// Ticks the leader waits after a move was refused because the map is full
+/// before it proposes moves again.
+const MOVE_BACKOFF_TICKS: u32 = 100;
 
 /// Something the driver must do.
 #[derive(Debug)]
@@ -106,6 +109,8 @@ pub struct ControlPlane {
     moves_proposed: BTreeSet<ExtentId>,
     /// Leader only: ticks before the next configuration change.
     conf_backoff: u32,
+    /// Leader only: ticks before the next moves, after a full map refused one.
+    move_backoff: u32,
     actions: VecDeque<PlaneAction>,
     /// The epochs of the map this node had when it restarted (None: a new node).
     restored: Option<BTreeMap<ExtentId, Epoch>>,
@@ -175,6 +180,7 @@ impl ControlPlane {
             replacing: BTreeSet::new(),
             moves_proposed: BTreeSet::new(),
             conf_backoff: 0,
+            move_backoff: 0,
             actions: VecDeque::new(),
             restored: None,
             restart_pending: false,
@@ -686,6 +692,11 @@ impl ControlPlane {
                     {
                         self.moves_proposed.remove(extent);
                     }
+                    if matches!(command, Command::MoveReplica { .. })
+                        && matches!(outcome, Err(crate::control::Refusal::MapFull { .. }))
+                    {
+                        self.move_backoff = MOVE_BACKOFF_TICKS;
+                    }
                     if matches!(command, Command::Conf { .. }) && outcome.is_err() {
                         self.conf_backoff = CONF_BACKOFF_TICKS;
                     }
@@ -702,7 +713,8 @@ impl ControlPlane {
                             changed = true;
                         }
                         // A full map is the operator's to know of: what it
-                        // refuses (a volume, a snapshot, a first write) fails.
+                        // refuses (a volume, a snapshot, a first write, a
+                        // leaving node's move) fails or waits.
                         Err(refusal @ crate::control::Refusal::MapFull { .. }) => tracing::warn!(
                             command = command.kind(),
                             %refusal,

@@ -95,16 +95,23 @@ pub const MAX_POOL_EXTENTS: u64 = 1 << 20;
 /// each in at most four lists).
 pub const MAP_FRAME_BYTES: usize = (1 << 20) - (32 << 10);
 
-/// What the commands never refused for size (failure handling, rebuild:
-/// [`Command::growth`]) may still add to one extent or redirect row over the
-/// map's life, and so is kept free for each: a primary's `serve_after_ns`
-/// going from 0 to a time in nanoseconds (9 bytes), its epoch and reign each
-/// growing two varint bytes (4; 2^21 changes of one extent), a row's chunk
-/// bits filling (9 of a row). A move off a leaving node adds more (21
-/// bytes), and is refused for size instead: the node's leave waits for room.
-pub const EXTENT_RESERVE_BYTES: usize = 16;
-/// The same for a member (its incarnation's varint, its status).
+/// What a member's entry may still grow by through commands never refused
+/// for size (its incarnation's varint, its status).
 pub const MEMBER_RESERVE_BYTES: usize = 16;
+
+/// Widest a node id encodes (ids are below [`crate::ids::FRONT_END_ID_BASE`],
+/// 2^20: three varint bytes).
+const NODE_ID_MAX_BYTES: usize = 3;
+/// Widest an epoch encodes: a version is its epoch shifted 32 bits, so an
+/// epoch stays below 2^32 (five varint bytes).
+const EPOCH_MAX_BYTES: usize = 5;
+/// Widest a time in nanoseconds encodes (below 2^63: nine varint bytes).
+const NS_MAX_BYTES: usize = 9;
+
+/// Bytes of `v` as a postcard varint.
+fn varint_len(v: u64) -> usize {
+    (64 - v.leading_zeros() as usize).max(1).div_ceil(7)
+}
 
 /// Longest volume name, in bytes (NBD export names are strings on the wire).
 pub const MAX_NAME_BYTES: usize = 128;
@@ -245,8 +252,8 @@ impl ClusterState {
     /// Apply one command. A refused command changes nothing but `applied`.
     /// A command that adds to the map is refused (`MapFull`) if the map
     /// would then encode to more than [`MAP_FRAME_BYTES`] less what is kept
-    /// for the commands never refused ([`Self::size_reserve`]): the same on
-    /// every member, as both are the map's own.
+    /// for the commands never refused ([`Self::size_reserve`]), and to more
+    /// than before: the same on every member, as both are the map's own.
     pub fn apply(&mut self, cmd: &Command) -> Result<Vec<Change>, Refusal> {
         self.applied += 1;
         // A command that adds to the map keeps the map it was applied to when
@@ -263,7 +270,11 @@ impl ClusterState {
         let result = self.apply_step(cmd);
         if let (Some(before), Ok(_)) = (before, &result) {
             let (bytes, reserve) = (self.encoded_len(), self.size_reserve());
-            if bytes + reserve > MAP_FRAME_BYTES {
+            // Past the limit, and larger than before: a command that adds
+            // nothing (or shrinks the map) still goes on a full map.
+            if bytes + reserve > MAP_FRAME_BYTES
+                && bytes + reserve > before.encoded_len() + before.size_reserve()
+            {
                 let applied = self.applied;
                 *self = before;
                 self.applied = applied;
@@ -277,12 +288,42 @@ impl ClusterState {
         result
     }
 
-    /// Bytes kept free in the map's frame for what failure handling,
-    /// rebuild and moves may add: [`EXTENT_RESERVE_BYTES`] a pool extent and
-    /// redirect row, [`MEMBER_RESERVE_BYTES`] a member.
+    /// Bytes kept free in the map's frame for what the commands never
+    /// refused for size (failure handling, rebuild, deletions: `Growth::Kept`)
+    /// may still add: the room left in each field they may widen, to its
+    /// widest. For an extent: `serve_after_ns` (to 9 bytes), its epoch and
+    /// reign (to 5 each), each node id in its replica list and as primary
+    /// (to 3), and its in-sync and rebuilding sets filled with every replica
+    /// (3 bytes each); for a redirect row, its chunk bits (to 10); for a
+    /// member, [`MEMBER_RESERVE_BYTES`]. As those commands use it, the room
+    /// left shrinks by what the map grew, so the sum stays the same.
     pub fn size_reserve(&self) -> usize {
-        EXTENT_RESERVE_BYTES * (self.extents.len() + self.rows.len())
-            + MEMBER_RESERVE_BYTES * self.nodes.len()
+        let room = |max: usize, v: u64| max.saturating_sub(varint_len(v));
+        let extents: usize = self
+            .extents
+            .values()
+            .map(|e| {
+                let ids: usize = e
+                    .replicas
+                    .iter()
+                    .chain([&e.primary])
+                    .map(|n| room(NODE_ID_MAX_BYTES, u64::from(n.0)))
+                    .sum();
+                let sets: usize = e
+                    .in_sync
+                    .iter()
+                    .chain(&e.rebuilding)
+                    .map(|n| varint_len(u64::from(n.0)))
+                    .sum();
+                room(NS_MAX_BYTES, e.serve_after_ns)
+                    + room(EPOCH_MAX_BYTES, e.epoch.0)
+                    + room(EPOCH_MAX_BYTES, e.primary_since.0)
+                    + ids
+                    + (NODE_ID_MAX_BYTES * e.replicas.len()).saturating_sub(sets)
+            })
+            .sum();
+        let rows: usize = self.rows.values().map(|r| room(10, r.filled)).sum();
+        extents + rows + MEMBER_RESERVE_BYTES * self.nodes.len()
     }
 
     /// Bytes the map encodes to.

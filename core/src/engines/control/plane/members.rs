@@ -11,6 +11,7 @@ impl ControlPlane {
     /// start a move to the up, staying node that holds the fewest replicas (the
     /// lowest id on ties), and finish it once the new replica is in sync.
     pub(super) fn move_replicas(&mut self, now_ns: u64) {
+        self.move_backoff = self.move_backoff.saturating_sub(1);
         let state = self.state();
         if state.leaving.is_empty() && state.extents.values().all(|e| e.moving.is_none()) {
             return;
@@ -47,6 +48,11 @@ impl ControlPlane {
             let Some(&from) = ext.replicas.iter().find(|r| state.leaving.contains(r)) else {
                 continue;
             };
+            // After a full map refused a move, none for a while (moves under
+            // way still finish).
+            if self.move_backoff > 0 {
+                continue;
+            }
             if under_way >= MOVES_MAX || ext.in_sync.is_empty() {
                 continue;
             }

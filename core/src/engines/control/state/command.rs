@@ -302,7 +302,7 @@ impl Command {
     pub(super) fn growth(&self) -> Growth {
         match self {
             // One member, its address at most MAX_ADDR_BYTES.
-            Command::AddNode { .. } | Command::Conf { .. } => Growth::Small(64),
+            Command::AddNode { .. } => Growth::Small(64),
             Command::JoinNode { .. } => Growth::Small(64 + super::MAX_ADDR_BYTES),
             // A pool extent (at most 255 replicas, in three sets of ids of
             // at most 5 bytes: 3.9 KB), its table entry and a redirect's
@@ -333,7 +333,11 @@ impl Command {
             | Command::Filled { .. }
             | Command::Zeroed { .. }
             | Command::RemoveNode { .. }
-            | Command::FinishMove { .. } => Growth::Kept,
+            | Command::FinishMove { .. }
+            // Raft applies a configuration change to its group whatever the
+            // map says, so the map must follow it: an id in a list, kept
+            // free for every member.
+            | Command::Conf { .. } => Growth::Kept,
         }
     }
 }

@@ -178,9 +178,15 @@ impl ClusterState {
             .get_mut(name)
             .ok_or_else(|| Refusal::UnknownName(name.to_string()))?;
         // The asker's extent size must be the one the volume was cut by, or
-        // `extents` would not say which of its extents are past the end.
+        // `extents` would not say which of its extents are past the end. The
+        // map does not hold the pool's extent size (its extents are counted,
+        // not sized), so this checks that the asker's fits the volume's shape,
+        // which catches most mistakes but not all (a one-extent volume fits
+        // any larger size); every member's asker has the cluster's.
         if volume.extents != volume.size_bytes.div_ceil(extent_bytes) {
-            return Err(Refusal::BadName("the extent size is not the volume's"));
+            return Err(Refusal::BadName(
+                "the extent size does not fit the volume's",
+            ));
         }
         if size_bytes < volume.size_bytes {
             let no = |why| {
