@@ -153,21 +153,25 @@ pub fn serve(server: Arc<Server>, admin: Admin) {
     }
 }
 
+/// A query's `size=`: above 0 and whole 4 KiB blocks; what is wrong with
+/// it, for a 400.
+fn parse_size_query(query: &str) -> Result<u64, String> {
+    match query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("size="))
+        .map(crate::config::parse_size)
+    {
+        Some(Ok(s)) if s > 0 && s % u64::from(crate::nbd::BLOCK) == 0 => Ok(s),
+        Some(Ok(_)) => Err("size must be above 0 and a multiple of 4096 bytes (4K)\n".into()),
+        Some(Err(e)) => Err(format!("size: {e}\n")),
+        None => Err("say the size: ?size=10G\n".into()),
+    }
+}
+
 /// A volume creation's `query`: its size, QoS and key check value; what is
 /// wrong with it, for a 400.
 fn parse_create(query: &str) -> Result<(u64, Qos, Option<[u8; 16]>), String> {
-    let size = query
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("size="))
-        .map(crate::config::parse_size);
-    let size = match size {
-        Some(Ok(s)) if s > 0 && s % u64::from(crate::nbd::BLOCK) == 0 => s,
-        Some(Ok(_)) => {
-            return Err("size must be above 0 and a multiple of 4096 bytes (4K)\n".into());
-        }
-        Some(Err(e)) => return Err(format!("size: {e}\n")),
-        None => return Err("say the size: ?size=10G\n".into()),
-    };
+    let size = parse_size_query(query)?;
     let qos = parse_qos(query, Qos::default(), true)?;
     // Given at most once, and then well formed: never an unencrypted
     // volume for a request that asked for an encrypted one.
@@ -390,20 +394,9 @@ impl Admin {
         if let Err(e) = check_name(name) {
             return (400, format!("{e}\n"));
         }
-        let size = match query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix("size="))
-            .map(crate::config::parse_size)
-        {
-            Some(Ok(s)) if s > 0 && s % u64::from(crate::nbd::BLOCK) == 0 => s,
-            Some(Ok(_)) => {
-                return (
-                    400,
-                    "size must be above 0 and a multiple of 4096 bytes (4K)\n".into(),
-                )
-            }
-            Some(Err(e)) => return (400, format!("size: {e}\n")),
-            None => return (400, "say the size: ?size=20G\n".into()),
+        let size = match parse_size_query(query) {
+            Ok(s) => s,
+            Err(e) => return (400, e),
         };
         let shrink = query.split('&').any(|kv| kv == "shrink=yes");
         let Some(v) = self.handle.report().state.named.get(name).cloned() else {
