@@ -28,7 +28,7 @@ pub mod node;
 pub mod vocab;
 
 pub use client::{front_end, named, splice};
-pub use engines::{control, flow, placement, replication, sched};
+pub use engines::{control, flow, placement, replication, sched, store};
 pub use vocab::{buf, copies, device, error, events, ids, io, map, record, time, transport, wire};
 
 pub use buf::{Buf, BufPool, RegionSource};

@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, watch};
 
 pub mod boot;
 mod gate;
+pub mod store_io;
 
 /// Why a node could not start or stopped.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,8 @@
 //! each device's scheduler and the admission of client requests; [`flow`] the
 //! response to the fabric's congestion signals per peer; [`placement`] which
 //! devices hold each placement group (ranked straw2); [`range_lock`] the
-//! lock over block ranges that replication and the scheduler both take.
+//! lock over block ranges that replication and the scheduler both take;
+//! [`store`] each device's store: which object each slot holds, on the device.
 
 pub mod control;
 pub mod flow;
@@ -15,3 +16,4 @@ pub mod placement;
 pub mod range_lock;
 pub mod replication;
 pub mod sched;
+pub mod store;
