@@ -39,7 +39,7 @@ async fn a_store_on_a_file_reopens_with_its_objects_and_zeroed_free_slots() {
         slot_bytes: MIB,
         journal_bytes: 0,
     };
-    let mut store = store_io::format(&dev, 42, options, true).await.unwrap();
+    let mut store = store_io::format(&dev, 42, options, true, 1).await.unwrap();
     assert!(store.layout().slots >= 60, "{:?}", store.layout());
     let key = |i| ObjectKey {
         volume: 7,
@@ -80,7 +80,7 @@ async fn a_store_on_a_file_reopens_with_its_objects_and_zeroed_free_slots() {
     // Closed without a checkpoint, as after a crash: the journal has it all; the
     // released slots' zeroing was not written down, so they are zeroed again.
     let dev = UringDevice::open(&path, UringOptions::default()).unwrap();
-    let (mut store, found) = store_io::open(&dev).await.unwrap();
+    let (mut store, found) = store_io::open(&dev, 2).await.unwrap();
     assert!(found.pages > 0 && found.applied > 0, "{found:?}");
     assert_eq!(found.corrupt, 0);
     assert_eq!((store.usage().used, store.usage().dirty), (7, 3));
@@ -90,7 +90,7 @@ async fn a_store_on_a_file_reopens_with_its_objects_and_zeroed_free_slots() {
     store.checkpoint();
     store_io::settle(&dev, &mut store).await.unwrap();
     drop(store);
-    let (store, found) = store_io::open(&dev).await.unwrap();
+    let (store, found) = store_io::open(&dev, 3).await.unwrap();
     assert_eq!(found.applied, 0, "{found:?}");
     assert_eq!(
         (store.usage().used, store.usage().clean, store.usage().dirty),
@@ -129,7 +129,7 @@ async fn a_store_on_a_file_reopens_with_its_objects_and_zeroed_free_slots() {
     )
     .unwrap();
     assert_eq!(
-        store_io::open(&empty).await.err(),
+        store_io::open(&empty, 4).await.err(),
         Some(StoreError::NotAStore)
     );
 }

@@ -20,13 +20,15 @@ async fn submit<D: BlockDevice>(dev: &D, cmd: DevCommand) -> Result<DevCompletio
 
 /// Make a new store named `uuid` on `dev` (`fresh`: the device already reads
 /// as zeroes, so its slots need no zeroing). Whatever the device held is lost.
+/// `nonce`, here and in [`open`]: a random number new at each opening.
 pub async fn format<D: BlockDevice>(
     dev: &D,
     uuid: u128,
     options: StoreOptions,
     fresh: bool,
+    nonce: u64,
 ) -> Result<Store, StoreError> {
-    let (store, cmds) = Store::format(uuid, &dev.geometry(), options, fresh)?;
+    let (store, cmds) = Store::format(uuid, &dev.geometry(), options, fresh, nonce)?;
     for cmd in cmds {
         submit(dev, cmd).await?;
     }
@@ -65,13 +67,13 @@ async fn read<D: BlockDevice>(dev: &D, off: u64, len: u64) -> Result<Vec<u8>, St
 
 /// The store on `dev`, recovered: superblock, table and journal read, the
 /// journal replayed.
-pub async fn open<D: BlockDevice>(dev: &D) -> Result<(Store, Recovery), StoreError> {
+pub async fn open<D: BlockDevice>(dev: &D, nonce: u64) -> Result<(Store, Recovery), StoreError> {
     let g = dev.geometry();
     let superblock = read(dev, 0, PAGE_BYTES).await?;
     let layout = Layout::decode(&superblock, &g)?;
     let table = read(dev, layout.table_off, layout.table_bytes()).await?;
     let ring = read(dev, layout.journal_off, layout.journal_pages * PAGE_BYTES).await?;
-    Store::recover(&g, &superblock, &table, &ring)
+    Store::recover(&g, &superblock, &table, &ring, nonce)
 }
 
 /// Issue everything `store` asks for, at once, until it is idle (a shutdown, or

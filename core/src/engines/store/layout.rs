@@ -30,9 +30,14 @@ pub const ENTRY_BYTES: u64 = 64;
 /// The default slot (object) size: 4 MiB.
 pub const DEFAULT_SLOT_BYTES: u64 = 4 << 20;
 
-/// Journal size when not given: a thousandth of the device, within these bounds.
+/// Journal size when not given: a thousandth of the device, within these bounds
+/// (the largest is also the most a store may have: recovery reads it whole).
 const JOURNAL_MIN_BYTES: u64 = 256 << 10;
 const JOURNAL_MAX_BYTES: u64 = 64 << 20;
+
+/// The most slots a store may have: 16 Mi, 64 TiB of 4 MiB slots, about
+/// 1.6 GiB of the store's memory. A larger device takes larger slots.
+pub const MAX_SLOTS: u32 = 1 << 24;
 
 /// The first slot starts on a multiple of this (or of the slot, if smaller).
 const DATA_ALIGN_BYTES: u64 = 1 << 20;
@@ -114,8 +119,15 @@ impl Layout {
             b => b,
         };
         let journal_pages = journal_bytes / PAGE_BYTES;
-        if journal_pages < 4 {
-            return Err(StoreError::BadOptions("the journal needs at least 4 pages"));
+        if journal_pages < 4 || journal_bytes > JOURNAL_MAX_BYTES {
+            return Err(StoreError::BadOptions(
+                "the journal must be from 4 pages to 64 MiB",
+            ));
+        }
+        if u64::from(geometry.max_transfer_blocks) * block_size < PAGE_BYTES {
+            return Err(StoreError::BadOptions(
+                "the device's largest transfer must be at least 4 KiB",
+            ));
         }
         let journal_off = PAGE_BYTES;
         let table_off = journal_off + journal_pages * PAGE_BYTES;
@@ -132,7 +144,11 @@ impl Layout {
             ));
         }
         let slots = u32::try_from(slots)
-            .map_err(|_| StoreError::BadOptions("more than 2^32 slots: use larger slots"))?;
+            .ok()
+            .filter(|&s| s <= MAX_SLOTS)
+            .ok_or(StoreError::BadOptions(
+                "more than 2^24 slots: use larger slots",
+            ))?;
         Ok(Layout {
             uuid,
             block_size: geometry.block_size,
@@ -238,6 +254,8 @@ impl Layout {
             && layout.slot_bytes >= PAGE_BYTES
             && layout.journal_off == PAGE_BYTES
             && layout.journal_pages >= 4
+            && layout.journal_pages <= JOURNAL_MAX_BYTES / PAGE_BYTES
+            && layout.slots <= MAX_SLOTS
             && table_end.is_some_and(|t| t <= layout.data_off)
             && layout.data_off.is_multiple_of(PAGE_BYTES)
             && layout.slots > 0

@@ -17,9 +17,15 @@
 //! in the background; once a flush after them completes, the journal before them
 //! is no longer needed, and the pages' `start` moves on.
 //!
-//! Recovery reads the superblock, the table and the ring, replays the whole run
-//! of pages that ends last (an entry image is taken only if it is newer than the
-//! table's), and rebuilds the index and the free space from the entries.
+//! Recovery (in `open.rs`, with format) reads the superblock, the table and the
+//! ring, replays the whole run of pages that ends last (an entry image is taken
+//! only if it is newer than the table's), rebuilds the index and the free space
+//! from the entries, and frees by journaled releases what damage left (an entry
+//! that does not check, an object in two slots). Each opening draws a random
+//! `nonce` that every sector of its journal pages carries, so a page torn
+//! before a restart is never completed by the same page number written after it.
+//! A checkpoint writes every table page, flushes, and writes a page of no
+//! changes that carries the new start, so the next open replays nothing.
 //!
 //! # The rules the owner keeps
 //!
@@ -38,8 +44,11 @@
 //! device and 12 MiB per TiB stored. Every queue is bounded: changes waiting for
 //! a journal page ([`MAX_QUEUED`]), table writes and slot zeroings in flight.
 
+#[cfg(test)]
+mod damage_tests;
 pub mod journal;
 pub mod layout;
+mod open;
 mod space;
 #[cfg(test)]
 mod tests;
@@ -51,6 +60,7 @@ use journal::RECORDS_PER_PAGE;
 pub use layout::{
     Entry, Layout, ObjectKey, SlotState, StoreOptions, ENTRY_BYTES, PAGE_BYTES, STORE_FORMAT,
 };
+pub use open::FormatCmds;
 use space::Space;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -149,7 +159,8 @@ pub struct Recovery {
     pub pages: u64,
     /// Entry images replayed that were newer than the table's.
     pub applied: u64,
-    /// Table entries that did not check (their slots are zeroed and freed).
+    /// Table entries that did not check and that no journal page replaced
+    /// (their slots are zeroed and freed).
     pub corrupt: u64,
     /// Objects found in two slots (the newer kept, the other freed).
     pub duplicates: u64,
@@ -179,6 +190,8 @@ type PageInFlight = (u64, u64, u64, Vec<(u32, Entry)>);
 #[derive(Debug)]
 pub struct Store {
     layout: Layout,
+    /// This opening's random number, in every sector of its journal pages.
+    nonce: u64,
     /// Largest zeroing command, in blocks.
     max_zero_blocks: u64,
     entries: Vec<Entry>,
@@ -211,6 +224,9 @@ pub struct Store {
     /// The durable images of entries changed since, while their change waits
     /// for its journal page: the table is only ever written journaled images.
     shadow: BTreeMap<u32, Entry>,
+    /// After a checkpoint's sweep, write a page of no changes that carries
+    /// the new start, so that the next open replays nothing already written.
+    carry_start: bool,
     /// Released slots whose release is not durable yet: (ticket, slot).
     released: VecDeque<(u64, u32)>,
     /// Zeroing commands in flight, by op: their slot; and commands left per slot.
@@ -223,9 +239,10 @@ pub struct Store {
 }
 
 impl Store {
-    fn empty(layout: Layout, geometry: &Geometry) -> Store {
+    fn empty(layout: Layout, geometry: &Geometry, nonce: u64) -> Store {
         Store {
             layout,
+            nonce,
             max_zero_blocks: u64::from(geometry.max_transfer_blocks.max(1)),
             entries: vec![Entry::default(); layout.slots as usize],
             index: BTreeMap::new(),
@@ -242,6 +259,7 @@ impl Store {
             flush_op: None,
             sweep: None,
             shadow: BTreeMap::new(),
+            carry_start: false,
             released: VecDeque::new(),
             zero_ops: BTreeMap::new(),
             zero_left: BTreeMap::new(),
@@ -249,141 +267,6 @@ impl Store {
             next_op: 1,
             failed: None,
         }
-    }
-
-    /// A new, empty store named `uuid` on a device of `geometry`, and the
-    /// commands that make it, to run in order (each after the last completes):
-    /// zero the journal and the table (and the slots, unless `fresh`: the device
-    /// already reads as zeroes), flush, then write the superblock. A device whose
-    /// format did not finish holds no superblock, so no store.
-    pub fn format(
-        uuid: u128,
-        geometry: &Geometry,
-        options: StoreOptions,
-        fresh: bool,
-    ) -> Result<(Store, Vec<DevCommand>), StoreError> {
-        let layout = Layout::new(uuid, geometry, options)?;
-        let mut store = Store::empty(layout, geometry);
-        for s in 0..layout.slots {
-            store.space.put_clean(s);
-        }
-        let bs = u64::from(layout.block_size);
-        let mut cmds = Vec::new();
-        let zero_to = if fresh { layout.data_off } else { layout.end() };
-        // The superblock's page too: a half-made store must not look like one.
-        let mut at = 0;
-        while at < zero_to / bs {
-            let blocks = (zero_to / bs - at).min(store.max_zero_blocks);
-            cmds.push(DevCommand::WriteZeroes {
-                lba: Lba(at),
-                blocks,
-            });
-            at += blocks;
-        }
-        cmds.push(DevCommand::Flush);
-        cmds.push(DevCommand::Write {
-            lba: Lba(0),
-            data: Bytes::from(layout.encode()),
-            fua: true,
-        });
-        store.self_check();
-        Ok((store, cmds))
-    }
-
-    /// The store on a device of `geometry`, from its superblock page, its table
-    /// (`layout.table_bytes()` from `table_off`) and its journal (the whole
-    /// ring). Read the superblock first ([`Layout::decode`]) to know where the
-    /// others are.
-    pub fn recover(
-        geometry: &Geometry,
-        superblock: &[u8],
-        table: &[u8],
-        ring: &[u8],
-    ) -> Result<(Store, Recovery), StoreError> {
-        let layout = Layout::decode(superblock, geometry)?;
-        if (table.len() as u64) < u64::from(layout.slots) * ENTRY_BYTES
-            || ring.len() as u64 != layout.journal_pages * PAGE_BYTES
-        {
-            return Err(StoreError::Corrupt("the table or journal read is short"));
-        }
-        let mut store = Store::empty(layout, geometry);
-        let mut found = Recovery::default();
-        let chain = journal::find_chain(layout.uuid, layout.slots, ring)
-            .ok_or(StoreError::Corrupt("no whole run of journal pages"))?;
-        for s in 0..layout.slots {
-            let at = s as usize * ENTRY_BYTES as usize;
-            store.entries[s as usize] = match Entry::decode(s, &table[at..]) {
-                // The table holds journaled images only, so none past the
-                // journal's last page.
-                Some(e) if e.seq <= chain.last => e,
-                _ => {
-                    // Rewritten as dirty by the next sweep; zeroed before reuse.
-                    found.corrupt += 1;
-                    store.dirty_pages.insert(store.table_page(s), u64::MAX);
-                    Entry {
-                        state: SlotState::Dirty,
-                        ..Entry::default()
-                    }
-                }
-            };
-        }
-        for page in &chain.pages {
-            found.pages += 1;
-            for &(slot, image) in &page.records {
-                let e = &mut store.entries[slot as usize];
-                if image.seq > e.seq {
-                    *e = image;
-                    found.applied += 1;
-                }
-                // Replayed changes are not in the table yet: replay needs them
-                // until a write of their page is durable.
-                let p = store.table_page(slot);
-                let min = store.dirty_pages.entry(p).or_insert(u64::MAX);
-                *min = (*min).min(page.seq);
-            }
-        }
-        store.next_seq = chain.last + 1;
-        store.disk_start = chain.start;
-        store.done_seq = chain.last;
-        let mut twins = Vec::new();
-        for s in 0..layout.slots {
-            let e = store.entries[s as usize];
-            match e.state {
-                SlotState::Clean => store.space.put_clean(s),
-                SlotState::Dirty => store.space.put_dirty(s),
-                SlotState::Used => {
-                    if let Some(other) = store.index.insert(e.key, s) {
-                        // A release and a new allocation of one object, whose
-                        // table pages landed one without the other: the newer wins.
-                        let (keep, drop) =
-                            if (store.entries[other as usize].seq, other) > (e.seq, s) {
-                                (other, s)
-                            } else {
-                                (s, other)
-                            };
-                        store.index.insert(e.key, keep);
-                        twins.push(drop);
-                    }
-                }
-            }
-        }
-        for s in twins {
-            // Not journaled: a restart before the sweep writes it finds the same
-            // twins and keeps the same one.
-            found.duplicates += 1;
-            store.entries[s as usize] = Entry {
-                state: SlotState::Dirty,
-                seq: store.entries[s as usize].seq,
-                ..Entry::default()
-            };
-            store
-                .dirty_pages
-                .entry(store.table_page(s))
-                .or_insert(u64::MAX);
-            store.space.put_dirty(s);
-        }
-        store.self_check();
-        Ok((store, found))
     }
 
     /// The layout.
@@ -423,18 +306,23 @@ impl Store {
     /// Queue slot `slot`'s entry (changed since [`Store::changing`]) for a
     /// journal page: the page's ticket.
     fn enqueue(&mut self, slot: u32) -> Result<u64, StoreError> {
+        if !self.queued_at.contains_key(&slot) && self.queued.len() >= MAX_QUEUED {
+            return Err(StoreError::Busy);
+        }
+        Ok(self.enqueue_unbounded(slot))
+    }
+
+    /// [`Store::enqueue`] past the bound (recovery's fixes, at most one a slot).
+    fn enqueue_unbounded(&mut self, slot: u32) -> u64 {
         if let Some(&t) = self.queued_at.get(&slot) {
             self.entries[slot as usize].seq = t;
-            return Ok(t);
-        }
-        if self.queued.len() >= MAX_QUEUED {
-            return Err(StoreError::Busy);
+            return t;
         }
         let t = self.next_seq + (self.queued.len() / RECORDS_PER_PAGE) as u64;
         self.queued.push_back(slot);
         self.queued_at.insert(slot, t);
         self.entries[slot as usize].seq = t;
-        Ok(t)
+        t
     }
 
     fn can_queue(&self, slot: Option<u32>) -> Result<(), StoreError> {
@@ -529,21 +417,27 @@ impl Store {
     /// restart is short (a clean shutdown asks this, then runs ops until idle).
     pub fn checkpoint(&mut self) {
         self.sweep = Some(u64::MAX);
+        self.carry_start = true;
     }
 
-    /// Nothing is in flight or waiting to be issued.
+    /// Nothing is in flight or waiting to be issued (or the store failed: then
+    /// nothing more will be).
     pub fn idle(&self) -> bool {
+        if self.failed.is_some() {
+            return true;
+        }
         self.journal_op.is_none()
             && self.queued.is_empty()
             && self.table_ops.is_empty()
             && self.flush_op.is_none()
             && self.zero_ops.is_empty()
-            && (self.failed.is_some()
-                || (self.unflushed.is_empty()
-                    && self.zeroed.is_empty()
-                    && self.space.dirty_count() == 0
-                    && self.zero_left.is_empty()
-                    && self.sweep.is_none()))
+            && self.unflushed.is_empty()
+            && self.zeroed.is_empty()
+            && self.space.dirty_count() == 0
+            && self.zero_left.is_empty()
+            && self.released.is_empty()
+            && self.sweep.is_none()
+            && !self.carry_start
     }
 
     /// The oldest journal page replay may still need.
@@ -596,17 +490,7 @@ impl Store {
                 })
                 .collect();
             debug_assert!(records.iter().all(|(_, e)| e.seq == seq));
-            self.next_seq += 1;
-            let lba = (self.layout.journal_off + (seq % ring) * PAGE_BYTES)
-                / u64::from(self.layout.block_size);
-            let data = Bytes::from(journal::encode_page(self.layout.uuid, seq, start, &records));
-            let op = self.op(DevCommand::Write {
-                lba: Lba(lba),
-                data,
-                fua: true,
-            });
-            self.journal_op = Some((op.id, seq, start, records));
-            return Some(op);
+            return Some(self.journal_write(start, records));
         }
         // The sweep's table pages, one write per page at a time, each of
         // journaled images only.
@@ -629,7 +513,7 @@ impl Store {
         // A flush, once table writes or zeroings wait for one and none is
         // running. It covers every write completed before it.
         let table_waits = !self.unflushed.is_empty() && self.table_ops.is_empty();
-        let zero_waits = !self.zeroed.is_empty() && self.zero_ops.is_empty();
+        let zero_waits = !self.zeroed.is_empty();
         if self.flush_op.is_none() && (table_waits || zero_waits) {
             let seqs = std::mem::take(&mut self.unflushed);
             let zeroed = std::mem::take(&mut self.zeroed);
@@ -638,12 +522,29 @@ impl Store {
             return Some(op);
         }
         if let Some(bound) = self.sweep {
-            let done = self.table_ops.is_empty()
+            // A checkpoint's sweep (of everything) also waits out the journal,
+            // whose changes it must write too.
+            let drained = bound < u64::MAX || (self.journal_op.is_none() && self.queued.is_empty());
+            let done = drained
+                && self.table_ops.is_empty()
                 && self.unflushed.is_empty()
                 && self.flush_op.is_none()
                 && self.dirty_pages.values().all(|&min| min > bound);
             if done {
                 self.sweep = None;
+            }
+        }
+        // The checkpoint's start, carried by a page of no changes (no change
+        // waits for a page, so no ticket moves).
+        if self.carry_start
+            && self.sweep.is_none()
+            && self.journal_op.is_none()
+            && self.queued.is_empty()
+        {
+            self.carry_start = false;
+            let start = self.start();
+            if start > self.disk_start && self.disk_start + ring > self.next_seq {
+                return Some(self.journal_write(start, Vec::new()));
             }
         }
         // Zero a dirty slot, in commands no larger than the device takes.
@@ -671,6 +572,24 @@ impl Store {
             }
         }
         None
+    }
+
+    /// The next journal page, carrying `start` and `records` (their entries'
+    /// seq is the page's), written with FUA; the one page in flight.
+    fn journal_write(&mut self, start: u64, records: Vec<(u32, Entry)>) -> StoreOp {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let ring = self.layout.journal_pages;
+        let lba = (self.layout.journal_off + (seq % ring) * PAGE_BYTES)
+            / u64::from(self.layout.block_size);
+        let data = journal::encode_page(self.layout.uuid, self.nonce, seq, start, &records);
+        let op = self.op(DevCommand::Write {
+            lba: Lba(lba),
+            data: Bytes::from(data),
+            fua: true,
+        });
+        self.journal_op = Some((op.id, seq, start, records));
+        op
     }
 
     /// A write of table page `page`, of journaled images only.
@@ -797,7 +716,7 @@ impl Store {
             self.next_seq <= self.disk_start + self.layout.journal_pages,
             "the ring overran replay's start"
         );
-        assert!(self.queued.len() <= MAX_QUEUED);
+        assert!(self.queued.len() <= MAX_QUEUED.max(self.layout.slots as usize));
         assert_eq!(self.queued.len(), self.queued_at.len());
     }
 }

@@ -11,7 +11,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeSet;
 
-fn geometry(block_size: u32, capacity_bytes: u64, max_transfer_bytes: u32) -> Geometry {
+pub(super) fn geometry(block_size: u32, capacity_bytes: u64, max_transfer_bytes: u32) -> Geometry {
     Geometry {
         block_size,
         capacity_blocks: capacity_bytes / u64::from(block_size),
@@ -23,19 +23,28 @@ fn geometry(block_size: u32, capacity_bytes: u64, max_transfer_bytes: u32) -> Ge
 }
 
 /// A disk with a volatile cache: writes go to the cache unless FUA, a flush
-/// destages it, a power loss keeps a random subset of what it held.
-struct Disk {
+/// destages what had completed when it was issued (and no more), a power loss
+/// keeps a random subset of what the cache held.
+pub(super) struct Disk {
     bs: usize,
-    media: Vec<u8>,
-    cache: BTreeMap<u64, Vec<u8>>,
+    pub(super) media: Vec<u8>,
+    /// Cached blocks, with the count of writes applied when the oldest write
+    /// of the block not yet on media landed.
+    cache: BTreeMap<u64, (Vec<u8>, u64)>,
+    /// Writes applied so far: a flush issued now covers up to here.
+    pub(super) clock: u64,
+    /// Which cached blocks reach media, and when.
+    rng: SmallRng,
 }
 
 impl Disk {
-    fn new(g: &Geometry) -> Disk {
+    pub(super) fn new(g: &Geometry, seed: u64) -> Disk {
         Disk {
             bs: g.block_size as usize,
             media: vec![0; (g.capacity_blocks * u64::from(g.block_size)) as usize],
             cache: BTreeMap::new(),
+            clock: 0,
+            rng: SmallRng::seed_from_u64(seed ^ 0xd15c),
         }
     }
 
@@ -45,12 +54,42 @@ impl Disk {
             let at = lba as usize * self.bs;
             self.media[at..at + self.bs].copy_from_slice(block);
         } else {
-            self.cache.insert(lba, block.to_vec());
+            self.clock += 1;
+            // The version it replaces may have been destaged meanwhile: then a
+            // power loss can leave the older version on media, the newer lost,
+            // and the block waits for a flush only since this write. If not, it
+            // still waits since its older write: a flush issued after that
+            // makes the block (its newest version) durable.
+            let since = match self.cache.get(&lba) {
+                Some((_, first)) if !self.rng.gen_bool(0.5) => *first,
+                Some((old, _)) => {
+                    let at = lba as usize * self.bs;
+                    self.media[at..at + self.bs].copy_from_slice(old);
+                    self.clock
+                }
+                None => self.clock,
+            };
+            self.cache.insert(lba, (block.to_vec(), since));
         }
     }
 
+    /// A flush issued when the clock read `issued` completes: what had landed
+    /// in the cache by then is on media.
+    pub(super) fn flush(&mut self, issued: u64) {
+        let bs = self.bs;
+        let media = &mut self.media;
+        self.cache.retain(|&lba, (b, at)| {
+            if *at > issued {
+                return true;
+            }
+            let off = lba as usize * bs;
+            media[off..off + bs].copy_from_slice(b);
+            false
+        });
+    }
+
     /// Apply `cmd` whole, or (`torn`) only a random subset of its blocks.
-    fn apply(&mut self, cmd: &DevCommand, torn: Option<&mut SmallRng>) {
+    pub(super) fn apply(&mut self, cmd: &DevCommand, torn: Option<&mut SmallRng>) {
         let mut torn = torn;
         let keep = |rng: &mut Option<&mut SmallRng>| rng.as_mut().is_none_or(|r| r.gen_bool(0.5));
         match cmd {
@@ -69,20 +108,14 @@ impl Disk {
                     }
                 }
             }
-            DevCommand::Flush => {
-                if torn.is_none() {
-                    for (lba, b) in std::mem::take(&mut self.cache) {
-                        let at = lba as usize * self.bs;
-                        self.media[at..at + self.bs].copy_from_slice(&b);
-                    }
-                }
-            }
+            // A flush is applied by `flush`, with the clock it was issued at.
+            DevCommand::Flush => {}
             other => panic!("the store issued {other:?}"),
         }
     }
 
-    fn power_loss(&mut self, rng: &mut SmallRng) {
-        for (lba, b) in std::mem::take(&mut self.cache) {
+    pub(super) fn power_loss(&mut self, rng: &mut SmallRng) {
+        for (lba, (b, _)) in std::mem::take(&mut self.cache) {
             if rng.gen_bool(0.5) {
                 let at = lba as usize * self.bs;
                 self.media[at..at + self.bs].copy_from_slice(&b);
@@ -90,23 +123,23 @@ impl Disk {
         }
     }
 
-    fn read(&self, off: u64, len: u64) -> Vec<u8> {
+    pub(super) fn read(&self, off: u64, len: u64) -> Vec<u8> {
         let mut out = self.media[off as usize..(off + len) as usize].to_vec();
         for (i, chunk) in out.chunks_mut(self.bs).enumerate() {
             let lba = off / self.bs as u64 + i as u64;
-            if let Some(b) = self.cache.get(&lba) {
+            if let Some((b, _)) = self.cache.get(&lba) {
                 chunk.copy_from_slice(b);
             }
         }
         out
     }
 
-    fn open(&self, g: &Geometry) -> Result<(Store, Recovery), StoreError> {
+    pub(super) fn open(&self, g: &Geometry, nonce: u64) -> Result<(Store, Recovery), StoreError> {
         let sb = self.read(0, PAGE_BYTES);
         let layout = Layout::decode(&sb, g)?;
         let table = self.read(layout.table_off, layout.table_bytes());
         let ring = self.read(layout.journal_off, layout.journal_pages * PAGE_BYTES);
-        Store::recover(g, &sb, &table, &ring)
+        Store::recover(g, &sb, &table, &ring, nonce)
     }
 }
 
@@ -123,17 +156,17 @@ fn pattern(key: &ObjectKey, i: u64, bs: usize) -> Vec<u8> {
 /// fill), oldest first.
 type History = Vec<(u64, Option<(u32, u64, u64)>)>;
 
-struct Run {
+pub(super) struct Run {
     g: Geometry,
-    disk: Disk,
-    store: Store,
+    pub(super) disk: Disk,
+    pub(super) store: Store,
     rng: SmallRng,
     /// Store ops issued, not completed.
-    in_flight: Vec<StoreOp>,
+    in_flight: Vec<(StoreOp, u64)>,
     /// Data writes issued by owners, not completed: (object, command).
     data: Vec<(ObjectKey, DevCommand)>,
     /// Data writes completed, and those a flush made durable: (slot, block).
-    written: BTreeMap<ObjectKey, BTreeSet<(u32, u64)>>,
+    written: Vec<(ObjectKey, u32, u64, u64)>,
     durable: BTreeMap<ObjectKey, BTreeSet<(u32, u64)>>,
     history: BTreeMap<ObjectKey, History>,
     /// Keys an owner may use.
@@ -144,19 +177,22 @@ struct Run {
 }
 
 impl Run {
-    fn new(seed: u64, g: Geometry, options: StoreOptions) -> Run {
-        let mut disk = Disk::new(&g);
+    pub(super) fn new(seed: u64, g: Geometry, options: StoreOptions) -> Run {
+        let mut disk = Disk::new(&g, seed);
         // Old contents: a device reused, never zeroed by the store.
         disk.media
             .iter_mut()
             .enumerate()
             .for_each(|(i, b)| *b = (i % 7) as u8 + 9);
         let (store, cmds) =
-            Store::format(0xfeed ^ u128::from(seed), &g, options, false).expect("format");
-        for c in &cmds {
-            disk.apply(c, None);
+            Store::format(0xfeed ^ u128::from(seed), &g, options, false, seed).expect("format");
+        for c in cmds {
+            disk.apply(&c, None);
+            if matches!(c, DevCommand::Flush) {
+                disk.flush(disk.clock);
+            }
         }
-        let keys = (0..24)
+        let keys = (0..64)
             .map(|i| ObjectKey {
                 volume: i % 3,
                 object: i / 3,
@@ -170,7 +206,7 @@ impl Run {
             rng: SmallRng::seed_from_u64(seed),
             in_flight: Vec::new(),
             data: Vec::new(),
-            written: BTreeMap::new(),
+            written: Vec::new(),
             durable: BTreeMap::new(),
             history: BTreeMap::new(),
             keys,
@@ -188,7 +224,7 @@ impl Run {
         self.history.entry(key).or_default().push((ticket.0, now));
     }
 
-    fn step(&mut self) {
+    pub(super) fn step(&mut self) {
         let key = self.keys[self.rng.gen_range(0..self.keys.len())];
         match self.rng.gen_range(0..100) {
             0..=14 => match self
@@ -221,7 +257,7 @@ impl Run {
                 match self.store.release(&key) {
                     Ok(t) => {
                         self.note(key, t);
-                        self.written.remove(&key);
+                        self.written.retain(|w| w.0 != key);
                     }
                     Err(StoreError::NotFound | StoreError::Busy) => {}
                     Err(e) => panic!("release: {e}"),
@@ -245,16 +281,16 @@ impl Run {
             50..=54 => self.store.checkpoint(),
             55..=94 => {
                 while let Some(op) = self.store.poll_op() {
-                    self.in_flight.push(op);
+                    self.in_flight.push((op, self.disk.clock));
                 }
                 let n = self.in_flight.len() + self.data.len();
                 if n > 0 {
                     let i = self.rng.gen_range(0..n);
                     if i < self.in_flight.len() {
-                        let op = self.in_flight.swap_remove(i);
+                        let (op, issued) = self.in_flight.swap_remove(i);
                         self.disk.apply(&op.cmd, None);
                         if matches!(op.cmd, DevCommand::Flush) {
-                            self.flushed();
+                            self.flushed(issued);
                         }
                         self.store.complete(op.id, Ok(()));
                     } else {
@@ -267,40 +303,60 @@ impl Run {
                         let DevCommand::Write { lba, .. } = cmd else {
                             unreachable!()
                         };
+                        let block = lba.0 - f.placed.lba.0;
                         self.written
-                            .entry(key)
-                            .or_default()
-                            .insert((f.placed.slot, lba.0 - f.placed.lba.0));
+                            .push((key, f.placed.slot, block, self.disk.clock));
                     }
                 }
                 self.store.self_check();
             }
-            95..=98 => {
-                self.disk.apply(&DevCommand::Flush, None);
-                self.flushed();
+            95..=96 => self.flushed(self.disk.clock),
+            97 => {
+                // A burst: more changes than a journal page holds.
+                for _ in 0..2 * RECORDS_PER_PAGE {
+                    let k = self.keys[self.rng.gen_range(0..self.keys.len())];
+                    if let Ok(t) = self.store.update(&k, self.rng.gen_range(0..2000), 1) {
+                        self.note(k, t);
+                    }
+                }
             }
-            _ => self.crash(),
+            98 => self.crash(false),
+            _ => self.crash(true),
         }
     }
 
-    /// Every data write completed so far is durable.
-    fn flushed(&mut self) {
-        for (key, blocks) in std::mem::take(&mut self.written) {
-            self.durable.entry(key).or_default().extend(blocks);
-        }
+    /// A flush issued at clock `issued` completed: the data writes that had
+    /// landed by then are durable.
+    fn flushed(&mut self, issued: u64) {
+        self.disk.flush(issued);
+        let durable = &mut self.durable;
+        self.written.retain(|&(key, slot, block, at)| {
+            if at > issued {
+                return true;
+            }
+            durable.entry(key).or_default().insert((slot, block));
+            false
+        });
     }
 
-    fn crash(&mut self) {
+    /// The store's process dies, and (`power`) the device loses power: then
+    /// writes in flight land any subset of their blocks, and the cache any
+    /// subset of its own. Without a power loss the device finishes what it
+    /// took and keeps its cache, which the next open reads.
+    fn crash(&mut self, power: bool) {
         self.crashes += 1;
         let done_tickets = self.store.done_seq;
-        for op in std::mem::take(&mut self.in_flight) {
-            self.disk.apply(&op.cmd, Some(&mut self.rng));
+        let mut torn = power.then_some(&mut self.rng);
+        for (op, _) in std::mem::take(&mut self.in_flight) {
+            self.disk.apply(&op.cmd, torn.as_deref_mut());
         }
         for (_, cmd) in std::mem::take(&mut self.data) {
-            self.disk.apply(&cmd, Some(&mut self.rng));
+            self.disk.apply(&cmd, torn.as_deref_mut());
         }
-        self.disk.power_loss(&mut self.rng);
-        let (store, _found) = match self.disk.open(&self.g) {
+        if power {
+            self.disk.power_loss(&mut self.rng);
+        }
+        let (store, found) = match self.disk.open(&self.g, self.rng.gen()) {
             Ok(x) => x,
             Err(e) => {
                 let l = *self.store.layout();
@@ -337,7 +393,7 @@ impl Run {
             };
             assert!(
                 allowed.contains(&got),
-                "{key:?} recovered as {got:?}; durable through page {done_tickets}, history {history:?}"
+                "{key:?} recovered as {got:?}; durable through page {done_tickets}, history {history:?}; {found:?}"
             );
             // From now on the recovered state is the object's only state.
             history.clear();
@@ -396,26 +452,30 @@ impl Run {
     fn settle(&mut self) {
         for _ in 0..10_000 {
             while let Some(op) = self.store.poll_op() {
-                self.in_flight.push(op);
+                self.in_flight.push((op, self.disk.clock));
             }
-            let Some(op) = self.in_flight.pop() else {
+            let Some((op, issued)) = self.in_flight.pop() else {
                 break;
             };
             self.disk.apply(&op.cmd, None);
+            if matches!(op.cmd, DevCommand::Flush) {
+                self.disk.flush(issued);
+            }
             self.store.complete(op.id, Ok(()));
         }
         assert!(self.store.idle(), "the store does not settle");
     }
 }
 
-fn small(block_size: u32) -> (Geometry, StoreOptions) {
-    // 48 slots of 8 KiB, a journal of 4 pages (it wraps often), 4 KiB transfers.
+pub(super) fn small(block_size: u32) -> (Geometry, StoreOptions) {
+    // 80 slots of 8 KiB (a table of two pages) for 64 objects, a journal of 4
+    // pages (it wraps often), 4 KiB transfers.
     let options = StoreOptions {
         slot_bytes: 8 << 10,
         journal_bytes: 4 * PAGE_BYTES,
     };
     (
-        geometry(block_size, PAGE_BYTES * 6 + 48 * (8 << 10), 4096),
+        geometry(block_size, PAGE_BYTES * 8 + 80 * (8 << 10), 4096),
         options,
     )
 }
@@ -427,11 +487,11 @@ proptest! {
     fn power_loss_keeps_every_durable_change_and_leaks_nothing(seed in any::<u64>(), bs in prop_oneof![Just(512u32), Just(4096u32)]) {
         let (g, options) = small(bs);
         let mut run = Run::new(seed, g, options);
-        assert_eq!(run.store.layout().slots, 48);
+        assert_eq!(run.store.layout().slots, 80);
         for _ in 0..3000 {
             run.step();
         }
-        run.crash();
+        run.crash(true);
         prop_assert!(run.crashes >= 2);
         prop_assert!(run.checked_objects > 0);
         prop_assert!(run.checked_blocks > 0);
@@ -456,7 +516,7 @@ fn a_settled_store_reopens_exactly_with_an_empty_replay() {
         .map(|(k, &s)| (*k, s, run.store.entries[s as usize]))
         .collect();
     let usage = run.store.usage();
-    let (store, found) = run.disk.open(&g).expect("reopen");
+    let (store, found) = run.disk.open(&g, 101).expect("reopen");
     let after: Vec<_> = store
         .index
         .iter()
@@ -472,23 +532,23 @@ fn a_settled_store_reopens_exactly_with_an_empty_replay() {
 #[test]
 fn a_full_store_refuses_and_gets_space_back_once_zeroed() {
     let (g, options) = small(4096);
-    let (mut store, _) = Store::format(1, &g, options, true).expect("format");
+    let (mut store, _) = Store::format(1, &g, options, true, 1).expect("format");
     let key = |i| ObjectKey {
         volume: 1,
         object: i,
         generation: 0,
     };
-    for i in 0..48 {
+    for i in 0..80 {
         store.allocate(key(i), 0, 0).expect("room");
     }
     assert_eq!(
-        store.allocate(key(48), 0, 0),
+        store.allocate(key(80), 0, 0),
         Err(StoreError::Full { zeroing: 0 })
     );
     assert_eq!(store.allocate(key(0), 0, 0), Err(StoreError::Exists));
     store.release(&key(3)).expect("release");
     assert_eq!(
-        store.allocate(key(48), 0, 0),
+        store.allocate(key(80), 0, 0),
         Err(StoreError::Full { zeroing: 1 })
     );
     let mut ops = 0;
@@ -498,7 +558,7 @@ fn a_full_store_refuses_and_gets_space_back_once_zeroed() {
     }
     // Journal pages, then two zeroing commands (8 KiB slot, 4 KiB transfers), a flush.
     assert!(ops >= 4, "{ops} ops");
-    let (placed, _) = store.allocate(key(48), 0, 0).expect("the zeroed slot");
+    let (placed, _) = store.allocate(key(80), 0, 0).expect("the zeroed slot");
     assert_eq!(placed.slot, 3);
     store.self_check();
 }
@@ -510,7 +570,7 @@ fn changes_past_the_queue_bound_are_refused_until_the_journal_catches_up() {
         slot_bytes: 4096,
         journal_bytes: 0,
     };
-    let (mut store, _) = Store::format(2, &g, options, true).expect("format");
+    let (mut store, _) = Store::format(2, &g, options, true, 2).expect("format");
     for i in 0..MAX_QUEUED as u64 {
         store
             .allocate(
@@ -538,7 +598,7 @@ fn changes_past_the_queue_bound_are_refused_until_the_journal_catches_up() {
 #[test]
 fn a_failed_journal_write_fails_the_store() {
     let (g, options) = small(4096);
-    let (mut store, _) = Store::format(3, &g, options, true).expect("format");
+    let (mut store, _) = Store::format(3, &g, options, true, 3).expect("format");
     let key = ObjectKey::default();
     let (_, t) = store.allocate(key, 0, 0).expect("room");
     let op = store.poll_op().expect("a page");
@@ -614,7 +674,7 @@ fn journal_pages_round_trip_and_a_torn_one_ends_the_run() {
         fill: 1,
     };
     let records: Vec<(u32, Entry)> = (0..RECORDS_PER_PAGE as u32).map(|s| (s, e(7))).collect();
-    let page = encode_page(uuid, 7, 5, &records);
+    let page = encode_page(uuid, 1, 7, 5, &records);
     let back = decode_page(uuid, 1000, &page).expect("decodes");
     assert_eq!((back.seq, back.start, back.records), (7, 5, records));
     assert!(
@@ -628,7 +688,7 @@ fn journal_pages_round_trip_and_a_torn_one_ends_the_run() {
     // A ring of 4: pages 5..=8; page 8 torn (its second half old).
     let mut ring = vec![0u8; 4 * PAGE_BYTES as usize];
     for seq in 5..=8u64 {
-        let p = encode_page(uuid, seq, 5, &[(0, e(seq))]);
+        let p = encode_page(uuid, 1, seq, if seq == 8 { 6 } else { 5 }, &[(0, e(seq))]);
         let at = (seq % 4 * PAGE_BYTES) as usize;
         ring[at..at + PAGE_BYTES as usize].copy_from_slice(&p);
     }
@@ -648,7 +708,7 @@ fn journal_pages_round_trip_and_a_torn_one_ends_the_run() {
 fn memory_per_tib_stays_in_budget() {
     // A 1 TiB device of 4 MiB slots, every slot used.
     let g = geometry(4096, 1 << 40, 1 << 20);
-    let (mut store, _) = Store::format(4, &g, StoreOptions::default(), true).expect("format");
+    let (mut store, _) = Store::format(4, &g, StoreOptions::default(), true, 4).expect("format");
     let slots = store.layout().slots;
     for i in 0..u64::from(slots) {
         if store.allocate(
