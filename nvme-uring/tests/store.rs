@@ -91,7 +91,7 @@ async fn a_store_on_a_file_reopens_with_its_objects_and_zeroed_free_slots() {
     store_io::settle(&dev, &mut store).await.unwrap();
     drop(store);
     let (store, found) = store_io::open(&dev, 3).await.unwrap();
-    assert_eq!(found.applied, 0, "{found:?}");
+    assert_eq!((found.applied, found.pages), (0, 1), "{found:?}");
     assert_eq!(
         (store.usage().used, store.usage().clean, store.usage().dirty),
         (7, store.layout().slots - 7, 0)

@@ -9,6 +9,7 @@ use super::*;
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
+use std::collections::VecDeque;
 
 /// A formatted store on a model disk with object `k` in slot 0, written back.
 fn store_with_one_object(g: &Geometry, options: StoreOptions, k: ObjectKey) -> Disk {
@@ -118,32 +119,122 @@ fn crafted_journal_pages_cannot_overflow_or_stall_the_store() {
     // Page numbers at the top of the range are refused, so none can overflow.
     let top = ring_of(&[(MAX_SEQ, MAX_SEQ)]);
     assert!(decode_page(l.uuid, l.slots, &top[(MAX_SEQ % 4 * PAGE_BYTES) as usize..]).is_none());
-    let (mut high, _) = Store::recover(&g, &sb, &table, &ring_of(&[(MAX_SEQ - 1, MAX_SEQ - 1)]), 7)
-        .expect("recovers");
-    assert_eq!(high.next_seq, MAX_SEQ);
-    high.update(&k, 9, 0).expect("takes a change");
+    let near_end = Store::recover(&g, &sb, &table, &ring_of(&[(MAX_SEQ - 1, MAX_SEQ - 1)]), 7);
     assert!(
-        high.poll_op().is_some(),
+        matches!(near_end, Err(StoreError::Corrupt(_))),
+        "a journal near its end is damage"
+    );
+    let high = MAX_SEQ - (1 << 32) - 1;
+    let (mut store, _) =
+        Store::recover(&g, &sb, &table, &ring_of(&[(high, high)]), 7).expect("recovers");
+    store.update(&k, 9, 0).expect("takes a change");
+    assert!(
+        store.poll_op().is_some(),
         "a journal page can still be written"
     );
-    // A run as long as the ring would leave no room: the store takes the
-    // longest run it could have written.
-    let (mut full, _) = Store::recover(
+    // A run as long as the ring the store never writes (it keeps a place for
+    // a page that carries a newer start): its last page lies past the run the
+    // store could have written, so the journal is damaged.
+    let full = Store::recover(
         &g,
         &sb,
         &table,
         &ring_of(&[(1, 1), (2, 1), (3, 1), (4, 1)]),
         8,
-    )
-    .expect("recovers");
-    assert_eq!(full.done_seq, 3);
-    full.update(&k, 9, 0).expect("takes a change");
+    );
+    assert!(matches!(full, Err(StoreError::Corrupt(_))));
+    // The longest run it writes leaves one place, which only a page that
+    // carries a newer start may take: the store sweeps, then moves on.
+    let (mut longest, _) =
+        Store::recover(&g, &sb, &table, &ring_of(&[(1, 1), (2, 1), (3, 1)]), 8).expect("recovers");
+    assert_eq!(longest.done_seq, 3);
+    longest.update(&k, 9, 0).expect("takes a change");
     let mut pages = 0;
-    while let Some(op) = full.poll_op() {
+    while let Some(op) = longest.poll_op() {
         pages += u64::from(matches!(op.cmd, DevCommand::Write { fua: true, .. }));
-        full.complete(op.id, Ok(()));
+        longest.complete(op.id, Ok(()));
     }
-    assert!(pages >= 1 && full.idle(), "the store moves on");
+    assert!(pages >= 1 && longest.idle(), "the store moves on");
+}
+
+#[test]
+fn a_table_ahead_of_its_journal_is_refused_not_freed() {
+    let (g, options) = small(4096);
+    let k = ObjectKey {
+        volume: 2,
+        object: 2,
+        generation: 0,
+    };
+    let mut disk = store_with_one_object(&g, options, k);
+    let (store, _) = disk.open(&g, 120).expect("open");
+    let l = store.layout;
+    // The journal lost: every table entry past it would be freed and zeroed.
+    let ring = l.journal_off as usize..(l.journal_off + l.journal_pages * PAGE_BYTES) as usize;
+    disk.media[ring].fill(0);
+    assert_eq!(
+        disk.open(&g, 121).err(),
+        Some(StoreError::Corrupt("the table is ahead of the journal"))
+    );
+}
+
+#[test]
+fn a_format_cut_short_leaves_no_store() {
+    let (g, options) = small(512);
+    let k = ObjectKey::default();
+    for cut in 1..6 {
+        let mut disk = store_with_one_object(&g, options, k);
+        let (_, cmds) = Store::format(77, &g, options, false, 77).expect("format");
+        let cmds: Vec<DevCommand> = cmds.collect();
+        let mut rng = SmallRng::seed_from_u64(cut);
+        for c in &cmds[..cut as usize] {
+            disk.apply(c, None);
+        }
+        disk.power_loss(&mut rng);
+        assert_eq!(
+            disk.open(&g, 122).err(),
+            Some(StoreError::NotAStore),
+            "cut after {cut}"
+        );
+    }
+}
+
+#[test]
+fn a_zeroed_slot_comes_back_while_other_slots_are_still_being_zeroed() {
+    // 64 KiB slots zeroed by 4 KiB commands: 16 a slot.
+    let options = StoreOptions {
+        slot_bytes: 64 << 10,
+        journal_bytes: 4 * PAGE_BYTES,
+    };
+    let g = super::tests::geometry(4096, PAGE_BYTES * 8 + 32 * (64 << 10), 4096);
+    let (mut store, _) = Store::format(5, &g, options, true, 5).expect("format");
+    let key = |i| ObjectKey {
+        volume: 1,
+        object: i,
+        generation: 0,
+    };
+    let slots = u64::from(store.layout().slots);
+    for i in 0..slots {
+        store.allocate(key(i), 0, 0).expect("room");
+    }
+    for i in 0..slots {
+        store.release(&key(i)).expect("release");
+    }
+    let mut in_flight = VecDeque::new();
+    let mut back_early = false;
+    for _ in 0..100_000 {
+        while let Some(op) = store.poll_op() {
+            in_flight.push_back(op);
+        }
+        let Some(op) = in_flight.pop_front() else {
+            break;
+        };
+        store.complete(op.id, Ok(()));
+        if store.usage().clean > 0 && store.usage().dirty > 4 {
+            back_early = true;
+            break;
+        }
+    }
+    assert!(back_early, "no slot came back until all were zeroed");
 }
 
 proptest! {
@@ -168,6 +259,13 @@ proptest! {
             p[i] ^= x.max(1);
         }
         // Ok (and then its invariants hold: recover checks them) or a typed error.
-        let _ = Store::recover(&g, &parts[0], &parts[1], &parts[2], 9);
+        if let Ok((mut store, _)) = Store::recover(&g, &parts[0], &parts[1], &parts[2], 9) {
+            // And it runs: everything it asks for, to idle.
+            for _ in 0..100_000 {
+                let Some(op) = store.poll_op() else { break };
+                store.complete(op.id, Ok(()));
+            }
+            prop_assert!(store.idle());
+        }
     }
 }

@@ -148,7 +148,8 @@ pub struct Chain {
 }
 
 /// The run to replay from a ring of `ring.len() / PAGE_BYTES` pages of store
-/// `uuid`; `None` if pages exist but no run is whole (the journal is damaged).
+/// `uuid`; `None` if pages exist but no run is whole, or a whole page lies
+/// past the run (the journal is damaged).
 /// A run is at most `pages - 2` long after its first page, as the store writes
 /// them (one place is kept for a page that carries a newer start). One pass
 /// over the pages in order: O(n log n).
@@ -180,6 +181,12 @@ pub fn find_chain(uuid: u128, slots: u32, ring: &[u8]) -> Option<Chain> {
         }
     }
     let (last, start) = best?;
+    // A whole page above the run is one the store never left there: the
+    // journal is damaged (a page torn before a restart cannot decode, its
+    // sectors carrying another opening's nonce).
+    if by_seq.last().is_some_and(|&(seq, _)| seq > last) {
+        return None;
+    }
     let chain = (start..=last)
         .map(|s| {
             pages[(s % n as u64) as usize]

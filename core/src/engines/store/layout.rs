@@ -250,6 +250,8 @@ impl Layout {
             .checked_mul(layout.slot_bytes)
             .and_then(|b| b.checked_add(layout.data_off));
         let sane = layout.block_size == geometry.block_size
+            && u64::from(geometry.max_transfer_blocks) * u64::from(geometry.block_size)
+                >= PAGE_BYTES
             && layout.slot_bytes.is_power_of_two()
             && layout.slot_bytes >= PAGE_BYTES
             && layout.journal_off == PAGE_BYTES

@@ -25,7 +25,9 @@
 //! `nonce` that every sector of its journal pages carries, so a page torn
 //! before a restart is never completed by the same page number written after it.
 //! A checkpoint writes every table page, flushes, and writes a page of no
-//! changes that carries the new start, so the next open replays nothing.
+//! changes that carries the new start, so the next open replays that page alone.
+//! A table entry newer than the journal, or a whole page past the run, means
+//! the journal lost pages: recovery refuses rather than free what it holds.
 //!
 //! # The rules the owner keeps
 //!
@@ -42,7 +44,8 @@
 //! 56 bytes per slot (the entries) plus about 48 per used slot (the index) plus a
 //! bit per slot (free space): at the default 4 MiB slot, about 14 MiB per TiB of
 //! device and 12 MiB per TiB stored. Every queue is bounded: changes waiting for
-//! a journal page ([`MAX_QUEUED`]), table writes and slot zeroings in flight.
+//! a journal page ([`MAX_QUEUED`]; recovery's own fixes may pass it, at most one
+//! a slot), table writes and slot zeroings in flight.
 
 #[cfg(test)]
 mod damage_tests;
@@ -225,13 +228,13 @@ pub struct Store {
     /// for its journal page: the table is only ever written journaled images.
     shadow: BTreeMap<u32, Entry>,
     /// After a checkpoint's sweep, write a page of no changes that carries
-    /// the new start, so that the next open replays nothing already written.
+    /// the new start, so that the next open replays only that page.
     carry_start: bool,
     /// Released slots whose release is not durable yet: (ticket, slot).
     released: VecDeque<(u64, u32)>,
     /// Zeroing commands in flight, by op: their slot; and commands left per slot.
     zero_ops: BTreeMap<u64, u32>,
-    zero_left: BTreeMap<u32, (u64, u32)>,
+    zero_left: BTreeMap<u32, (u64, u64)>,
     /// Slots zeroed, waiting for a flush.
     zeroed: Vec<u32>,
     next_op: u64,
@@ -565,7 +568,7 @@ impl Store {
             if self.zero_left.len() < ZEROING_SLOTS {
                 if let Some(slot) = self.space.next_dirty() {
                     let placed = self.placed(slot);
-                    let cmds = placed.blocks.div_ceil(self.max_zero_blocks) as u32;
+                    let cmds = placed.blocks.div_ceil(self.max_zero_blocks);
                     self.zero_left.insert(slot, (placed.lba.0, cmds));
                     return self.poll_op();
                 }
@@ -578,6 +581,8 @@ impl Store {
     /// seq is the page's), written with FUA; the one page in flight.
     fn journal_write(&mut self, start: u64, records: Vec<(u32, Entry)>) -> StoreOp {
         let seq = self.next_seq;
+        // Recovery refuses a journal within 2^32 pages of the end.
+        assert!(seq < journal::MAX_SEQ, "journal page numbers exhausted");
         self.next_seq += 1;
         let ring = self.layout.journal_pages;
         let lba = (self.layout.journal_off + (seq % ring) * PAGE_BYTES)

@@ -29,9 +29,19 @@ impl Iterator for FormatCmds {
         let l = &self.layout;
         let bs = u64::from(l.block_size);
         let table_end = l.table_off + l.table_bytes();
+        if self.at == 0 {
+            // First, durably, the old superblock goes: a format cut short
+            // leaves no store, never the old one over a new journal and table.
+            self.at = PAGE_BYTES;
+            return Some(DevCommand::Write {
+                lba: Lba(0),
+                data: Bytes::from(vec![0u8; PAGE_BYTES as usize]),
+                fua: true,
+            });
+        }
         if self.at < table_end {
             let in_table = self.at >= l.table_off;
-            // Zeroes up to the table (the superblock's page and the journal);
+            // Zeroes up to the table (the journal);
             // the table zeroed (all clean) or written whole pages of dirty entries.
             let end = if in_table { table_end } else { l.table_off };
             let most = (self.chunk_blocks * bs / PAGE_BYTES).max(1) * PAGE_BYTES;
@@ -80,11 +90,13 @@ impl Iterator for FormatCmds {
 impl Store {
     /// A new, empty store named `uuid` on a device of `geometry`, and the
     /// commands that make it, to run in order (each after the last completes):
-    /// zero the superblock's page and the journal, write the table (all clean
-    /// if `fresh`: the device already reads as zeroes; else all dirty, and the
-    /// store zeroes the slots in the background before it hands them out),
-    /// flush, then write the superblock. A device whose format did not finish
-    /// holds no superblock, so no store. The commands are made as they are
+    /// zero the superblock's page with FUA, zero the journal, write the table
+    /// (all clean if `fresh`: the device already reads as zeroes; else all
+    /// dirty, and the store zeroes the slots in the background before it hands
+    /// them out), flush, then write the superblock. A device whose format did
+    /// not finish holds no superblock, so no store (never the old one).
+    /// `nonce`, here and in [`Store::recover`]: a random number new at each
+    /// opening, which every sector of its journal pages carries. The commands are made as they are
     /// taken, so a large device costs no memory for them.
     pub fn format(
         uuid: u128,
@@ -135,15 +147,22 @@ impl Store {
         let mut found = Recovery::default();
         let chain = journal::find_chain(layout.uuid, layout.slots, ring)
             .ok_or(StoreError::Corrupt("no whole run of journal pages"))?;
+        if chain.last >= journal::MAX_SEQ - (1 << 32) {
+            return Err(StoreError::Corrupt("journal page numbers near their end"));
+        }
         // Entries that do not check: dirty until replay says otherwise.
         let mut damaged = Vec::new();
         for s in 0..layout.slots {
             let at = s as usize * ENTRY_BYTES as usize;
             store.entries[s as usize] = match Entry::decode(s, &table[at..]) {
                 // The table holds journaled images only, so none past the
-                // journal's last page.
-                Some(e) if e.seq <= chain.last => e,
-                _ => {
+                // journal's last page: one that is means the journal lost
+                // pages, and freeing what it holds would lose data for good.
+                Some(e) if e.seq > chain.last => {
+                    return Err(StoreError::Corrupt("the table is ahead of the journal"));
+                }
+                Some(e) => e,
+                None => {
                     damaged.push(s);
                     Entry {
                         state: SlotState::Dirty,
@@ -199,6 +218,7 @@ impl Store {
                         store.index.insert(e.key, keep);
                         found.duplicates += 1;
                         fixes.push(drop);
+                        store.changing(drop);
                         store.entries[drop as usize] = Entry {
                             state: SlotState::Dirty,
                             seq: store.entries[drop as usize].seq,

@@ -524,6 +524,7 @@ fn a_settled_store_reopens_exactly_with_an_empty_replay() {
         .collect();
     assert_eq!(before, after);
     assert_eq!(found.applied, 0, "a checkpointed store replays nothing new");
+    assert_eq!(found.pages, 1, "only the page that carries the start");
     assert_eq!(store.usage().used, usage.used);
     assert_eq!(store.usage().clean, usage.clean);
     assert_eq!(usage.dirty, 0, "every released slot was zeroed");
