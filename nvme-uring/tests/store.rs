@@ -87,9 +87,7 @@ async fn a_store_on_a_file_reopens_with_its_objects_and_zeroed_free_slots() {
     store_io::settle(&dev, &mut store).await.unwrap();
     assert_eq!(store.usage().dirty, 0);
     // A clean shutdown: the table written back; the next open replays nothing new.
-    store.checkpoint();
-    store_io::settle(&dev, &mut store).await.unwrap();
-    drop(store);
+    store_io::close(&dev, store).await.unwrap();
     let (store, found) = store_io::open(&dev, 3).await.unwrap();
     assert_eq!((found.applied, found.pages), (0, 1), "{found:?}");
     assert_eq!(

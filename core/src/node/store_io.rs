@@ -95,3 +95,10 @@ pub async fn settle<D: BlockDevice>(dev: &D, store: &mut Store) -> Result<(), St
     debug_assert!(store.idle(), "a settled store asks for nothing");
     Ok(())
 }
+
+/// A clean shutdown of `store` on `dev` ([`Store::shutdown`]): the table
+/// written back and the start carried, without zeroing what is still dirty.
+pub async fn close<D: BlockDevice>(dev: &D, mut store: Store) -> Result<(), StoreError> {
+    store.shutdown();
+    settle(dev, &mut store).await
+}

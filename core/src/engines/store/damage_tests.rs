@@ -237,6 +237,56 @@ fn a_zeroed_slot_comes_back_while_other_slots_are_still_being_zeroed() {
     assert!(back_early, "no slot came back until all were zeroed");
 }
 
+#[test]
+fn a_clean_shutdown_does_not_wait_for_background_zeroing() {
+    // Formatted over old data: every slot dirty, zeroed in the background.
+    let (g, options) = small(4096);
+    let mut disk = Disk::new(&g, 9);
+    let (mut store, cmds) = Store::format(12, &g, options, false, 12).expect("format");
+    for c in cmds {
+        disk.apply(&c, None);
+        if matches!(c, DevCommand::Flush) {
+            disk.flush(disk.clock);
+        }
+    }
+    let slots = store.layout().slots;
+    let key = ObjectKey::default();
+    assert!(matches!(
+        store.allocate(key, 0, 0),
+        Err(StoreError::Full { .. })
+    ));
+    // Zero a few, then shut down: no slot starts being zeroed after that.
+    let mut issued = 0;
+    while issued < 6 {
+        let op = store.poll_op().expect("zeroing");
+        disk.apply(&op.cmd, None);
+        if matches!(op.cmd, DevCommand::Flush) {
+            disk.flush(disk.clock);
+        }
+        store.complete(op.id, Ok(()));
+        issued += 1;
+    }
+    store.shutdown();
+    let mut ops = 0;
+    while let Some(op) = store.poll_op() {
+        ops += 1;
+        disk.apply(&op.cmd, None);
+        if matches!(op.cmd, DevCommand::Flush) {
+            disk.flush(disk.clock);
+        }
+        store.complete(op.id, Ok(()));
+    }
+    assert!(store.idle());
+    let usage = store.usage();
+    assert!(usage.dirty > slots / 2, "{usage:?} after {ops} ops");
+    // The next open zeroes the rest, and what was clean stays clean.
+    let (mut reopened, _) = disk.open(&g, 123).expect("open");
+    assert_eq!(reopened.usage().clean, usage.clean);
+    reopened
+        .allocate(key, 0, 0)
+        .expect("a slot zeroed before the shutdown");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 

@@ -230,6 +230,9 @@ pub struct Store {
     /// After a checkpoint's sweep, write a page of no changes that carries
     /// the new start, so that the next open replays only that page.
     carry_start: bool,
+    /// Shutting down: no slot starts being zeroed (those left are zeroed
+    /// after the next open).
+    stopping: bool,
     /// Released slots whose release is not durable yet: (ticket, slot).
     released: VecDeque<(u64, u32)>,
     /// Zeroing commands in flight, by op: their slot; and commands left per slot.
@@ -263,6 +266,7 @@ impl Store {
             sweep: None,
             shadow: BTreeMap::new(),
             carry_start: false,
+            stopping: false,
             released: VecDeque::new(),
             zero_ops: BTreeMap::new(),
             zero_left: BTreeMap::new(),
@@ -417,10 +421,19 @@ impl Store {
     }
 
     /// Write every changed table page back and flush, so that replay after a
-    /// restart is short (a clean shutdown asks this, then runs ops until idle).
+    /// restart is short.
     pub fn checkpoint(&mut self) {
         self.sweep = Some(u64::MAX);
         self.carry_start = true;
+    }
+
+    /// A clean shutdown: a checkpoint, and no more slots start being zeroed
+    /// (a large device formatted over old data would otherwise be zeroed
+    /// whole first; what is left is zeroed after the next open). Run ops
+    /// until idle, then drop the store.
+    pub fn shutdown(&mut self) {
+        self.checkpoint();
+        self.stopping = true;
     }
 
     /// Nothing is in flight or waiting to be issued (or the store failed: then
@@ -436,7 +449,7 @@ impl Store {
             && self.zero_ops.is_empty()
             && self.unflushed.is_empty()
             && self.zeroed.is_empty()
-            && self.space.dirty_count() == 0
+            && (self.stopping || self.space.dirty_count() == 0)
             && self.zero_left.is_empty()
             && self.released.is_empty()
             && self.sweep.is_none()
@@ -565,7 +578,7 @@ impl Store {
                 self.zero_ops.insert(op.id, slot);
                 return Some(op);
             }
-            if self.zero_left.len() < ZEROING_SLOTS {
+            if self.zero_left.len() < ZEROING_SLOTS && !self.stopping {
                 if let Some(slot) = self.space.next_dirty() {
                     let placed = self.placed(slot);
                     let cmds = placed.blocks.div_ceil(self.max_zero_blocks);
