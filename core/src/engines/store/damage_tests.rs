@@ -16,16 +16,12 @@ fn store_with_one_object(g: &Geometry, options: StoreOptions, k: ObjectKey) -> D
     let mut disk = Disk::new(g, 1);
     let (mut store, cmds) = Store::format(11, g, options, true, 11).expect("format");
     for c in cmds {
-        disk.apply(&c, None);
+        disk.run(&c);
     }
-    disk.flush(disk.clock);
     store.allocate(k, 1, 5).expect("room");
     store.checkpoint();
     while let Some(op) = store.poll_op() {
-        disk.apply(&op.cmd, None);
-        if matches!(op.cmd, DevCommand::Flush) {
-            disk.flush(disk.clock);
-        }
+        disk.run(&op.cmd);
         store.complete(op.id, Ok(()));
     }
     assert!(store.idle());
@@ -68,10 +64,7 @@ fn recovery_frees_a_second_slot_and_a_damaged_entry_for_good() {
     // checkpoint) must not bring the twin back.
     let mut rng = SmallRng::seed_from_u64(3);
     while let Some(op) = store.poll_op() {
-        disk.apply(&op.cmd, None);
-        if matches!(op.cmd, DevCommand::Flush) {
-            disk.flush(disk.clock);
-        }
+        disk.run(&op.cmd);
         store.complete(op.id, Ok(()));
     }
     assert_eq!(store.usage().dirty, 0);
@@ -244,10 +237,7 @@ fn a_clean_shutdown_does_not_wait_for_background_zeroing() {
     let mut disk = Disk::new(&g, 9);
     let (mut store, cmds) = Store::format(12, &g, options, false, 12).expect("format");
     for c in cmds {
-        disk.apply(&c, None);
-        if matches!(c, DevCommand::Flush) {
-            disk.flush(disk.clock);
-        }
+        disk.run(&c);
     }
     let slots = store.layout().slots;
     let key = ObjectKey::default();
@@ -259,10 +249,7 @@ fn a_clean_shutdown_does_not_wait_for_background_zeroing() {
     let mut issued = 0;
     while issued < 6 {
         let op = store.poll_op().expect("zeroing");
-        disk.apply(&op.cmd, None);
-        if matches!(op.cmd, DevCommand::Flush) {
-            disk.flush(disk.clock);
-        }
+        disk.run(&op.cmd);
         store.complete(op.id, Ok(()));
         issued += 1;
     }
@@ -270,10 +257,7 @@ fn a_clean_shutdown_does_not_wait_for_background_zeroing() {
     let mut ops = 0;
     while let Some(op) = store.poll_op() {
         ops += 1;
-        disk.apply(&op.cmd, None);
-        if matches!(op.cmd, DevCommand::Flush) {
-            disk.flush(disk.clock);
-        }
+        disk.run(&op.cmd);
         store.complete(op.id, Ok(()));
     }
     assert!(store.idle());

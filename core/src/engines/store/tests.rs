@@ -73,6 +73,14 @@ impl Disk {
         }
     }
 
+    /// `cmd` issued now and done whole: a flush covers everything so far.
+    pub(super) fn run(&mut self, cmd: &DevCommand) {
+        self.apply(cmd, None);
+        if matches!(cmd, DevCommand::Flush) {
+            self.flush(self.clock);
+        }
+    }
+
     /// A flush issued when the clock read `issued` completes: what had landed
     /// in the cache by then is on media.
     pub(super) fn flush(&mut self, issued: u64) {
@@ -187,10 +195,7 @@ impl Run {
         let (store, cmds) =
             Store::format(0xfeed ^ u128::from(seed), &g, options, false, seed).expect("format");
         for c in cmds {
-            disk.apply(&c, None);
-            if matches!(c, DevCommand::Flush) {
-                disk.flush(disk.clock);
-            }
+            disk.run(&c);
         }
         let keys = (0..64)
             .map(|i| ObjectKey {
