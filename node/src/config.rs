@@ -26,7 +26,9 @@
 //!
 //! [device]
 //! path = "device.img"         # file or block device, relative to data_dir; a file
-//!                             # is created sparse at pool_size (default device.img)
+//!                             # is created sparse (default device.img) of
+//! # size = "16G"              # bytes (default: room for the whole pool; the
+//!                             # node's store holds only its own extents)
 //! queues = 2                  # queues (io_uring rings, or SPDK queue pairs)
 //! queue_depth = 128           # commands in flight per queue
 //! driver = "uring"            # or "spdk": SPDK's polled NVMe driver (a build
@@ -631,6 +633,19 @@ impl Config {
                     pool / extent
                 ),
             );
+        }
+        if let Some(size) = self.device.size {
+            let least = weir_core::node::slots::device_bytes_for(1, extent);
+            if size.0 < least || !size.0.is_multiple_of(4096) {
+                return bad(
+                    "device.size",
+                    format!(
+                        "{} bytes: must be a multiple of 4K and hold the store and one \
+                         extent ({least} bytes)",
+                        size.0
+                    ),
+                );
+            }
         }
         Ok(())
     }

@@ -28,6 +28,15 @@ pub struct Opened {
     pub identity: String,
     /// For logs: the file or the PCI address.
     pub name: String,
+    /// The device reads as zeroes (a file made now).
+    pub fresh: bool,
+}
+
+/// Bytes a node's device needs: every extent of the pool, in the store's
+/// slots, behind the store's superblock, journal and table.
+pub fn device_bytes(config: &Config) -> u64 {
+    let extent = config.cluster.extent_size.0;
+    weir_core::node::slots::device_bytes_for(config.cluster.pool_size.0 / extent, extent)
 }
 
 /// Open the device `config` names, with a buffer pool of `pool_bytes`.
@@ -53,8 +62,10 @@ fn open_uring(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
         drop(all);
         pool.clone()
     });
+    // A file made now reads as zeroes: its store needs no zeroing.
+    let fresh = !path.exists();
     let opts = UringOptions {
-        capacity_bytes: Some(config.cluster.pool_size.0),
+        capacity_bytes: Some(d.size.map_or_else(|| device_bytes(config), |s| s.0)),
         queues: d.queues,
         queue_depth: d.queue_depth,
         create: true,
@@ -74,6 +85,7 @@ fn open_uring(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
         pool,
         identity,
         name: path.display().to_string(),
+        fresh,
     })
 }
 
@@ -102,11 +114,15 @@ fn open_spdk(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
         .with_context(|| format!("opening the NVMe SSD at {pci} through SPDK"))?;
     let g = device.geometry();
     let bytes = g.capacity_blocks * u64::from(g.block_size);
-    anyhow::ensure!(
-        bytes >= config.cluster.pool_size.0,
-        "the SSD at {pci} holds {bytes} bytes, less than cluster.pool_size ({})",
-        config.cluster.pool_size.0
-    );
+    let need = device_bytes(config);
+    if bytes < need {
+        tracing::warn!(
+            bytes,
+            need,
+            "the SSD at {pci} cannot hold every extent of the pool: the node \
+             serves as long as the extents placed on it fit"
+        );
+    }
     let identity = format!(
         "{}, {} bytes",
         device.identity(),
@@ -117,6 +133,7 @@ fn open_spdk(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
         device: NodeDevice::Spdk(device),
         identity,
         name: format!("nvme {pci}"),
+        fresh: false,
     })
 }
 

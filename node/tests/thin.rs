@@ -211,3 +211,46 @@ fn thin_volumes_take_space_on_write_and_give_it_back_zeroed() {
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A node's device holds only the extents placed on it: four nodes of three
+/// replicas, each with a device that has room for three of the pool's four
+/// extents, hold a volume of the whole pool (more than any one device),
+/// copied in and read back through NBD; the status shows the node's slots.
+#[test]
+fn a_volume_larger_than_any_device_fits_on_more_nodes() {
+    let dir = scratch("capacity");
+    let device = weir_core::node::slots::device_bytes_for(3, EXTENT);
+    assert!(device < POOL, "{device}");
+    let device_arg = device.to_string();
+    let cluster = Cluster::start_with(
+        &dir.join("data"),
+        17000,
+        &[
+            "--nodes",
+            "4",
+            "--pool-size",
+            "256M",
+            "--device-size",
+            &device_arg,
+        ],
+    );
+    for n in 1..=4 {
+        let file = dir.join(format!("data/node{n}/device.img"));
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), device, "node {n}");
+    }
+    assert!(cluster
+        .weir(&["volume", "create", "all", "--size", "256M"])
+        .status
+        .success());
+    let uri = cluster.nbd(2, "all");
+    let data = pattern(POOL as usize, 42);
+    let input = dir.join("in.img");
+    std::fs::write(&input, &data).unwrap();
+    run("nbdcopy", &[input.to_str().unwrap(), &uri], 5 * MINUTE);
+    copy_out(&cluster.nbd(1, "all"), &dir.join("out.img"), &data);
+    let status = text(&cluster.weir(&["status"]));
+    assert!(
+        status.contains("device store: 3 of 3 extent slots used"),
+        "{status}"
+    );
+}

@@ -29,8 +29,15 @@ impl Cluster {
         } else {
             &["--pool-size", "8G"][..]
         };
+        // Three nodes unless the test says.
+        let nodes = if extra.contains(&"--nodes") {
+            &[][..]
+        } else {
+            &["--nodes", "3"][..]
+        };
         let mut child = Command::new(WEIR)
-            .args(["cluster", "up", "--nodes", "3"])
+            .args(["cluster", "up"])
+            .args(nodes)
             .args(pool)
             .arg("--dir")
             .arg(dir)

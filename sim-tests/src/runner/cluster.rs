@@ -536,6 +536,9 @@ impl NodeKit {
             raft: self.stores.0.stored(),
             versions: self.stores.1.stored(),
             device: format!("sim-ssd-{id}"),
+            // Read as zeroes until first written: a node's first start
+            // makes its store without zeroing it (later ones open it).
+            device_fresh: true,
         };
         let (front_net, requests) = Demux::front_end(self.endpoints.1.clone());
         let adapters = (

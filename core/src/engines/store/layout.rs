@@ -91,6 +91,19 @@ fn align_up(x: u64, to: u64) -> u64 {
     x.div_ceil(to) * to
 }
 
+/// The first slot's byte, behind a table of `slots` entries from `table_off`.
+fn data_off(table_off: u64, slots: u64, slot_bytes: u64) -> u64 {
+    let align = slot_bytes.min(DATA_ALIGN_BYTES);
+    align_up(table_off + align_up(slots * ENTRY_BYTES, PAGE_BYTES), align)
+}
+
+/// The least device, in bytes, whose store of `options` (a journal size
+/// given, not 0) has `slots` slots.
+pub fn device_bytes_for(slots: u64, options: StoreOptions) -> u64 {
+    let table_off = PAGE_BYTES + options.journal_bytes / PAGE_BYTES * PAGE_BYTES;
+    data_off(table_off, slots, options.slot_bytes) + slots * options.slot_bytes
+}
+
 impl Layout {
     /// The layout of a new store named `uuid` on a device of `geometry`.
     pub fn new(
@@ -131,9 +144,7 @@ impl Layout {
         }
         let journal_off = PAGE_BYTES;
         let table_off = journal_off + journal_pages * PAGE_BYTES;
-        let align = slot_bytes.min(DATA_ALIGN_BYTES);
-        let data_off_for =
-            |slots: u64| align_up(table_off + align_up(slots * ENTRY_BYTES, PAGE_BYTES), align);
+        let data_off_for = |slots: u64| data_off(table_off, slots, slot_bytes);
         let mut slots = capacity.saturating_sub(table_off) / (slot_bytes + ENTRY_BYTES);
         while slots > 0 && data_off_for(slots) + slots * slot_bytes > capacity {
             slots -= 1;
