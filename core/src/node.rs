@@ -464,7 +464,21 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// Serve until the transport closes.
     pub async fn run(mut self) -> Result<(), NodeError> {
         let (how, seed) = self.store_start;
-        let recovery = self.slots.start(&*self.device, how, seed).await?;
+        let recovery = match self.slots.start(&*self.device, how, seed).await {
+            // A node that has run before, on a device that holds no store: a
+            // new or wiped device. It holds nothing, so the block versions
+            // restored for it are forgotten (a rebuild sends every block).
+            Err(crate::store::StoreError::NotAStore) if how == StoreStart::Open => {
+                tracing::warn!(
+                    "the device holds no store: made anew, and this node is sent every \
+                     block it holds a replica of"
+                );
+                self.forget_versions()?;
+                let anew = StoreStart::Format { fresh: false };
+                self.slots.start(&*self.device, anew, seed).await?
+            }
+            other => other?,
+        };
         if let Some(r) = recovery {
             tracing::info!(
                 pages = r.pages,
@@ -546,6 +560,18 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         }
     }
 
+    /// The device holds none of the block versions restored for it: forget
+    /// them, and write down a checkpoint of none.
+    fn forget_versions(&mut self) -> Result<(), NodeError> {
+        self.engine.forget_versions();
+        self.restored_blocks = 0;
+        if let Some((store, device)) = &mut self.version_store {
+            let none = crate::replication::versions::encode(Some(device), &[]);
+            store.replace(&none).map_err(NodeError::Checkpoint)?;
+        }
+        Ok(())
+    }
+
     /// A line for the block versions restored from checkpoints, if any.
     fn announce_restored(&self, start: tokio::time::Instant) {
         if self.restored_blocks == 0 {
@@ -590,7 +616,9 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             };
             self.event(start, event);
         }
-        let healthy = self.sched.healthy();
+        // A store that failed takes no new extents: the node stops
+        // heartbeating as healthy, like one whose device is gone.
+        let healthy = self.sched.healthy() && self.slots.healthy();
         if let Some((plane, ..)) = &mut self.control {
             plane.set_healthy(healthy);
             plane.tick(now);
@@ -868,8 +896,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         let volume_block = u64::from(self.device.geometry().block_size) * self.scale;
         let cmd = cmd.in_device_blocks(self.scale, volume_block);
         let class = self.engine.io_class(io);
-        // The named volume of the blocks (the device holds each extent at its
-        // pool blocks), for the per-volume merges and splits.
+        // The named volume of the pool blocks, for the per-volume merges and
+        // splits.
         let map = self.engine.map();
         let volume = match &cmd {
             IoCmd::Read { lba, .. } | IoCmd::Write { lba, .. } => map

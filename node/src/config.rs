@@ -26,9 +26,9 @@
 //!
 //! [device]
 //! path = "device.img"         # file or block device, relative to data_dir; a file
-//!                             # is created sparse (default device.img) of
-//! # size = "16G"              # bytes (default: room for the whole pool; the
-//!                             # node's store holds only its own extents)
+//!                             # is created sparse (default device.img)
+//! # size = "16G"              # a file's size (default: room for the whole pool;
+//!                             # the node's store holds only its own extents)
 //! queues = 2                  # queues (io_uring rings, or SPDK queue pairs)
 //! queue_depth = 128           # commands in flight per queue
 //! driver = "uring"            # or "spdk": SPDK's polled NVMe driver (a build

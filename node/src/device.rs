@@ -64,11 +64,17 @@ fn open_uring(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
     });
     // A file made now reads as zeroes: its store needs no zeroing.
     let fresh = !path.exists();
+    // A block device is used whole (its store takes what it has); a file is
+    // made, or extended, to `[device] size` or room for the whole pool.
+    let block = {
+        use std::os::unix::fs::FileTypeExt;
+        std::fs::metadata(&path).is_ok_and(|m| m.file_type().is_block_device())
+    };
     let opts = UringOptions {
-        capacity_bytes: Some(d.size.map_or_else(|| device_bytes(config), |s| s.0)),
+        capacity_bytes: (!block).then(|| d.size.map_or_else(|| device_bytes(config), |s| s.0)),
+        create: !block,
         queues: d.queues,
         queue_depth: d.queue_depth,
-        create: true,
         mode: match d.mode {
             DeviceMode::Interrupt => PollMode::Interrupt,
             DeviceMode::Sqpoll => PollMode::Sqpoll,

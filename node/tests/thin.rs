@@ -65,10 +65,7 @@ fn thin_volumes_take_space_on_write_and_give_it_back_zeroed() {
     let dir = scratch("thin");
     let cluster = Cluster::start_with(&dir.join("data"), OFFSET, &["--pool-size", "256M"]);
     // Four times the pool: thin volumes may over-commit it.
-    assert!(cluster
-        .weir(&["volume", "create", "big", "--size", "1G"])
-        .status
-        .success());
+    cluster.create("big", "1G");
     let list = text(&cluster.weir(&["volume", "list"]));
     assert!(list.contains("big 1073741824 allocated=0"), "{list}");
     assert_eq!(pool(&cluster), (0, POOL, 0));
@@ -130,10 +127,7 @@ fn thin_volumes_take_space_on_write_and_give_it_back_zeroed() {
 
     // A new volume gets the same extents and reads none of the old data: a
     // block written at each extent's start allocates it, the rest is zeroes.
-    assert!(cluster
-        .weir(&["volume", "create", "next", "--size", "256M"])
-        .status
-        .success());
+    cluster.create("next", "256M");
     let next = cluster.nbd(2, "next");
     let mut cmds: Vec<String> = Vec::new();
     for i in 0..4 {
@@ -224,7 +218,8 @@ fn a_volume_larger_than_any_device_fits_on_more_nodes() {
     let device_arg = device.to_string();
     let cluster = Cluster::start_with(
         &dir.join("data"),
-        17000,
+        // Clear of every other test's ports (7401+, 9401+ and 10809+ this).
+        20000,
         &[
             "--nodes",
             "4",
@@ -238,10 +233,7 @@ fn a_volume_larger_than_any_device_fits_on_more_nodes() {
         let file = dir.join(format!("data/node{n}/device.img"));
         assert_eq!(std::fs::metadata(&file).unwrap().len(), device, "node {n}");
     }
-    assert!(cluster
-        .weir(&["volume", "create", "all", "--size", "256M"])
-        .status
-        .success());
+    cluster.create("all", "256M");
     let uri = cluster.nbd(2, "all");
     let data = pattern(POOL as usize, 42);
     let input = dir.join("in.img");

@@ -641,10 +641,11 @@ impl Scenario {
                 "must be between 1 and 1048576 (1 TiB)",
             );
         }
-        if c.extent_mib == 0 || c.extent_mib > c.volume_mib {
+        if c.extent_mib == 0 || c.extent_mib > c.volume_mib || !c.extent_mib.is_power_of_two() {
             return bad(
                 "cluster.extent_mib",
-                "must be between 1 and the volume size",
+                "must be a power of two between 1 and the volume size (an extent is a slot \
+                 of the node's store)",
             );
         }
         self.validate_clients()?;

@@ -113,6 +113,7 @@ fn sweep(
         .min((last - first + 1) as usize);
     let next = AtomicU64::new(first);
     let results = Mutex::new(Vec::new());
+    let start = std::time::Instant::now();
     std::thread::scope(|scope| {
         for _ in 0..jobs {
             scope.spawn(|| loop {
@@ -142,7 +143,11 @@ fn sweep(
         .collect();
     let passed = results.len() - failed.len();
     eprintln!("campaign seeds {first}..={last}:");
-    eprintln!("campaign: {passed} passed, {} failed", failed.len());
+    eprintln!(
+        "campaign: {passed} passed, {} failed, in {:.0} s on {jobs} jobs",
+        failed.len(),
+        start.elapsed().as_secs_f64()
+    );
     if failed.is_empty() {
         return Ok(());
     }

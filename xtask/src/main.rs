@@ -101,7 +101,14 @@ fn cargo(root: &Path, madsim: bool, args: &[&str]) -> Command {
 
 fn run(step: &str, mut cmd: Command) -> Result<(), String> {
     eprintln!("xtask: {step}");
+    let start = std::time::Instant::now();
     let status = cmd.status().map_err(|e| format!("{step} ({e})"))?;
+    // Where a run's time goes, for keeping CI within its budget.
+    eprintln!(
+        "xtask: {step}: {} in {:.0} s",
+        if status.success() { "done" } else { "FAILED" },
+        start.elapsed().as_secs_f64()
+    );
     if status.success() {
         Ok(())
     } else {

@@ -256,6 +256,13 @@ impl Slots {
         Some(Lba(found.placed.lba.0 + lba.0 % self.extent_blocks))
     }
 
+    /// Whether the store works: a store whose device failed one of its own
+    /// commands takes no more slots until the node restarts, so the node
+    /// must not go on as a healthy member.
+    pub fn healthy(&self) -> bool {
+        self.store.as_ref().is_none_or(|s| s.failed().is_none())
+    }
+
     /// The store's counts, once started.
     pub fn usage(&self) -> Option<crate::store::Usage> {
         self.store.as_ref().map(Store::usage)
@@ -284,6 +291,8 @@ fn refusal(e: StoreError) -> WeirError {
     match e {
         StoreError::Busy => WeirError::Busy,
         StoreError::Failed(d) => WeirError::Device(d),
+        // Free slots still being zeroed come back: ask again.
+        StoreError::Full { zeroing } if zeroing > 0 => WeirError::Busy,
         StoreError::Full { .. } => WeirError::Device(DevError::Full),
         other => {
             tracing::error!(error = %other, "the store refused a slot");
@@ -463,6 +472,28 @@ mod tests {
             Resolved::Failed(WeirError::Device(DevError::Gone)) => {}
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn slots_still_being_zeroed_ask_again_and_a_failed_store_is_unhealthy() {
+        // Formatted over old data: every slot is dirty until zeroed.
+        let g = geometry(device_bytes_for(2, EXTENT));
+        let (store, _) = Store::format(7, &g, store_options(EXTENT), false, 9).unwrap();
+        let mut s = Slots::new(BLOCKS);
+        s.store = Some(store);
+        match s.resolve(IoId(1), write(0), tag()) {
+            Resolved::Failed(WeirError::Busy) => {}
+            other => panic!("{other:?}"),
+        }
+        // Zeroed (and flushed): the same write takes a slot.
+        run_ops(&mut s, true);
+        assert!(matches!(
+            s.resolve(IoId(2), write(0), tag()),
+            Resolved::Held
+        ));
+        assert!(s.healthy());
+        run_ops(&mut s, false);
+        assert!(!s.healthy(), "a store whose device failed a command");
     }
 
     #[test]

@@ -108,6 +108,12 @@ impl Cluster {
         out
     }
 
+    /// Create volume `name` of `size` (as `weir volume create` takes it).
+    pub(crate) fn create(&self, name: &str, size: &str) {
+        let out = self.weir(&["volume", "create", name, "--size", size]);
+        assert!(out.status.success(), "volume create {name} failed");
+    }
+
     pub(crate) fn node_pid(&self, node: u32) -> i32 {
         let text = std::fs::read_to_string(self.dir.join(format!("node{node}/weir.pid")))
             .expect("a running node has a pid file");
