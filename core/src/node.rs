@@ -45,6 +45,18 @@ pub enum NodeError {
     /// The device's store could not be made or opened.
     #[error("the device's store: {0}")]
     Store(#[from] crate::store::StoreError),
+    /// The device holds no store, but the map has this node as the last
+    /// in-sync copy of some extents: made anew, it would serve them as zeroes.
+    #[error(
+        "the device holds no store, yet this node holds the last in-sync copy of {count} \
+         extents (the first: {first}): refusing to start rather than serve them as zeroes"
+    )]
+    LastCopyLost {
+        /// Extents it is the last in-sync copy of.
+        count: usize,
+        /// The first of them.
+        first: crate::ids::ExtentId,
+    },
     /// A request of the volume's largest size does not fit one device command.
     #[error("volume requests of {request} blocks exceed the device's {device}-block transfers")]
     TransferTooLarge {
@@ -469,6 +481,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             // new or wiped device. It holds nothing, so the block versions
             // restored for it are forgotten (a rebuild sends every block).
             Err(crate::store::StoreError::NotAStore) if how == StoreStart::Open => {
+                self.check_not_last_copy()?;
                 tracing::warn!(
                     "the device holds no store: made anew, and this node is sent every \
                      block it holds a replica of"
@@ -557,6 +570,29 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     }
                 }
             }
+        }
+    }
+
+    /// Refuse to make the store anew where the replayed map has this node as
+    /// the last in-sync copy of an extent: no rebuild could refill it.
+    fn check_not_last_copy(&self) -> Result<(), NodeError> {
+        let me = self.engine.id();
+        let Some((plane, ..)) = &self.control else {
+            return Ok(());
+        };
+        let last: Vec<_> = plane
+            .state()
+            .extents
+            .iter()
+            .filter(|(_, e)| e.in_sync.len() == 1 && e.in_sync.contains(&me))
+            .map(|(&id, _)| id)
+            .collect();
+        match last.first() {
+            None => Ok(()),
+            Some(&first) => Err(NodeError::LastCopyLost {
+                count: last.len(),
+                first,
+            }),
         }
     }
 

@@ -82,13 +82,31 @@ pub enum Resolved {
 /// cannot go), with its io and tag.
 pub type Ready = (IoId, Result<IoCmd, WeirError>, (IoClass, VolKey));
 
-/// A write held for its slot.
+/// A write held for its slot (its command in pool blocks).
 #[derive(Debug)]
 struct Waiting {
-    ticket: Ticket,
     io: IoId,
     cmd: IoCmd,
     tag: (IoClass, VolKey),
+}
+
+impl Waiting {
+    fn extent(&self, extent_blocks: u64) -> u64 {
+        match &self.cmd {
+            IoCmd::Write { lba, .. } | IoCmd::Read { lba, .. } => lba.0 / extent_blocks,
+            IoCmd::Flush => u64::MAX,
+        }
+    }
+}
+
+/// Where a write stands with its slot.
+enum Placing {
+    /// It may go, in the slot's blocks.
+    Go(IoCmd),
+    /// It waits: for its slot's allocation to be durable, or for a slot.
+    Wait,
+    /// It never will.
+    Failed(WeirError),
 }
 
 /// The node's store and the writes waiting on it. See the module docs.
@@ -97,7 +115,7 @@ pub struct Slots {
     store: Option<Store>,
     /// Device blocks per pool extent (and per slot).
     extent_blocks: u64,
-    waiting: Vec<Waiting>,
+    waiting: std::collections::VecDeque<Waiting>,
     /// The store changed since [`Slots::self_check`] last checked it whole
     /// (a check is a pass over every slot: done only after a change).
     changed: bool,
@@ -110,7 +128,7 @@ impl Slots {
         Slots {
             store: None,
             extent_blocks,
-            waiting: Vec::new(),
+            waiting: std::collections::VecDeque::new(),
             changed: true,
         }
     }
@@ -165,46 +183,76 @@ impl Slots {
             IoCmd::Write { lba, .. } => (*lba, None),
         };
         let key = self.key(lba);
+        let within = lba.0 % self.extent_blocks;
         let Some(store) = &mut self.store else {
             // Not started: the node serves nothing before its store is open.
             return Resolved::Failed(WeirError::Busy);
         };
-        let within = lba.0 % self.extent_blocks;
-        let found = store.lookup(&key);
-        let (slot_lba, ticket) = match (found, read_blocks) {
-            (Some(f), _) => (f.placed.lba, (!f.durable).then_some(Ticket(f.entry.seq))),
-            (None, Some(blocks)) => {
-                let bytes = blocks * (store.layout().block_size as u64);
-                return match usize::try_from(bytes).ok().filter(|&b| b <= ZEROES_MAX) {
-                    Some(b) => Resolved::Zeroes(bytes::Bytes::from_static(&ZEROES[..b])),
-                    None => Resolved::Failed(WeirError::Device(DevError::TooLarge)),
-                };
+        if let Some(blocks) = read_blocks {
+            // A read of a slot not yet durable goes too: the slot is clean
+            // (zeroes) until a write lands, and no write is on it yet.
+            return match store.lookup(&key) {
+                Some(f) => Resolved::Go(cmd.at(Lba(f.placed.lba.0 + within))),
+                None => {
+                    let bytes = blocks * u64::from(store.layout().block_size);
+                    match usize::try_from(bytes).ok().filter(|&b| b <= ZEROES_MAX) {
+                        Some(b) => Resolved::Zeroes(bytes::Bytes::from_static(&ZEROES[..b])),
+                        None => Resolved::Failed(WeirError::Device(DevError::TooLarge)),
+                    }
+                }
+            };
+        }
+        // Behind an earlier held write of its extent (in order), or waiting
+        // itself.
+        let extent = lba.0 / self.extent_blocks;
+        if !self
+            .waiting
+            .iter()
+            .any(|w| w.extent(self.extent_blocks) == extent)
+        {
+            match self.place(&cmd) {
+                Placing::Go(cmd) => return Resolved::Go(cmd),
+                Placing::Failed(e) => return Resolved::Failed(e),
+                Placing::Wait => {}
             }
-            (None, None) => {
+        }
+        if self.waiting.len() >= SLOT_WAITERS_MAX {
+            return Resolved::Failed(WeirError::Busy);
+        }
+        self.waiting.push_back(Waiting { io, cmd, tag });
+        Resolved::Held
+    }
+
+    /// The slot for write `cmd` (pool blocks): taken if the extent has none,
+    /// and the write in the slot's blocks once its allocation is durable.
+    fn place(&mut self, cmd: &IoCmd) -> Placing {
+        let IoCmd::Write { lba, .. } = cmd else {
+            unreachable!("only writes are placed")
+        };
+        let key = self.key(*lba);
+        let within = lba.0 % self.extent_blocks;
+        let store = self.store.as_mut().expect("placed once started");
+        if let Some(e) = store.failed() {
+            return Placing::Failed(WeirError::Device(e));
+        }
+        let (slot, ticket) = match store.lookup(&key) {
+            Some(f) => (f.placed.lba, Ticket(f.entry.seq)),
+            None => {
                 self.changed = true;
                 match store.allocate(key, 0, 0) {
-                    Ok((placed, ticket)) => (placed.lba, Some(ticket)),
-                    Err(e) => return Resolved::Failed(refusal(e)),
+                    Ok((placed, ticket)) => (placed.lba, ticket),
+                    // Free slots still being zeroed come back; the journal
+                    // catches up: wait for either.
+                    Err(StoreError::Full { zeroing }) if zeroing > 0 => return Placing::Wait,
+                    Err(StoreError::Busy) => return Placing::Wait,
+                    Err(e) => return Placing::Failed(refusal(e)),
                 }
             }
         };
-        let cmd = cmd.at(Lba(slot_lba.0 + within));
-        match ticket {
-            // A read of a slot not yet durable: it holds zeroes (a slot is
-            // clean before it is given), and no write is on it yet.
-            Some(ticket) if read_blocks.is_none() => {
-                if self.waiting.len() >= SLOT_WAITERS_MAX {
-                    return Resolved::Failed(WeirError::Busy);
-                }
-                self.waiting.push(Waiting {
-                    ticket,
-                    io,
-                    cmd,
-                    tag,
-                });
-                Resolved::Held
-            }
-            _ => Resolved::Go(cmd),
+        if store.durable(ticket) {
+            Placing::Go(cmd.clone().at(Lba(slot.0 + within)))
+        } else {
+            Placing::Wait
         }
     }
 
@@ -218,35 +266,46 @@ impl Slots {
     /// A store command finished.
     pub fn complete(&mut self, id: u64, result: Result<(), DevError>) {
         if let Some(store) = &mut self.store {
+            if let Err(e) = result {
+                tracing::error!(
+                    error = %e,
+                    "a command of the device's store failed: the store takes no new \
+                     extents until the node restarts, and the node reports itself unhealthy"
+                );
+            }
             store.complete(id, result);
             self.changed = true;
         }
     }
 
-    /// Held writes whose slot is now durable (`Ok`, in device blocks of the
-    /// slot), or that can never be (the store's device failed), in the order
-    /// they came.
+    /// Held writes that may go now (`Ok`, in device blocks of their slot) or
+    /// never (the store failed, or has no room), in the order they came; one
+    /// that must still wait holds back the later ones of its extent.
     pub fn ready(&mut self) -> Vec<Ready> {
-        let Some(store) = &self.store else {
-            return Vec::new();
-        };
-        if self.waiting.is_empty() {
-            return Vec::new();
+        let mut out = Vec::new();
+        if self.store.is_none() || self.waiting.is_empty() {
+            return out;
         }
-        let failed = store.failed();
-        let (go, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
-            .into_iter()
-            .partition(|w| failed.is_some() || store.durable(w.ticket));
-        self.waiting = wait;
-        go.into_iter()
-            .map(|w| {
-                let result = match failed {
-                    Some(e) => Err(WeirError::Device(e)),
-                    None => Ok(w.cmd),
-                };
-                (w.io, result, w.tag)
-            })
-            .collect()
+        let mut blocked = std::collections::BTreeSet::new();
+        let mut kept = std::collections::VecDeque::new();
+        for w in std::mem::take(&mut self.waiting) {
+            let extent = w.extent(self.extent_blocks);
+            let placing = if blocked.contains(&extent) {
+                Placing::Wait
+            } else {
+                self.place(&w.cmd)
+            };
+            match placing {
+                Placing::Wait => {
+                    blocked.insert(extent);
+                    kept.push_back(w);
+                }
+                Placing::Go(cmd) => out.push((w.io, Ok(cmd), w.tag)),
+                Placing::Failed(e) => out.push((w.io, Err(e), w.tag)),
+            }
+        }
+        self.waiting = kept;
+        out
     }
 
     /// The slot of pool block `lba` (device blocks), if the extent has one
@@ -268,31 +327,21 @@ impl Slots {
         self.store.as_ref().map(Store::usage)
     }
 
-    /// Assert the invariants: the store's own, and every held write is of a
-    /// slot whose allocation is not yet durable.
+    /// Assert the invariants: the store's own, and held writes are bounded.
     pub fn self_check(&mut self) {
         if let Some(store) = &self.store {
             if std::mem::take(&mut self.changed) {
                 store.self_check();
-            }
-            if store.failed().is_none() {
-                assert!(
-                    self.waiting.iter().all(|w| !store.durable(w.ticket)),
-                    "a write held for a slot already durable"
-                );
             }
         }
         assert!(self.waiting.len() <= SLOT_WAITERS_MAX);
     }
 }
 
-/// What the engine is told when the store refuses a new slot.
+/// What the engine is told when the store refuses a new slot for good.
 fn refusal(e: StoreError) -> WeirError {
     match e {
-        StoreError::Busy => WeirError::Busy,
         StoreError::Failed(d) => WeirError::Device(d),
-        // Free slots still being zeroed come back: ask again.
-        StoreError::Full { zeroing } if zeroing > 0 => WeirError::Busy,
         StoreError::Full { .. } => WeirError::Device(DevError::Full),
         other => {
             tracing::error!(error = %other, "the store refused a slot");
@@ -475,23 +524,41 @@ mod tests {
     }
 
     #[test]
-    fn slots_still_being_zeroed_ask_again_and_a_failed_store_is_unhealthy() {
+    fn a_write_waits_for_a_slot_still_being_zeroed_and_a_failed_store_is_unhealthy() {
         // Formatted over old data: every slot is dirty until zeroed.
         let g = geometry(device_bytes_for(2, EXTENT));
         let (store, _) = Store::format(7, &g, store_options(EXTENT), false, 9).unwrap();
         let mut s = Slots::new(BLOCKS);
         s.store = Some(store);
-        match s.resolve(IoId(1), write(0), tag()) {
-            Resolved::Failed(WeirError::Busy) => {}
-            other => panic!("{other:?}"),
-        }
-        // Zeroed (and flushed): the same write takes a slot.
-        run_ops(&mut s, true);
         assert!(matches!(
-            s.resolve(IoId(2), write(0), tag()),
+            s.resolve(IoId(1), write(0), tag()),
             Resolved::Held
         ));
+        // Another extent's write waits too (no clean slot), but on its own.
+        assert!(matches!(
+            s.resolve(IoId(2), write(BLOCKS), tag()),
+            Resolved::Held
+        ));
+        let mut went = Vec::new();
+        for _ in 0..16 {
+            run_ops(&mut s, true);
+            went.extend(s.ready());
+            s.self_check();
+            if went.len() == 2 {
+                break;
+            }
+        }
+        let ios: Vec<_> = went.iter().map(|(io, r, _)| (io.0, r.is_ok())).collect();
+        assert_eq!(ios, vec![(1, true), (2, true)], "both went, once zeroed");
+        assert!(s.device_lba(Lba(0)).is_some() && s.device_lba(Lba(BLOCKS)).is_some());
         assert!(s.healthy());
+        assert!(matches!(
+            s.resolve(IoId(3), write(0), tag()),
+            Resolved::Go(_)
+        ));
+        // A failed store command: the store is unhealthy.
+        let mut s = slots(2);
+        s.resolve(IoId(1), write(0), tag());
         run_ops(&mut s, false);
         assert!(!s.healthy(), "a store whose device failed a command");
     }

@@ -220,8 +220,19 @@ impl Layout {
     /// The layout a superblock describes, checked against the device it was read
     /// from.
     pub fn decode(page: &[u8], geometry: &Geometry) -> Result<Layout, StoreError> {
-        if page.len() < PAGE_BYTES as usize || page[0..8] != SB_MAGIC {
+        if page.len() < PAGE_BYTES as usize {
             return Err(StoreError::NotAStore);
+        }
+        if page[0..8] != SB_MAGIC {
+            // Blank: no store (a new device, or a format cut short). Anything
+            // else may be a damaged store, or another disk: never taken for
+            // an empty device.
+            return match page.iter().all(|&b| b == 0) {
+                true => Err(StoreError::NotAStore),
+                false => Err(StoreError::Corrupt(
+                    "the first page is neither blank nor a store's superblock",
+                )),
+            };
         }
         let format = u32::from_le_bytes(page[8..12].try_into().expect("4 bytes"));
         if format != STORE_FORMAT {
