@@ -969,15 +969,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     /// Carry out what the scheduler has for the device, and give the engine the
     /// requests it finished.
     fn dispatch(&mut self, done: &DeviceDone) {
-        // The store's own commands, and the writes whose slots became durable.
-        while let Some(op) = self.slots.poll_op() {
-            let device = self.device.clone();
-            let done = done.clone();
-            tokio::spawn(async move {
-                let result = device.submit(0, op.cmd).await.map(|_| ());
-                let _ = done.send(DevDone::Store(op.id, result)).await;
-            });
-        }
+        // The writes whose slots became durable (or that took a slot now),
+        // then the store's own commands, those slots' journal pages among them.
         for (io, cmd, tag) in self.slots.ready() {
             match cmd {
                 Ok(cmd) => self.submit(io, cmd, tag),
@@ -986,6 +979,14 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                     self.engine.handle_io(io, IoResult::Failed(e));
                 }
             }
+        }
+        while let Some(op) = self.slots.poll_op() {
+            let device = self.device.clone();
+            let done = done.clone();
+            tokio::spawn(async move {
+                let result = device.submit(0, op.cmd).await.map(|_| ());
+                let _ = done.send(DevDone::Store(op.id, result)).await;
+            });
         }
         let now = self.now_ns();
         while let Some(d) = self.sched.poll(now, &self.pool) {

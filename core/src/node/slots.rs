@@ -238,9 +238,11 @@ impl Slots {
         let (slot, ticket) = match store.lookup(&key) {
             Some(f) => (f.placed.lba, Ticket(f.entry.seq)),
             None => {
-                self.changed = true;
                 match store.allocate(key, 0, 0) {
-                    Ok((placed, ticket)) => (placed.lba, ticket),
+                    Ok((placed, ticket)) => {
+                        self.changed = true;
+                        (placed.lba, ticket)
+                    }
                     // Free slots still being zeroed come back; the journal
                     // catches up: wait for either.
                     Err(StoreError::Full { zeroing }) if zeroing > 0 => return Placing::Wait,
@@ -327,12 +329,19 @@ impl Slots {
         self.store.as_ref().map(Store::usage)
     }
 
-    /// Assert the invariants: the store's own, and held writes are bounded.
+    /// Assert the invariants: the store's own; held writes are bounded, and
+    /// while any is held the store has work (a write never waits on a store
+    /// with nothing to do). Checked where the node is between steps: after
+    /// [`Slots::ready`] and [`Slots::poll_op`].
     pub fn self_check(&mut self) {
         if let Some(store) = &self.store {
             if std::mem::take(&mut self.changed) {
                 store.self_check();
             }
+            assert!(
+                self.waiting.is_empty() || store.failed().is_some() || !store.idle(),
+                "writes held by a store with nothing to do"
+            );
         }
         assert!(self.waiting.len() <= SLOT_WAITERS_MAX);
     }
@@ -401,6 +410,23 @@ mod tests {
             lba: Lba(lba),
             data: Bytes::from(vec![1u8; 4096]),
             fua: false,
+        }
+    }
+
+    /// What the node does: let held writes go, issue the store's commands,
+    /// complete them (`ok` or failed), until nothing moves; what went.
+    fn drive(s: &mut Slots, ok: bool) -> Vec<Ready> {
+        let mut went = Vec::new();
+        loop {
+            went.extend(s.ready());
+            let ops: Vec<_> = std::iter::from_fn(|| s.poll_op()).collect();
+            s.self_check();
+            if ops.is_empty() {
+                return went;
+            }
+            for op in ops {
+                s.complete(op.id, if ok { Ok(()) } else { Err(DevError::Gone) });
+            }
         }
     }
 
@@ -539,15 +565,7 @@ mod tests {
             s.resolve(IoId(2), write(BLOCKS), tag()),
             Resolved::Held
         ));
-        let mut went = Vec::new();
-        for _ in 0..16 {
-            run_ops(&mut s, true);
-            went.extend(s.ready());
-            s.self_check();
-            if went.len() == 2 {
-                break;
-            }
-        }
+        let went = drive(&mut s, true);
         let ios: Vec<_> = went.iter().map(|(io, r, _)| (io.0, r.is_ok())).collect();
         assert_eq!(ios, vec![(1, true), (2, true)], "both went, once zeroed");
         assert!(s.device_lba(Lba(0)).is_some() && s.device_lba(Lba(BLOCKS)).is_some());
