@@ -15,20 +15,16 @@ use crate::flow::{Flow, Sent};
 use crate::ids::{Lba, NodeId};
 use crate::map::ClusterMap;
 use crate::replication::engine::RebuildProgress;
-use crate::replication::{
-    Action, Audit, IoClass, IoCmd, IoId, IoResult, ReplicationConfig, Replicator,
-};
+use crate::replication::{Action, Audit, IoCmd, IoId, IoResult, ReplicationConfig, Replicator};
 use crate::sched::{AdmitConfig, CmdId, DeviceSched, Health, SchedConfig};
 use crate::transport::{Transport, TransportError};
 use crate::wire::Message;
 use gate::{Arrival, ClientGate};
-use slots::{Resolved, Slots, StoreStart};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
 pub mod boot;
 mod gate;
-pub mod slots;
 pub mod store_io;
 
 /// Why a node could not start or stopped.
@@ -42,20 +38,13 @@ pub enum NodeError {
         /// Device block size.
         device: u32,
     },
-    /// The device's store could not be made or opened.
-    #[error("the device's store: {0}")]
-    Store(#[from] crate::store::StoreError),
-    /// The device holds no store, but the map has this node as the last
-    /// in-sync copy of some extents: made anew, it would serve them as zeroes.
-    #[error(
-        "the device holds no store, yet this node holds the last in-sync copy of {count} \
-         extents (the first: {first}): refusing to start rather than serve them as zeroes"
-    )]
-    LastCopyLost {
-        /// Extents it is the last in-sync copy of.
-        count: usize,
-        /// The first of them.
-        first: crate::ids::ExtentId,
+    /// The device is smaller than the volume.
+    #[error("device holds {device} bytes, the volume needs {volume}")]
+    TooSmall {
+        /// Device capacity in bytes.
+        device: u64,
+        /// Volume capacity in bytes.
+        volume: u64,
     },
     /// A request of the volume's largest size does not fit one device command.
     #[error("volume requests of {request} blocks exceed the device's {device}-block transfers")]
@@ -134,8 +123,6 @@ pub struct NodeReport {
     /// The device scheduler's merges and splits per named volume (by
     /// number).
     pub volume_sched: Vec<(u64, crate::sched::VolumeSchedStats)>,
-    /// The device's store: its slots, used and free (none before it opens).
-    pub store: Option<crate::store::Usage>,
 }
 
 /// The daemon's handle on a running node: ask for map changes, watch its reports.
@@ -153,20 +140,9 @@ enum Request {
     /// Checkpoint block versions now; answer once written (false: checkpoints are
     /// off, or the device is gone).
     Checkpoint(tokio::sync::oneshot::Sender<bool>),
-    /// Where pool block (device blocks) lives on the device, if anywhere.
-    DeviceLba(Lba, tokio::sync::oneshot::Sender<Option<Lba>>),
 }
 
 impl NodeHandle {
-    /// The device block holding pool block `lba` (in device blocks) on this
-    /// node, if its extent has a slot here (the simulator aims its media
-    /// errors with it). None too if the node has stopped.
-    pub async fn device_lba(&self, lba: Lba) -> Option<Lba> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.requests.send(Request::DeviceLba(lba, tx)).await.ok()?;
-        rx.await.ok().flatten()
-    }
-
     /// Ask the control plane to commit `command` (forwarded to the leader). The
     /// outcome shows in a later report's map; false if the node has stopped or
     /// already holds [`NODE_REQUESTS_MAX`] requests it has not taken.
@@ -245,10 +221,6 @@ pub struct Node<T, D> {
     held: Option<Arc<crate::front_end::HeldPayloads>>,
     /// Client requests pass here before the engine (dmClock QoS).
     gate: ClientGate,
-    /// The device's store: where each pool extent the node holds lives.
-    slots: Slots,
-    /// How the store starts when `run` does, and the incarnation's seed.
-    store_start: (StoreStart, u64),
 }
 
 /// Device completions waiting for the node's loop; a device task past this
@@ -282,6 +254,14 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 device: geometry.block_size,
             });
         }
+        let volume_bytes = volume.capacity_blocks * u64::from(volume.block_size);
+        let device_bytes = geometry.capacity_blocks * u64::from(geometry.block_size);
+        if device_bytes < volume_bytes {
+            return Err(NodeError::TooSmall {
+                device: device_bytes,
+                volume: volume_bytes,
+            });
+        }
         let scale = u64::from(volume.block_size / geometry.block_size);
         let request = u64::from(volume.max_request_blocks) * scale;
         if request > u64::from(geometry.max_transfer_blocks) {
@@ -312,8 +292,6 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             skew: crate::time::Skew::default(),
             held: None,
             gate: ClientGate::new(AdmitConfig::default(), false),
-            slots: Slots::new(volume.extent_blocks * scale),
-            store_start: (StoreStart::Format { fresh: true }, 0),
         })
     }
 
@@ -400,7 +378,6 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             r.rebuilds = self.engine.rebuild_progress();
             r.device_inflight = self.sched.inflight();
             r.device_waiting = self.sched.waiting();
-            r.store = self.slots.usage();
             r.sched = self.sched.stats();
             r.checkpoints = self.engine.checkpoints_written().0;
             (r.version_bytes, r.applied_records) = self.engine.version_memory();
@@ -465,42 +442,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         self.engine.id()
     }
 
-    /// Start the device's store `how` when `run` starts (the default: a new
-    /// store on a device that reads as zeroes); `seed` is this incarnation's
-    /// random number (the store's id and its journal's nonce).
-    pub fn with_store_start(mut self, how: StoreStart, seed: u64) -> Self {
-        self.store_start = (how, seed);
-        self
-    }
-
     /// Serve until the transport closes.
     pub async fn run(mut self) -> Result<(), NodeError> {
-        let (how, seed) = self.store_start;
-        let recovery = match self.slots.start(&*self.device, how, seed).await {
-            // A node that has run before, on a device that holds no store: a
-            // new or wiped device. It holds nothing, so the block versions
-            // restored for it are forgotten (a rebuild sends every block).
-            Err(crate::store::StoreError::NotAStore) if how == StoreStart::Open => {
-                self.check_not_last_copy()?;
-                tracing::warn!(
-                    "the device holds no store: made anew, and this node is sent every \
-                     block it holds a replica of"
-                );
-                self.forget_versions()?;
-                let anew = StoreStart::Format { fresh: false };
-                self.slots.start(&*self.device, anew, seed).await?
-            }
-            other => other?,
-        };
-        if let Some(r) = recovery {
-            tracing::info!(
-                pages = r.pages,
-                applied = r.applied,
-                corrupt = r.corrupt,
-                duplicates = r.duplicates,
-                "device store recovered"
-            );
-        }
         let (done_tx, mut done_rx) = mpsc::channel(DEVICE_COMPLETIONS_MAX);
         let start = self.events_since.unwrap_or_else(crate::time::now);
         self.origin = Some(crate::time::now());
@@ -521,7 +464,6 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 self.flow.self_check();
                 self.sched.self_check();
                 self.gate.self_check();
-                self.slots.self_check();
                 if let Some((plane, ..)) = &self.control {
                     plane.self_check();
                 }
@@ -539,13 +481,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             // from tokio's unseeded thread-local RNG, which would break determinism.
             tokio::select! {
                 biased;
-                Some(done) = done_rx.recv() => match done {
-                    DevDone::Sched(cmd, result) => self.completed(cmd, result, &done_tx),
-                    DevDone::Store(id, result) => {
-                        self.slots.complete(id, result);
-                        self.dispatch(&done_tx);
-                    }
-                },
+                Some((cmd, result)) = done_rx.recv() => self.completed(cmd, result, &done_tx),
                 _ = ticker.tick(), if self.control.is_some() => {
                     self.on_tick(start);
                     // The device's probe, if the tick made one.
@@ -571,41 +507,6 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 }
             }
         }
-    }
-
-    /// Refuse to make the store anew where the replayed map has this node as
-    /// the last in-sync copy of an extent: no rebuild could refill it.
-    fn check_not_last_copy(&self) -> Result<(), NodeError> {
-        let me = self.engine.id();
-        let Some((plane, ..)) = &self.control else {
-            return Ok(());
-        };
-        let last: Vec<_> = plane
-            .state()
-            .extents
-            .iter()
-            .filter(|(_, e)| e.in_sync.len() == 1 && e.in_sync.contains(&me))
-            .map(|(&id, _)| id)
-            .collect();
-        match last.first() {
-            None => Ok(()),
-            Some(&first) => Err(NodeError::LastCopyLost {
-                count: last.len(),
-                first,
-            }),
-        }
-    }
-
-    /// The device holds none of the block versions restored for it: forget
-    /// them, and write down a checkpoint of none.
-    fn forget_versions(&mut self) -> Result<(), NodeError> {
-        self.engine.forget_versions();
-        self.restored_blocks = 0;
-        if let Some((store, device)) = &mut self.version_store {
-            let none = crate::replication::versions::encode(Some(device), &[]);
-            store.replace(&none).map_err(NodeError::Checkpoint)?;
-        }
-        Ok(())
     }
 
     /// A line for the block versions restored from checkpoints, if any.
@@ -652,9 +553,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
             };
             self.event(start, event);
         }
-        // A store that failed takes no new extents: the node stops
-        // heartbeating as healthy, like one whose device is gone.
-        let healthy = self.sched.healthy() && self.slots.healthy();
+        let healthy = self.sched.healthy();
         if let Some((plane, ..)) = &mut self.control {
             plane.set_healthy(healthy);
             plane.tick(now);
@@ -687,9 +586,6 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 if let Some((plane, ..)) = &mut self.control {
                     plane.request(&command);
                 }
-            }
-            Request::DeviceLba(lba, answer) => {
-                let _ = answer.send(self.slots.device_lba(lba));
             }
             Request::Checkpoint(done) => {
                 self.clock();
@@ -932,8 +828,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
         let volume_block = u64::from(self.device.geometry().block_size) * self.scale;
         let cmd = cmd.in_device_blocks(self.scale, volume_block);
         let class = self.engine.io_class(io);
-        // The named volume of the pool blocks, for the per-volume merges and
-        // splits.
+        // The named volume of the blocks (the device holds each extent at its
+        // pool blocks), for the per-volume merges and splits.
         let map = self.engine.map();
         let volume = match &cmd {
             IoCmd::Read { lba, .. } | IoCmd::Write { lba, .. } => map
@@ -941,53 +837,22 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 .map(|(volume, _)| volume),
             IoCmd::Flush => None,
         };
-        match self.slots.resolve(io, cmd, (class, volume)) {
-            Resolved::Go(cmd) => self.submit(io, cmd, (class, volume)),
-            Resolved::Zeroes(data) => {
-                self.clock();
-                self.engine.handle_io(io, IoResult::Read(data));
-            }
-            Resolved::Held => {}
-            Resolved::Failed(e) => {
-                self.clock();
-                self.engine.handle_io(io, IoResult::Failed(e));
-            }
-        }
-        self.dispatch(done);
-    }
-
-    /// Give `cmd` (device blocks of its slot) to the device's scheduler.
-    fn submit(&mut self, io: IoId, cmd: IoCmd, tag: (IoClass, crate::sched::VolKey)) {
-        if let Err(e) = self.sched.submit_for(io, cmd, tag, self.now_ns()) {
+        if let Err(e) = self
+            .sched
+            .submit_for(io, cmd, (class, volume), self.now_ns())
+        {
             // Back-pressure: answered at once, as a request the engine may retry.
             tracing::warn!(error = %e, "device queue full; request refused");
             self.clock();
             self.engine.handle_io(io, IoResult::Failed(WeirError::Busy));
+            return;
         }
+        self.dispatch(done);
     }
 
     /// Carry out what the scheduler has for the device, and give the engine the
     /// requests it finished.
     fn dispatch(&mut self, done: &DeviceDone) {
-        // The writes whose slots became durable (or that took a slot now),
-        // then the store's own commands, those slots' journal pages among them.
-        for (io, cmd, tag) in self.slots.ready() {
-            match cmd {
-                Ok(cmd) => self.submit(io, cmd, tag),
-                Err(e) => {
-                    self.clock();
-                    self.engine.handle_io(io, IoResult::Failed(e));
-                }
-            }
-        }
-        while let Some(op) = self.slots.poll_op() {
-            let device = self.device.clone();
-            let done = done.clone();
-            tokio::spawn(async move {
-                let result = device.submit(0, op.cmd).await.map(|_| ());
-                let _ = done.send(DevDone::Store(op.id, result)).await;
-            });
-        }
         let now = self.now_ns();
         while let Some(d) = self.sched.poll(now, &self.pool) {
             let device = self.device.clone();
@@ -996,7 +861,7 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
                 let result = device.submit(d.queue, d.command).await;
                 // The node may have stopped; then nobody needs the result. A full
                 // channel holds this task (and its buffer) until the node drains it.
-                let _ = done.send(DevDone::Sched(d.cmd, result)).await;
+                let _ = done.send((d.cmd, result)).await;
             });
         }
         while let Some((io, result)) = self.sched.poll_finished() {
@@ -1006,14 +871,8 @@ impl<T: Transport, D: BlockDevice> Node<T, D> {
     }
 }
 
-/// A device command finished: the scheduler's, or the store's own.
-enum DevDone {
-    Sched(CmdId, Result<DevCompletion, DevError>),
-    Store(u64, Result<(), DevError>),
-}
-
 /// Where device tasks send their completions.
-type DeviceDone = mpsc::Sender<DevDone>;
+type DeviceDone = mpsc::Sender<(CmdId, Result<DevCompletion, DevError>)>;
 
 /// The next admin request, or never if the node has no handle.
 async fn recv_request(requests: &mut Option<mpsc::Receiver<Request>>) -> Option<Request> {

@@ -552,24 +552,6 @@ impl Admin {
             },
             report.device_inflight
         );
-        match report.store {
-            Some(u) => {
-                let eb = self.extent_bytes;
-                let _ = writeln!(
-                    out,
-                    "device store: {} of {} extent slots used ({} of {} bytes), {} free, {} being zeroed",
-                    u.used,
-                    u.slots,
-                    u64::from(u.used) * eb,
-                    u64::from(u.slots) * eb,
-                    u.clean,
-                    u.dirty
-                );
-            }
-            None => {
-                let _ = writeln!(out, "device store: not open yet");
-            }
-        }
         let nodes: Vec<String> = state
             .nodes
             .iter()

@@ -27,8 +27,6 @@ pub struct ClusterUp {
     pub dir: PathBuf,
     /// Size of the replicated pool, bytes.
     pub pool_size: u64,
-    /// Size of each node's device file, bytes (None: room for the pool).
-    pub device_size: Option<u64>,
     /// Replicas per extent.
     pub replicas: u8,
     /// Added to every port (to run several clusters on one host).
@@ -68,7 +66,6 @@ pub fn node_config(up: &ClusterUp, n: u32) -> String {
          # in the README; the defaults are used for the rest.\n\
          [node]\nid = {n}\n\n\
          [cluster]\nreplicas = {replicas}\npool_size = {pool}\nmembers = [\n{members}\n]\n\n\
-         {device}\
          [nbd]\nlisten = \"127.0.0.1:{nbd}\"\n{nbd_tls}\n\
          [admin]\nlisten = \"127.0.0.1:{admin}\"\n\n\
          # Member links: mutual TLS under the cluster's CA (DIR/certs).\n\
@@ -77,9 +74,6 @@ pub fn node_config(up: &ClusterUp, n: u32) -> String {
         replicas = up.replicas,
         pool = up.pool_size,
         members = members.join("\n"),
-        device = up
-            .device_size
-            .map_or(String::new(), |s| format!("[device]\nsize = {s}\n\n")),
         nbd = up.nbd_port(n),
         nbd_tls = match up.nbd_tls {
             crate::config::NbdTlsMode::Off => String::new(),

@@ -26,9 +26,7 @@
 //!
 //! [device]
 //! path = "device.img"         # file or block device, relative to data_dir; a file
-//!                             # is created sparse (default device.img)
-//! # size = "16G"              # a file's size (default: room for the whole pool;
-//!                             # the node's store holds only its own extents)
+//!                             # is created sparse at pool_size (default device.img)
 //! queues = 2                  # queues (io_uring rings, or SPDK queue pairs)
 //! queue_depth = 128           # commands in flight per queue
 //! driver = "uring"            # or "spdk": SPDK's polled NVMe driver (a build
@@ -633,19 +631,6 @@ impl Config {
                     pool / extent
                 ),
             );
-        }
-        if let Some(size) = self.device.size {
-            let least = weir_core::node::slots::device_bytes_for(1, extent);
-            if size.0 < least || !size.0.is_multiple_of(4096) {
-                return bad(
-                    "device.size",
-                    format!(
-                        "{} bytes: must be a multiple of 4K and hold the store and one \
-                         extent ({least} bytes)",
-                        size.0
-                    ),
-                );
-            }
         }
         Ok(())
     }

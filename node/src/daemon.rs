@@ -83,8 +83,7 @@ pub async fn run_on(
 
     // The device, and the node's buffer pool that device reads land in.
     let opened = crate::device::open(&config, POOL_BYTES)?;
-    let (bufs, identity, device_name, device_fresh) =
-        (opened.pool, opened.identity, opened.name, opened.fresh);
+    let (bufs, identity, device_name) = (opened.pool, opened.identity, opened.name);
     let device = Arc::new(opened.device);
     let settings = node_settings(&config, device.geometry().optimal_io_blocks > 0)?;
     let map = settings.map.clone();
@@ -92,7 +91,6 @@ pub async fn run_on(
         raft: open_store(&dir.join("raft.log"))?,
         versions: open_store(&dir.join("versions.ckpt"))?,
         device: identity.clone(),
-        device_fresh,
     };
     let client_id = weir_core::front_end::front_end_of(me);
     let (transport, client) = match endpoints {

@@ -28,15 +28,6 @@ pub struct Opened {
     pub identity: String,
     /// For logs: the file or the PCI address.
     pub name: String,
-    /// The device reads as zeroes (a file made now).
-    pub fresh: bool,
-}
-
-/// Bytes a node's device needs: every extent of the pool, in the store's
-/// slots, behind the store's superblock, journal and table.
-pub fn device_bytes(config: &Config) -> u64 {
-    let extent = config.cluster.extent_size.0;
-    weir_core::node::slots::device_bytes_for(config.cluster.pool_size.0 / extent, extent)
 }
 
 /// Open the device `config` names, with a buffer pool of `pool_bytes`.
@@ -62,19 +53,11 @@ fn open_uring(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
         drop(all);
         pool.clone()
     });
-    // A file made now reads as zeroes: its store needs no zeroing.
-    let fresh = !path.exists();
-    // A block device is used whole (its store takes what it has); a file is
-    // made, or extended, to `[device] size` or room for the whole pool.
-    let block = {
-        use std::os::unix::fs::FileTypeExt;
-        std::fs::metadata(&path).is_ok_and(|m| m.file_type().is_block_device())
-    };
     let opts = UringOptions {
-        capacity_bytes: (!block).then(|| d.size.map_or_else(|| device_bytes(config), |s| s.0)),
-        create: !block,
+        capacity_bytes: Some(config.cluster.pool_size.0),
         queues: d.queues,
         queue_depth: d.queue_depth,
+        create: true,
         mode: match d.mode {
             DeviceMode::Interrupt => PollMode::Interrupt,
             DeviceMode::Sqpoll => PollMode::Sqpoll,
@@ -91,7 +74,6 @@ fn open_uring(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
         pool,
         identity,
         name: path.display().to_string(),
-        fresh,
     })
 }
 
@@ -120,15 +102,11 @@ fn open_spdk(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
         .with_context(|| format!("opening the NVMe SSD at {pci} through SPDK"))?;
     let g = device.geometry();
     let bytes = g.capacity_blocks * u64::from(g.block_size);
-    let need = device_bytes(config);
-    if bytes < need {
-        tracing::warn!(
-            bytes,
-            need,
-            "the SSD at {pci} cannot hold every extent of the pool: the node \
-             serves as long as the extents placed on it fit"
-        );
-    }
+    anyhow::ensure!(
+        bytes >= config.cluster.pool_size.0,
+        "the SSD at {pci} holds {bytes} bytes, less than cluster.pool_size ({})",
+        config.cluster.pool_size.0
+    );
     let identity = format!(
         "{}, {} bytes",
         device.identity(),
@@ -139,7 +117,6 @@ fn open_spdk(config: &Config, pool_bytes: usize) -> anyhow::Result<Opened> {
         device: NodeDevice::Spdk(device),
         identity,
         name: format!("nvme {pci}"),
-        fresh: false,
     })
 }
 

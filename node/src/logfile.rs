@@ -87,19 +87,16 @@ fn sync_parent(path: &Path) -> std::io::Result<()> {
 /// files (`raft.log`, `versions.ckpt`, the device) and what their records
 /// hold (Raft's entries, its snapshots of the cluster map, the version
 /// checkpoints). Raised whenever any of them changes; on the wire, the map
-/// and commands travel under weir-core's `WIRE_VERSION` instead. Format 2
-/// (2026-12-07): the device holds a store (weir-core's `store`, its own
-/// `STORE_FORMAT` in its superblock) with a slot per extent the node holds;
-/// format 1 held every extent of the pool at its pool offset.
-pub const DATA_FORMAT: u32 = 2;
+/// and commands travel under weir-core's `WIRE_VERSION` instead.
+pub const DATA_FORMAT: u32 = 1;
 
 /// The file in a data directory that names its format.
 const FORMAT_FILE: &str = "FORMAT";
 
 /// Check that the data directory `dir` is of [`DATA_FORMAT`], and stamp it if
-/// it is new. A directory of weir's metadata (a Raft log) without the file
-/// was written before formats were named, in format 1. Another format is
-/// refused, naming both: nothing converts a directory yet.
+/// it is new. A directory of weir's metadata without the file was written
+/// before formats were named, in format 1. Another format is refused, naming
+/// both: nothing converts a directory yet.
 pub fn check_data_format(dir: &Path) -> anyhow::Result<()> {
     let path = dir.join(FORMAT_FILE);
     let found = match std::fs::read_to_string(&path) {
@@ -116,10 +113,7 @@ pub fn check_data_format(dir: &Path) -> anyhow::Result<()> {
                 })?;
             Some(n)
         }
-        // Weir's metadata without a format named: written in format 1.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            dir.join("raft.log").exists().then_some(1)
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {}", path.display()))),
     };
     match found {
@@ -131,7 +125,7 @@ pub fn check_data_format(dir: &Path) -> anyhow::Result<()> {
             dir.display()
         ),
         None => {
-            // New.
+            // New, or of weir before formats were named (the same layout).
             let tmp = dir.join(format!("{FORMAT_FILE}.new"));
             let mut f = File::create(&tmp)?;
             writeln!(f, "weir data directory format {DATA_FORMAT}")?;
@@ -201,15 +195,13 @@ mod tests {
         std::fs::write(dir.join(FORMAT_FILE), "hello\n").unwrap();
         let e = check_data_format(&dir).unwrap_err().to_string();
         assert!(e.contains("does not name a weir data format"), "{e}");
-        // Written before formats were named: format 1, refused.
+        // Written before formats were named: format 1, stamped.
         std::fs::remove_file(dir.join(FORMAT_FILE)).unwrap();
         std::fs::write(dir.join("raft.log"), b"").unwrap();
-        let e = check_data_format(&dir).unwrap_err().to_string();
-        assert!(
-            e.contains("format 1") && e.contains(&format!("format {DATA_FORMAT} only")),
-            "{e}"
-        );
-        assert!(!dir.join(FORMAT_FILE).exists());
+        check_data_format(&dir).unwrap();
+        assert!(std::fs::read_to_string(dir.join(FORMAT_FILE))
+            .unwrap()
+            .contains("format 1"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

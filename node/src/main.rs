@@ -123,11 +123,6 @@ enum ClusterCmd {
         /// Size of the replicated pool that volumes are carved from (sparse files).
         #[arg(long, default_value = "64G")]
         pool_size: String,
-        /// Size of each node's device file (sparse; default: room for the
-        /// whole pool). A node holds only the extents placed on it, so with
-        /// more nodes than replicas a device smaller than the pool serves.
-        #[arg(long)]
-        device_size: Option<String>,
         /// Replicas per extent (default: 3, or the node count if smaller).
         #[arg(long)]
         replicas: Option<u8>,
@@ -390,17 +385,12 @@ fn cluster(command: ClusterCmd) -> anyhow::Result<()> {
             nodes,
             dir,
             pool_size,
-            device_size,
             replicas,
             port_offset,
             nbd_tls,
         } => {
             let pool_size =
                 config::parse_size(&pool_size).map_err(|e| anyhow::anyhow!("--pool-size: {e}"))?;
-            let device_size = device_size
-                .map(|s| config::parse_size(&s))
-                .transpose()
-                .map_err(|e| anyhow::anyhow!("--device-size: {e}"))?;
             let nbd_tls = match nbd_tls.as_str() {
                 "off" => config::NbdTlsMode::Off,
                 "on" => config::NbdTlsMode::On,
@@ -411,7 +401,6 @@ fn cluster(command: ClusterCmd) -> anyhow::Result<()> {
                 nodes,
                 dir,
                 pool_size,
-                device_size,
                 replicas: replicas.unwrap_or(3.min(nodes as u8)),
                 port_offset,
                 nbd_tls,

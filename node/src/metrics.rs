@@ -77,9 +77,6 @@ pub struct Metrics {
     rebuild_total: Gauge,
     device_inflight: Gauge,
     device_healthy: Gauge,
-    /// The device store's extent slots: (all, used).
-    store_slots: Gauge,
-    store_used: Gauge,
     checkpoints: Gauge,
     version_bytes: Gauge,
     applied_records: Gauge,
@@ -146,8 +143,6 @@ impl Metrics {
             payload_copies_beyond_receive: Gauge::default(),
             front_end_payloads: Family::default(),
             device_healthy: Gauge::default(),
-            store_slots: Gauge::default(),
-            store_used: Gauge::default(),
             nodes_up: Gauge::default(),
             leader: Gauge::default(),
             volumes: Gauge::default(),
@@ -338,16 +333,6 @@ impl Metrics {
                 m.device_healthy.clone(),
             );
             r.register(
-                "store_slots",
-                "Extent slots of the node's device store",
-                m.store_slots.clone(),
-            );
-            r.register(
-                "store_slots_used",
-                "Extent slots of the node's device store that hold an extent",
-                m.store_used.clone(),
-            );
-            r.register(
                 "version_checkpoints",
                 "Version checkpoints written since the node started",
                 m.checkpoints.clone(),
@@ -525,10 +510,6 @@ impl Metrics {
             gauge.set(v.min(i64::MAX as u64) as i64);
         }
         self.device_healthy.set(i64::from(report.device_healthy));
-        if let Some(u) = report.store {
-            self.store_slots.set(i64::from(u.slots));
-            self.store_used.set(i64::from(u.used));
-        }
         self.checkpoints.set(report.checkpoints as i64);
         self.version_bytes.set(report.version_bytes as i64);
         self.applied_records.set(report.applied_records as i64);

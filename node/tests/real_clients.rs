@@ -19,9 +19,18 @@ fn real_clients_on_a_three_node_cluster_and_a_restart() {
     let mut cluster = Cluster::start(&dir.join("data"), 1000);
 
     // Volumes.
-    cluster.create("vol", "256M");
-    cluster.create("copy", "256M");
-    cluster.create("fs", "256M");
+    assert!(cluster
+        .weir(&["volume", "create", "vol", "--size", "256M"])
+        .status
+        .success());
+    assert!(cluster
+        .weir(&["volume", "create", "copy", "--size", "256M"])
+        .status
+        .success());
+    assert!(cluster
+        .weir(&["volume", "create", "fs", "--size", "256M"])
+        .status
+        .success());
     let again = cluster.weir(&["volume", "create", "vol", "--size", "1G"]);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
@@ -250,7 +259,10 @@ fn real_clients_on_a_three_node_cluster_and_a_restart() {
 fn killing_a_node_during_a_fio_verify_run_loses_nothing() {
     let dir = scratch("kill-node");
     let cluster = Cluster::start(&dir.join("data"), 2000);
-    cluster.create("vol", "512M");
+    assert!(cluster
+        .weir(&["volume", "create", "vol", "--size", "512M"])
+        .status
+        .success());
     let uri = cluster.nbd(1, "vol");
     let mut fio = fio_verify("weirjob", &uri, "192M", 16);
     // Let the write phase run, then kill node 3 outright (no clean shutdown).
@@ -301,7 +313,10 @@ fn merged_device_commands_keep_every_block() {
         std::fs::write(&path, text).unwrap();
     }
     let cluster = Cluster::start(&data, 5000);
-    cluster.create("vol", "256M");
+    assert!(cluster
+        .weir(&["volume", "create", "vol", "--size", "256M"])
+        .status
+        .success());
     let uri = cluster.nbd(1, "vol");
     let out = run(
         "fio",
@@ -518,7 +533,10 @@ fn nbd_over_tls_with_qemu_and_libnbd_while_a_plain_client_is_refused() {
     let dir = scratch("nbd-tls");
     // Offset 9000: ports 16401-3, 18401-3 and 19809-11, clear of the other tests.
     let cluster = Cluster::start_with(&dir.join("data"), 9000, &["--nbd-tls", "require"]);
-    cluster.create("tvol", "64M");
+    assert!(cluster
+        .weir(&["volume", "create", "tvol", "--size", "64M"])
+        .status
+        .success());
     let certs = dir.join("data/certs/nbd-client");
     let port = 10808 + 1 + 9000;
     let limit = Duration::from_secs(120);

@@ -65,7 +65,10 @@ fn thin_volumes_take_space_on_write_and_give_it_back_zeroed() {
     let dir = scratch("thin");
     let cluster = Cluster::start_with(&dir.join("data"), OFFSET, &["--pool-size", "256M"]);
     // Four times the pool: thin volumes may over-commit it.
-    cluster.create("big", "1G");
+    assert!(cluster
+        .weir(&["volume", "create", "big", "--size", "1G"])
+        .status
+        .success());
     let list = text(&cluster.weir(&["volume", "list"]));
     assert!(list.contains("big 1073741824 allocated=0"), "{list}");
     assert_eq!(pool(&cluster), (0, POOL, 0));
@@ -127,7 +130,10 @@ fn thin_volumes_take_space_on_write_and_give_it_back_zeroed() {
 
     // A new volume gets the same extents and reads none of the old data: a
     // block written at each extent's start allocates it, the rest is zeroes.
-    cluster.create("next", "256M");
+    assert!(cluster
+        .weir(&["volume", "create", "next", "--size", "256M"])
+        .status
+        .success());
     let next = cluster.nbd(2, "next");
     let mut cmds: Vec<String> = Vec::new();
     for i in 0..4 {
@@ -204,45 +210,4 @@ fn thin_volumes_take_space_on_write_and_give_it_back_zeroed() {
     assert!(ok, "{out}");
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A node's device holds only the extents placed on it: four nodes of three
-/// replicas, each with a device that has room for three of the pool's four
-/// extents, hold a volume of the whole pool (more than any one device),
-/// copied in and read back through NBD; the status shows the node's slots.
-#[test]
-fn a_volume_larger_than_any_device_fits_on_more_nodes() {
-    let dir = scratch("capacity");
-    let device = weir_core::node::slots::device_bytes_for(3, EXTENT);
-    assert!(device < POOL, "{device}");
-    let device_arg = device.to_string();
-    let cluster = Cluster::start_with(
-        &dir.join("data"),
-        // Clear of every other test's ports (7401+, 9401+ and 10809+ this).
-        20000,
-        &[
-            "--nodes",
-            "4",
-            "--pool-size",
-            "256M",
-            "--device-size",
-            &device_arg,
-        ],
-    );
-    for n in 1..=4 {
-        let file = dir.join(format!("data/node{n}/device.img"));
-        assert_eq!(std::fs::metadata(&file).unwrap().len(), device, "node {n}");
-    }
-    cluster.create("all", "256M");
-    let uri = cluster.nbd(2, "all");
-    let data = pattern(POOL as usize, 42);
-    let input = dir.join("in.img");
-    std::fs::write(&input, &data).unwrap();
-    run("nbdcopy", &[input.to_str().unwrap(), &uri], 5 * MINUTE);
-    copy_out(&cluster.nbd(1, "all"), &dir.join("out.img"), &data);
-    let status = text(&cluster.weir(&["status"]));
-    assert!(
-        status.contains("device store: 3 of 3 extent slots used"),
-        "{status}"
-    );
 }

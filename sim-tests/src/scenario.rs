@@ -641,11 +641,10 @@ impl Scenario {
                 "must be between 1 and 1048576 (1 TiB)",
             );
         }
-        if c.extent_mib == 0 || c.extent_mib > c.volume_mib || !c.extent_mib.is_power_of_two() {
+        if c.extent_mib == 0 || c.extent_mib > c.volume_mib {
             return bad(
                 "cluster.extent_mib",
-                "must be a power of two between 1 and the volume size (an extent is a slot \
-                 of the node's store)",
+                "must be between 1 and the volume size",
             );
         }
         self.validate_clients()?;

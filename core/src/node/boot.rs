@@ -7,7 +7,6 @@
 //! checkpoints, each torn tail cut off, and the node with its scheduler, flow
 //! windows, admission gate and device timeout) is here, once.
 
-use super::slots::StoreStart;
 use super::{EventLog, LogStore, Node, NodeError};
 use crate::buf::BufPool;
 use crate::control::{ControlPlane, RaftError, Timeouts};
@@ -67,9 +66,6 @@ pub struct Durable {
     /// The device's identity, which checkpoints name (checkpoints of another
     /// device are ignored).
     pub device: String,
-    /// The device reads as zeroes (new): at the node's first start its store
-    /// is made without zeroing its slots.
-    pub device_fresh: bool,
 }
 
 /// What [`boot`] found in the node's durable stores, for its operator's log.
@@ -121,7 +117,6 @@ pub fn boot<T: Transport, D: BlockDevice>(
         raft,
         versions,
         device: identity,
-        device_fresh,
     } = durable;
     let bootstrap = crate::control::plane::bootstrap(map, settings.replicas);
     let (plane, valid) = ControlPlane::open(
@@ -162,18 +157,7 @@ pub fn boot<T: Transport, D: BlockDevice>(
         .with_flow(settings.flow)
         .with_admission(settings.admit, false)
         .with_log_store(raft_store)
-        .with_version_store(versions_store, identity, restored.versions)
-        .with_store_start(
-            // A node that has run before has a store; a new one makes it.
-            if report.restarted {
-                StoreStart::Open
-            } else {
-                StoreStart::Format {
-                    fresh: device_fresh,
-                }
-            },
-            seed,
-        );
+        .with_version_store(versions_store, identity, restored.versions);
     Ok((node, report))
 }
 

@@ -142,9 +142,6 @@ pub enum DevError {
     /// No such I/O queue.
     #[error("no such queue")]
     BadQueue,
-    /// No room on the device for a new extent (its node's store is full).
-    #[error("no room on the device for another extent")]
-    Full,
 }
 
 /// An NVMe-shaped block device.

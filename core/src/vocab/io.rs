@@ -79,15 +79,6 @@ impl IoCmd {
             IoCmd::Flush => IoCmd::Flush,
         }
     }
-
-    /// The same command at `lba` (a flush stays as it is).
-    pub fn at(self, lba: Lba) -> IoCmd {
-        match self {
-            IoCmd::Read { blocks, .. } => IoCmd::Read { lba, blocks },
-            IoCmd::Write { data, fua, .. } => IoCmd::Write { lba, data, fua },
-            IoCmd::Flush => IoCmd::Flush,
-        }
-    }
 }
 
 /// Outcome of an [`IoCmd`].

@@ -28,8 +28,7 @@
 //! [`DecodeError::Body`]. A new control-plane command or refusal does: Raft
 //! carries commands inside its own messages, and a member that cannot decode
 //! one would skip it and hold another map than the rest (11: `Resize`,
-//! `MapFull`, `NoShrink`; 12: `DevError::Full`, a node's store with no room
-//! for another extent).
+//! `MapFull`, `NoShrink`).
 
 use crate::error::WeirError;
 use crate::ids::{Epoch, ExtentId, Lba, NodeId, OpId, RequestId, Version, VolumeId};
@@ -39,7 +38,7 @@ use serde::{Deserialize, Serialize};
 /// The two magic bytes that open every frame.
 pub const MAGIC: [u8; 2] = *b"WR";
 /// Current version of the frame and message encoding.
-pub const WIRE_VERSION: u8 = 12;
+pub const WIRE_VERSION: u8 = 11;
 /// Frame header length in bytes.
 pub const HEADER_BYTES: usize = 12;
 /// Largest body accepted: a 1 MiB data payload plus room for the message fields.

@@ -11,13 +11,6 @@ pub struct DeviceSection {
     /// File or block device; relative paths are under `data_dir`.
     #[serde(default = "default_device")]
     pub path: PathBuf,
-    /// The size of a device file weir creates (a file only; it is made
-    /// sparse). Default: room for every extent of the pool. A node's store
-    /// holds only the extents placed on it, so a file smaller than the pool
-    /// serves as long as the node's share fits (a write past it fails with
-    /// "no room on the device").
-    #[serde(default)]
-    pub size: Option<Size>,
     /// io_uring submission queues.
     #[serde(default = "two")]
     pub queues: u16,
@@ -121,7 +114,6 @@ impl Default for DeviceSection {
     fn default() -> Self {
         DeviceSection {
             path: default_device(),
-            size: None,
             queues: two(),
             queue_depth: default_depth(),
             scrub_rate: default_scrub_rate(),

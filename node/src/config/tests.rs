@@ -199,14 +199,3 @@ fn nbd_tls_needs_a_certificate_and_a_key() {
     .to_string();
     assert!(e.contains("require"), "{e}");
 }
-
-#[test]
-fn a_device_size_must_hold_the_store_and_an_extent() {
-    let sized = |size: &str| parse(&format!("{GOOD}\n[device]\nsize = \"{size}\""));
-    let e = sized("1M").unwrap_err().to_string();
-    assert!(e.contains("device.size"), "{e}");
-    let e = sized("1073741825").unwrap_err().to_string();
-    assert!(e.contains("device.size"), "{e}");
-    let c = sized("1G").unwrap();
-    assert_eq!(c.device.size, Some(Size(1 << 30)));
-}

@@ -29,15 +29,8 @@ impl Cluster {
         } else {
             &["--pool-size", "8G"][..]
         };
-        // Three nodes unless the test says.
-        let nodes = if extra.contains(&"--nodes") {
-            &[][..]
-        } else {
-            &["--nodes", "3"][..]
-        };
         let mut child = Command::new(WEIR)
-            .args(["cluster", "up"])
-            .args(nodes)
+            .args(["cluster", "up", "--nodes", "3"])
             .args(pool)
             .arg("--dir")
             .arg(dir)
@@ -106,12 +99,6 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         out
-    }
-
-    /// Create volume `name` of `size` (as `weir volume create` takes it).
-    pub(crate) fn create(&self, name: &str, size: &str) {
-        let out = self.weir(&["volume", "create", name, "--size", size]);
-        assert!(out.status.success(), "volume create {name} failed");
     }
 
     pub(crate) fn node_pid(&self, node: u32) -> i32 {

@@ -492,7 +492,6 @@ fn start_nodes(
             // What survives a crash: the device, the durable Raft log and the
             // block-version checkpoints.
             stores: (MemLog::default(), MemLog::default()),
-            started: std::sync::atomic::AtomicBool::new(false),
             skew,
             settings: (settings.clone(), options.clone()),
             logs: (events.clone(), audit.clone(), cluster_start),
@@ -519,8 +518,6 @@ struct NodeKit {
     ssd: Arc<SimSsd>,
     /// The Raft log and the block-version checkpoints.
     stores: (MemLog, MemLog),
-    /// An incarnation has started: the SSD may hold data since.
-    started: std::sync::atomic::AtomicBool,
     skew: Skew,
     settings: (NodeSettings, ClientOptions),
     logs: (EventLog, AuditLog, Instant),
@@ -539,10 +536,6 @@ impl NodeKit {
             raft: self.stores.0.stored(),
             versions: self.stores.1.stored(),
             device: format!("sim-ssd-{id}"),
-            // Read as zeroes until the first incarnation: its store is made
-            // without zeroing (a later first start, after a crash before the
-            // Raft log held anything, zeroes the slots).
-            device_fresh: !self.started.swap(true, std::sync::atomic::Ordering::SeqCst),
         };
         let (front_net, requests) = Demux::front_end(self.endpoints.1.clone());
         let adapters = (
@@ -625,18 +618,9 @@ fn node_clock(bound: &weir_core::time::ClockBound, since_ns: u64) -> Skew {
 /// Storage node `id`'s SSD, on its host's CPU (added to `cpus`) when hosts
 /// are modelled.
 fn node_ssd(fabric: &Fabric, id: NodeId, s: &Scenario, cpus: &mut HostCpus) -> Arc<SimSsd> {
-    // Room for a store holding every extent of the pool (the most a node
-    // holds), not the drive's 3.84 TB: the store keeps an entry per slot.
-    let extent = s.cluster.extent_mib << 20;
-    let bytes = weir_core::node::slots::device_bytes_for(
-        s.cluster.volume_mib.div_ceil(s.cluster.extent_mib),
-        extent,
-    );
-    let per_drive = u64::from(s.cluster.block_size) * u64::from(s.device.ssds);
     let ssd = SsdConfig {
         block_size: s.cluster.block_size,
         drives: s.device.ssds,
-        capacity_blocks: bytes.div_ceil(per_drive),
         ..SsdConfig::default()
     };
     let mut ssd = SimSsd::new(ssd, thread_rng().gen()).expect("valid SSD config");

@@ -461,12 +461,7 @@ impl FaultPlan {
         for p in &self.faults {
             let at_us = p.at_us;
             if let Some(node) = p.fault.struck_host() {
-                tokio::spawn(strike(
-                    host_of(node),
-                    at_us,
-                    p.fault.clone(),
-                    (kills.clone(), handles.clone()),
-                ));
+                tokio::spawn(strike(host_of(node), at_us, p.fault.clone(), kills.clone()));
                 continue;
             }
             match p.fault.clone() {
@@ -560,15 +555,8 @@ fn link_fault(fabric: &Fabric, at_us: u64, fault: Fault) {
 }
 
 /// Strike `victim` with `fault` (a crash, pause or device fault of the
-/// plan) at `at_us`; a crash is logged in `kills`. Media errors are aimed,
-/// through the node's handle in `handles`, at the device blocks that hold
-/// the planned pool blocks (none if the node holds no slot for them yet).
-async fn strike(
-    (node, host, ssd): Host,
-    at_us: u64,
-    fault: Fault,
-    (kills, handles): (KillLog, super::cluster::Handles),
-) {
+/// plan) at `at_us`; a crash is logged in `kills`.
+async fn strike((node, host, ssd): Host, at_us: u64, fault: Fault, kills: KillLog) {
     let at = Duration::from_micros;
     tokio::time::sleep(at(at_us)).await;
     match fault {
@@ -591,19 +579,7 @@ async fn strike(
         Fault::DeviceLoss { .. } => {
             ssd.power_loss();
         }
-        Fault::MediaErrors { first, blocks, .. } => {
-            let handle = handles.lock().expect("handles").get(&node).cloned();
-            let at = match handle {
-                Some(h) => h.device_lba(Lba(first)).await,
-                None => None,
-            };
-            match at {
-                Some(at) => ssd.media_error(at, blocks),
-                None => {
-                    tracing::info!(%node, first, "media errors planned in an extent it holds no slot of")
-                }
-            }
-        }
+        Fault::MediaErrors { first, blocks, .. } => ssd.media_error(Lba(first), blocks),
         _ => unreachable!("not a strike: {fault:?}"),
     }
 }

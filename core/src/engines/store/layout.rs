@@ -91,19 +91,6 @@ fn align_up(x: u64, to: u64) -> u64 {
     x.div_ceil(to) * to
 }
 
-/// The first slot's byte, behind a table of `slots` entries from `table_off`.
-fn data_off(table_off: u64, slots: u64, slot_bytes: u64) -> u64 {
-    let align = slot_bytes.min(DATA_ALIGN_BYTES);
-    align_up(table_off + align_up(slots * ENTRY_BYTES, PAGE_BYTES), align)
-}
-
-/// The least device, in bytes, whose store of `options` (a journal size
-/// given, not 0) has `slots` slots.
-pub fn device_bytes_for(slots: u64, options: StoreOptions) -> u64 {
-    let table_off = PAGE_BYTES + options.journal_bytes / PAGE_BYTES * PAGE_BYTES;
-    data_off(table_off, slots, options.slot_bytes) + slots * options.slot_bytes
-}
-
 impl Layout {
     /// The layout of a new store named `uuid` on a device of `geometry`.
     pub fn new(
@@ -144,7 +131,9 @@ impl Layout {
         }
         let journal_off = PAGE_BYTES;
         let table_off = journal_off + journal_pages * PAGE_BYTES;
-        let data_off_for = |slots: u64| data_off(table_off, slots, slot_bytes);
+        let align = slot_bytes.min(DATA_ALIGN_BYTES);
+        let data_off_for =
+            |slots: u64| align_up(table_off + align_up(slots * ENTRY_BYTES, PAGE_BYTES), align);
         let mut slots = capacity.saturating_sub(table_off) / (slot_bytes + ENTRY_BYTES);
         while slots > 0 && data_off_for(slots) + slots * slot_bytes > capacity {
             slots -= 1;
@@ -220,19 +209,8 @@ impl Layout {
     /// The layout a superblock describes, checked against the device it was read
     /// from.
     pub fn decode(page: &[u8], geometry: &Geometry) -> Result<Layout, StoreError> {
-        if page.len() < PAGE_BYTES as usize {
+        if page.len() < PAGE_BYTES as usize || page[0..8] != SB_MAGIC {
             return Err(StoreError::NotAStore);
-        }
-        if page[0..8] != SB_MAGIC {
-            // Blank: no store (a new device, or a format cut short). Anything
-            // else may be a damaged store, or another disk: never taken for
-            // an empty device.
-            return match page.iter().all(|&b| b == 0) {
-                true => Err(StoreError::NotAStore),
-                false => Err(StoreError::Corrupt(
-                    "the first page is neither blank nor a store's superblock",
-                )),
-            };
         }
         let format = u32::from_le_bytes(page[8..12].try_into().expect("4 bytes"));
         if format != STORE_FORMAT {

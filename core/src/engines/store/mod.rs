@@ -415,11 +415,6 @@ impl Store {
         Ok(Ticket(t))
     }
 
-    /// The device failure that stopped the store, if one did.
-    pub fn failed(&self) -> Option<DevError> {
-        self.failed
-    }
-
     /// Whether the change that gave `ticket` is durable.
     pub fn durable(&self, ticket: Ticket) -> bool {
         ticket.0 <= self.done_seq

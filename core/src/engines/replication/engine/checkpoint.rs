@@ -204,17 +204,6 @@ impl Replicator {
         }
     }
 
-    /// Forget every block version (restored ones too): the device was made
-    /// anew and holds none. Only before any device command.
-    pub fn forget_versions(&mut self) {
-        assert!(
-            self.ios.is_empty(),
-            "versions forgotten with device commands in flight"
-        );
-        let gb = self.grains.grain_blocks();
-        self.grains = crate::replication::grains::Grains::new(gb, self.map.volume().extent_blocks);
-    }
-
     /// Grains this node holds whole, by first block, with their versions, in
     /// block order (for checks).
     pub fn grain_versions(&self) -> impl Iterator<Item = (Lba, Version)> + '_ {
